@@ -1,0 +1,32 @@
+"""EXPORT_SKIPS: model classes that cannot be exported as they are.
+
+Each entry becomes ``pytest.mark.xfail(reason=..., strict=True)`` on the matching sweep
+items, so its reason shows in every report and an entry whose model starts passing turns
+the run red (XPASS strict): the list can only shrink.
+
+Rule: every entry names the real cause (data-dependent control flow that cannot be
+vectorized, a module passed as a forward argument, ...) AND the model-side change that
+would remove it. "fails", "TODO", "flaky" are rejected at collection time. Fix the model
+(or add a workaround in ``exporters``) instead of growing this list.
+
+How to add an entry (keyword arguments only)::
+
+    ExportSkip(
+        classes=("SomeModelForCausalLM",),        # class names, or model_types=("some-family",)
+        backends="all",                           # or ("onnx",), ("dynamo", "executorch")
+        variants="all",                           # or ("dynamic",) / ("static",)
+        stage="export",                           # where it is expected to fail (optional)
+        reason="router loops over experts with a data-dependent count; vectorize the "
+               "dispatch with a one-hot mask in the model to remove this entry",
+        upstream="https://github.com/huggingface/transformers/issues/NNNNN",   # optional
+    )
+
+Unknown names, meaningless scopes, vague reasons and overlapping entries stop collection
+(see ``skips.validate``).
+"""
+
+from __future__ import annotations
+
+from skips.records import ExportSkip
+
+EXPORT_SKIPS: tuple[ExportSkip, ...] = ()
