@@ -1,0 +1,85 @@
+"""The conformance report: merge sweep result logs, render Markdown / HTML / JSON, diff runs.
+
+    python -m sweeps.report merge shard1.jsonl shard2.xml --out docs/conformance \
+        --command "pytest sweeps -n auto --report-log=shard1.jsonl" [--registered names.txt]
+    python -m sweeps.report diff docs/conformance/results.json new.jsonl
+
+Also installed as the ``conformance-report`` console script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _read_registered(path: str) -> list[str]:
+    text = Path(path).read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        return [str(name) for name in json.loads(text)]
+    return [line.strip() for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from sweeps.report.load import load_any, merge
+    from sweeps.report.render import Report
+
+    results, duplicates = merge([load_any(path) for path in args.results])
+    for dup in duplicates:
+        print(f"duplicate {dup['nodeid']}: {dup['by']} ({dup['now']}) replaces "
+              f"{dup['replaced']} ({dup['was']})", file=sys.stderr)
+    registered = _read_registered(args.registered) if args.registered else None
+    date = args.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    report = Report(results, duplicates=duplicates, sources=args.results, command=args.command,
+                    date=date, registered=registered, top=args.top)
+    paths = report.write(args.out)
+    all_row = report.summary[-1]
+    print(f"{len(results)} items ({', '.join(f'{k} {v}' for k, v in all_row.counts.items() if v)})"
+          f"; {len(duplicates)} duplicate(s) replaced; wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from sweeps.report.diff import compare, to_markdown
+    from sweeps.report.load import load_any
+
+    d = compare(load_any(args.old), load_any(args.new))
+    text = to_markdown(d, args.old, args.new)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 1 if args.fail_on_regression and d.has_regressions else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conformance-report", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command_name", required=True)
+    m = sub.add_parser("merge", help="merge result logs and write conformance.md/.html and results.json")
+    m.add_argument("results", nargs="+", help="pytest --report-log JSONL, --junitxml XML or results.json;"
+                   " a nodeid seen in a later file replaces the earlier one")
+    m.add_argument("--out", required=True, help="output folder, e.g. docs/conformance")
+    m.add_argument("--command", default="", help="the command line that produced the logs, for the header")
+    m.add_argument("--registered", help="file listing every registered workaround name (one a line or "
+                   "a JSON list); those that fired for no class are flagged as candidates for removal")
+    m.add_argument("--top", type=int, default=20, help="failure signatures to list (default 20)")
+    m.add_argument("--date", help="override the date stamp (reproducible output)")
+    m.set_defaults(func=_merge)
+    d = sub.add_parser("diff", help="compare two runs (results.json or logs) and print Markdown")
+    d.add_argument("old")
+    d.add_argument("new")
+    d.add_argument("--out", help="write the Markdown here instead of stdout")
+    d.add_argument("--fail-on-regression", action="store_true", help="exit 1 if there are new failures")
+    d.set_defaults(func=_diff)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,5 @@
+import sys
+
+from sweeps.report import main
+
+sys.exit(main())

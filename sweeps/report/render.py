@@ -1,0 +1,149 @@
+"""Write the conformance report: conformance.md, conformance.html and results.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sweeps.report import summary as S
+from sweeps.report.load import OUTCOMES, Result
+
+SCHEMA_VERSION = 1
+
+
+def _md(text: object) -> str:
+    """Make text safe inside a Markdown table cell."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("`", "'")
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}%"
+
+
+class Report:
+    """Everything the renderers need, computed once from the merged results."""
+
+    def __init__(self, results: list[Result], *, duplicates=(), sources=(), command: str = "",
+                 date: str = "", versions: dict[str, str] | None = None,
+                 registered: list[str] | None = None, top: int = 20):
+        self.results = results
+        self.duplicates = list(duplicates)
+        self.sources = [str(s) for s in sources]
+        self.command = command
+        self.date = date
+        self.versions = versions if versions is not None else S.package_versions()
+        self.summary = S.summary_rows(results)
+        self.signatures = S.failure_signatures(results)
+        self.top = top
+        self.workarounds = S.workaround_rows(results, registered)
+        self.columns, self.matrix = S.matrix(results)
+        self.onnx_disabled = S.onnx_optimize_disabled(results)
+
+    # ── Markdown ──
+
+    def markdown(self) -> str:
+        out = ["# Export conformance report", ""]
+        out.append(f"Generated {self.date}" + (f" by `{self.command}`" if self.command else "") + ".")
+        out.append("")
+        out.append(" · ".join(f"{name} {version}" for name, version in self.versions.items()))
+        out.append("")
+        out.append(f"{len(self.results)} items from {len(self.sources)} result file(s).")
+        if self.duplicates:
+            out.append(f"{len(self.duplicates)} item(s) appeared in more than one file; the later "
+                       "file's result was kept (see results.json `duplicates`).")
+        out += ["", "## Summary by backend and variant", "",
+                "| backend/variant | " + " | ".join(OUTCOMES) + " | total | pass % of built |",
+                "|---|" + "---:|" * (len(OUTCOMES) + 2)]
+        for row in self.summary:
+            name = f"**{row.column}**" if row.column == "all" else row.column
+            out.append(f"| {name} | " + " | ".join(str(row.counts[o]) for o in OUTCOMES)
+                       + f" | {row.total} | {_pct(row.pass_pct)} |")
+        out += ["", "pass % counts passes over items whose tiny model builds (not skipped, not "
+                "failing at stage `build`). `xpass`: an EXPORT_SKIPS entry whose model now passes; "
+                "remove the entry.", ""]
+        out += self._md_signatures() + self._md_workarounds() + self._md_onnx() + self._md_matrix()
+        return "\n".join(out) + "\n"
+
+    def _md_signatures(self) -> list[str]:
+        shown = self.signatures[: self.top]
+        out = [f"## Top failure signatures ({len(shown)} of {len(self.signatures)})", ""]
+        if not shown:
+            return out + ["No failures.", ""]
+        out += ["Fixing the top signature (one workaround) would unblock the most items.", "",
+                "| # | items | classes | stage | where | error | example classes |",
+                "|---:|---:|---:|---|---|---|---|"]
+        for i, sig in enumerate(shown, 1):
+            stages = ", ".join(f"{s} ({n})" for s, n in sig.stages)
+            more = f" +{len(sig.classes) - 5}" if len(sig.classes) > 5 else ""
+            out.append(f"| {i} | {sig.count} | {len(sig.classes)} | {_md(stages)} | "
+                       f"{_md(', '.join(sig.columns))} | `{_md(sig.error)}` | "
+                       f"{_md(', '.join(sig.examples()))}{more} |")
+        return out + [""]
+
+    def _md_workarounds(self) -> list[str]:
+        out = ["## Workarounds", ""]
+        if not self.workarounds:
+            return out + ["No workaround fired.", ""]
+        out += ["| workaround | classes | status | where | fired for |", "|---|---:|---|---|---|"]
+        for w in self.workarounds:
+            names = ", ".join(w.classes[:8]) + (f" +{len(w.classes) - 8}" if len(w.classes) > 8 else "")
+            out.append(f"| `{_md(w.name)}` | {len(w.classes)} | {w.status} | "
+                       f"{_md(', '.join(w.columns))} | {_md(names)} |")
+        return out + [""]
+
+    def _md_onnx(self) -> list[str]:
+        if not self.onnx_disabled:
+            return []
+        out = ["## ONNX optimization disabled", "", "| item | outcome | upstream |", "|---|---|---|"]
+        for r, link in self.onnx_disabled:
+            out.append(f"| {_md(r.model_class or r.nodeid)} ({r.column}) | {r.outcome} | "
+                       f"{_md(link or r.reason or '–')} |")
+        return out + [""]
+
+    def _md_matrix(self) -> list[str]:
+        out = ["## Matrix", "", "| model class | family | " + " | ".join(self.columns) + " |",
+               "|---|---|" + "---|" * len(self.columns)]
+        for name, family, cells in self.matrix:
+            out.append(f"| {_md(name)} | {_md(family)} | "
+                       + " | ".join(_md(S.cell_text(cells.get(c))) for c in self.columns) + " |")
+        return out + [""]
+
+    # ── HTML ──
+
+    def html(self) -> str:
+        import jinja2
+
+        env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
+            autoescape=True, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+        template = env.get_template("conformance.html.j2")
+        return template.render(report=self, outcomes=OUTCOMES, cell_text=S.cell_text,
+                               families=sorted({r.model_type for r in self.results if r.model_type}),
+                               backends=sorted({r.backend for r in self.results if r.backend}),
+                               variants=sorted({r.variant for r in self.results if r.variant}))
+
+    # ── JSON ──
+
+    def json_data(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "generated": self.date,
+            "command": self.command,
+            "versions": self.versions,
+            "sources": self.sources,
+            "duplicates": self.duplicates,
+            "summary": {row.column: {**row.counts, "total": row.total, "built": row.built}
+                        for row in self.summary},
+            "results": [r.to_dict() for r in self.results],
+        }
+
+    def write(self, out_dir: str | Path) -> dict[str, Path]:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        paths = {"md": out_dir / "conformance.md", "html": out_dir / "conformance.html",
+                 "json": out_dir / "results.json"}
+        paths["md"].write_text(self.markdown(), encoding="utf-8")
+        paths["html"].write_text(self.html(), encoding="utf-8")
+        paths["json"].write_text(json.dumps(self.json_data(), indent=1, sort_keys=False) + "\n",
+                                 encoding="utf-8")
+        return paths

@@ -1,0 +1,173 @@
+"""Aggregate merged results into the tables the report shows.
+
+Pure functions over :class:`~sweeps.report.load.Result` lists; no formatting here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+
+from sweeps.report.load import KNOWN_BACKENDS, KNOWN_VARIANTS, OUTCOMES, Result
+
+VERSIONED_PACKAGES = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch")
+FAILING = ("fail", "crash")
+
+
+def package_versions(packages: Iterable[str] = VERSIONED_PACKAGES) -> dict[str, str]:
+    versions = {}
+    for name in packages:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def columns(results: Iterable[Result]) -> list[str]:
+    """backend/variant columns present, in BACKENDS x (static, dynamic) order, unknowns last."""
+    seen = {r.column for r in results}
+    order = [f"{b}/{v}" for b in KNOWN_BACKENDS for v in KNOWN_VARIANTS]
+    return [c for c in order if c in seen] + sorted(seen - set(order))
+
+
+def builds(result: Result) -> bool:
+    """Whether the item's tiny model was built (the denominator of the pass rate)."""
+    if result.outcome == "skipped":
+        return False
+    return not (result.outcome in ("fail", "xfail") and result.stage == "build")
+
+
+@dataclasses.dataclass
+class SummaryRow:
+    column: str
+    counts: dict[str, int]
+    total: int
+    built: int
+
+    @property
+    def pass_pct(self) -> float | None:
+        return None if not self.built else 100.0 * self.counts["pass"] / self.built
+
+
+def summary_rows(results: list[Result]) -> list[SummaryRow]:
+    """One row per backend/variant plus a final ``all`` row."""
+    rows = []
+    groups = [(c, [r for r in results if r.column == c]) for c in columns(results)]
+    for column, items in groups + [("all", results)]:
+        counts = Counter(r.outcome for r in items)
+        rows.append(SummaryRow(column, {o: counts.get(o, 0) for o in OUTCOMES}, len(items),
+                               sum(builds(r) for r in items)))
+    return rows
+
+
+@dataclasses.dataclass
+class Signature:
+    error: str
+    count: int                     # items failing with it
+    classes: list[str]             # distinct model classes, sorted
+    stages: list[tuple[str, int]]  # most common first
+    columns: list[str]             # backend/variant where it shows
+
+    def examples(self, n: int = 5) -> list[str]:
+        return self.classes[:n]
+
+
+def failure_signatures(results: list[Result], top: int | None = None) -> list[Signature]:
+    """Failure signatures (fail and crash) by how many items they block, most first."""
+    groups: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        if r.outcome in FAILING:
+            groups[r.error or "(no error recorded)"].append(r)
+    signatures = [
+        Signature(error=error, count=len(items),
+                  classes=sorted({r.model_class or r.nodeid for r in items}),
+                  stages=Counter(r.stage or "?" for r in items).most_common(),
+                  columns=sorted({r.column for r in items}))
+        for error, items in groups.items()
+    ]
+    signatures.sort(key=lambda s: (-s.count, -len(s.classes), s.error))
+    return signatures if top is None else signatures[:top]
+
+
+@dataclasses.dataclass
+class WorkaroundRow:
+    name: str
+    classes: list[str]
+    columns: list[str]
+    registered: bool | None        # None when no registry list was given
+
+    @property
+    def status(self) -> str:
+        if not self.classes:
+            return "candidate for removal (fired for no class)"
+        if self.registered is False:
+            return "not in the registered list"
+        return "in use"
+
+
+def workaround_rows(results: list[Result], registered: Iterable[str] | None = None
+                    ) -> list[WorkaroundRow]:
+    """Each workaround seen (and each registered one): the classes it fired for."""
+    fired: dict[str, set[str]] = defaultdict(set)
+    where: dict[str, set[str]] = defaultdict(set)
+    for r in results:
+        for name in r.workarounds_fired:
+            fired[name].add(r.model_class or r.nodeid)
+            where[name].add(r.column)
+    known = None if registered is None else set(registered)
+    names = set(fired) | (known or set())
+    rows = [WorkaroundRow(name, sorted(fired.get(name, ())), sorted(where.get(name, ())),
+                          None if known is None else name in known) for name in names]
+    rows.sort(key=lambda w: (-len(w.classes), w.name))
+    return rows
+
+
+def matrix(results: list[Result]) -> tuple[list[str], list[tuple[str, str, dict[str, Result]]]]:
+    """Columns and rows ``(model_class, family, {column: result})`` sorted by family, class."""
+    cols = columns(results)
+    by_class: dict[str, dict[str, Result]] = defaultdict(dict)
+    family: dict[str, str] = {}
+    for r in results:
+        name = r.model_class or r.nodeid
+        by_class[name][r.column] = r
+        if r.model_type:
+            family[name] = r.model_type
+    rows = [(name, family.get(name, ""), cells) for name, cells in by_class.items()]
+    rows.sort(key=lambda row: (row[1], row[0]))
+    return cols, rows
+
+
+def onnx_optimize_disabled(results: list[Result]) -> list[tuple[Result, str | None]]:
+    """ONNX items run with optimize=False, with the ONNX_DISABLE_OPTIMIZE upstream link."""
+    try:
+        from skips import find_onnx_disable_optimize
+    except ImportError:                                       # report usable on its own
+        find_onnx_disable_optimize = None
+    out = []
+    for r in results:
+        if r.onnx_optimize is False:
+            entry = (find_onnx_disable_optimize(r.model_class, r.model_type, r.variant)
+                     if find_onnx_disable_optimize else None)
+            out.append((r, entry.upstream if entry else None))
+    return out
+
+
+def cell_text(result: Result | None, limit: int = 70) -> str:
+    """Short matrix cell: pass / xfail (reason) / fail (stage: error) / crash / skipped."""
+    if result is None:
+        return "–"
+
+    def clip(text: str | None) -> str:
+        text = (text or "").strip()
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+
+    outcome = result.outcome
+    if outcome == "pass":
+        return "pass" if result.onnx_optimize is not False else "pass (optimize off)"
+    if outcome in ("xfail", "xpass", "skipped"):
+        label = "XPASS" if outcome == "xpass" else outcome
+        return f"{label} ({clip(result.reason)})" if result.reason else label
+    return f"{outcome} ({result.stage or '?'}: {clip(result.error)})"
