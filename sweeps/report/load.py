@@ -306,4 +306,15 @@ def merge(shards: list[list[Result]]) -> tuple[list[Result], list[dict[str, str]
                                    or "?", "by": result.source or "?",
                                    "was": merged[result.nodeid].outcome, "now": result.outcome})
             merged[result.nodeid] = result
-    return sorted(merged.values(), key=lambda r: r.nodeid), duplicates
+    results = sorted(merged.values(), key=lambda r: r.nodeid)
+    fill_families(results)
+    return results, duplicates
+
+
+def fill_families(results: list[Result]) -> None:
+    """Give items that lost their properties (crashes, setup errors) the family their class
+    has elsewhere in the run, so family filters still find them."""
+    family = {r.model_class: r.model_type for r in results if r.model_class and r.model_type}
+    for r in results:
+        if r.model_type is None and r.model_class in family:
+            r.model_type = family[r.model_class]

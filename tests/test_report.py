@@ -1,0 +1,346 @@
+"""Tests for sweeps/report: real pytest logs from a throwaway sweep, merged and rendered."""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sweeps.report import main
+from sweeps.report.diff import compare, to_markdown
+from sweeps.report.load import (Result, load_any, load_junit, load_reportlog, merge,
+                                normalize_error, parse_test_id)
+from sweeps.report.render import Report
+from sweeps.report.summary import cell_text, failure_signatures, summary_rows, workaround_rows
+
+REPO = str(Path(__file__).resolve().parents[1])
+
+# (backend, variant, class, family, behaviour) — a miniature sweep with every outcome.
+FAKE_SWEEP = '''
+import json, os, pytest
+
+ITEMS = [
+    ("onnx", "dynamic", "BertModel", "bert", "pass"),
+    ("onnx", "static", "BertModel", "bert", "pass"),
+    ("dynamo", "static", "BertModel", "bert", "fail_export"),
+    ("onnx", "dynamic", "NllbMoeForConditionalGeneration", "nllb-moe", "xfail"),
+    ("dynamo", "dynamic", "NllbMoeForConditionalGeneration", "nllb-moe", "xpass"),
+    ("onnx", "static", "LlamaModel", "llama", "fail_lower"),
+    ("onnx", "dynamic", "LlamaModel", "llama", "fail_lower"),
+    ("executorch", "static", "LlamaModel", "llama", "crash"),
+    ("executorch", "static", "BertModel", "bert", "skip"),
+    ("dynamo", "static", "DetrForObjectDetection", "detr", "fail_build"),
+    ("onnx", "static", "DetrForObjectDetection", "detr", "pass_noopt"),
+]
+XFAIL = pytest.mark.xfail(reason="router loops over experts; vectorize the dispatch", strict=True)
+
+
+def _param(b, v, cls, fam, kind):
+    marks = [XFAIL] if kind in ("xfail", "xpass") else []
+    return pytest.param(b, v, cls, fam, kind, id=f"{b}-{v}-{cls}", marks=marks)
+
+
+@pytest.mark.parametrize("backend, variant, cls, family, kind", [_param(*i) for i in ITEMS])
+def test_export(record_property, backend, variant, cls, family, kind):
+    if os.environ.get("FAKE_FIXED") and kind == "fail_export":
+        kind = "pass"
+    for key, value in (("model_class", cls), ("model_type", family),
+                       ("backend", backend), ("variant", variant)):
+        record_property(key, value)
+    if backend == "onnx":
+        record_property("onnx_optimize", kind != "pass_noopt")
+    if kind == "crash":
+        os._exit(3)
+    if kind == "skip":
+        pytest.skip("BlockedByPackage: needs detectron2")
+    failures = {"fail_export": ("export", "Unsupported: data-dependent branch in forward"),
+                "fail_lower": ("lower", "DispatchError: aten.index_put"),
+                "fail_build": ("build", "ImportError: timm"),
+                "xfail": ("export", "GuardOnDataDependentSymNode: u0 > 0")}
+    fired = ["fix:onnx:_fix_alias"] if kind == "fail_lower" else []
+    if kind.startswith("pass") or kind == "xpass":
+        fired = [f"patch:{backend}:torch.where"]
+    record_property("workarounds_fired", json.dumps(fired))
+    record_property("repro", f"pytest sweeps --backend={backend} --model={cls}")
+    if kind in failures:
+        stage, error = failures[kind]
+        record_property("stage", stage)
+        record_property("error", error)
+        raise RuntimeError(error + " at 0x7f00deadbeef")
+    record_property("stage", "done")
+'''
+
+
+def run_fake_sweep(root: Path, name: str, *extra: str, fixed: bool = False) -> tuple[Path, Path]:
+    """Run the fake sweep under xdist; return (reportlog, junit) paths."""
+    test_dir = root / "fake_sweeps"
+    test_dir.mkdir(exist_ok=True)
+    (test_dir / "test_sweep.py").write_text(FAKE_SWEEP)
+    log, xml = root / f"{name}.jsonl", root / f"{name}.xml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "FAKE_"))}
+    if fixed:
+        env["FAKE_FIXED"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "xdist", "-n", "2",
+         f"--report-log={log}", f"--junitxml={xml}", "-q", "fake_sweeps", *extra],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert log.exists() and xml.exists(), proc.stdout + proc.stderr
+    return log, xml
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    full = run_fake_sweep(root, "full")
+    rerun = run_fake_sweep(root, "rerun", "-k", "dynamo-static-BertModel", fixed=True)
+    return {"root": root, "log": full[0], "xml": full[1], "rerun_log": rerun[0]}
+
+
+def by_id(results):
+    return {(r.model_class, r.backend, r.variant): r for r in results}
+
+
+# ── loading ──
+
+
+def test_reportlog_outcomes_and_properties(logs):
+    results = by_id(load_reportlog(logs["log"]))
+    assert len(results) == 11
+    assert results["BertModel", "onnx", "dynamic"].outcome == "pass"
+    assert results["BertModel", "onnx", "dynamic"].stage == "done"
+    assert results["BertModel", "onnx", "dynamic"].workarounds_fired == ["patch:onnx:torch.where"]
+    assert results["BertModel", "onnx", "dynamic"].onnx_optimize is True
+    assert results["DetrForObjectDetection", "onnx", "static"].onnx_optimize is False
+    failed = results["BertModel", "dynamo", "static"]
+    assert (failed.outcome, failed.stage, failed.error) == (
+        "fail", "export", "Unsupported: data-dependent branch in forward")
+    xfail = results["NllbMoeForConditionalGeneration", "onnx", "dynamic"]
+    assert (xfail.outcome, xfail.reason) == ("xfail", "router loops over experts; vectorize the dispatch")
+    xpass = results["NllbMoeForConditionalGeneration", "dynamo", "dynamic"]
+    assert (xpass.outcome, xpass.reason) == ("xpass", "router loops over experts; vectorize the dispatch")
+    crash = results["LlamaModel", "executorch", "static"]
+    assert (crash.outcome, crash.error, crash.model_type) == ("crash", "worker crashed", None)
+    merged = by_id(merge([load_reportlog(logs["log"])])[0])
+    assert merged["LlamaModel", "executorch", "static"].model_type == "llama"  # family filled in
+    skipped = results["BertModel", "executorch", "static"]
+    assert (skipped.outcome, skipped.reason) == ("skipped", "BlockedByPackage: needs detectron2")
+    assert results["LlamaModel", "onnx", "static"].repro == "pytest sweeps --backend=onnx --model=LlamaModel"
+    assert all(r.nodeid.startswith("fake_sweeps/test_sweep.py::test_export[") for r in results.values())
+
+
+def test_junit_agrees_with_reportlog(logs):
+    fields = lambda r: (r.nodeid, r.outcome, r.model_class, r.model_type, r.backend, r.variant,  # noqa: E731
+                        r.stage, r.error, r.reason, r.onnx_optimize, r.workarounds_fired)
+    from_log = sorted(map(fields, load_reportlog(logs["log"])))
+    from_xml = sorted(map(fields, load_junit(logs["xml"])))
+    assert from_xml == from_log
+
+
+def test_load_any_sniffs_each_format(logs, tmp_path):
+    assert {r.nodeid for r in load_any(logs["xml"])} == {r.nodeid for r in load_any(logs["log"])}
+    main(["merge", str(logs["log"]), "--out", str(tmp_path), "--date", "D"])
+    again = load_any(tmp_path / "results.json")
+    assert [r.to_dict() for r in again] == [r.to_dict() for r in merge([load_any(logs["log"])])[0]]
+
+
+def test_merge_later_duplicate_wins(logs):
+    results, duplicates = merge([load_reportlog(logs["log"]), load_reportlog(logs["rerun_log"])])
+    assert len(results) == 11
+    assert by_id(results)["BertModel", "dynamo", "static"].outcome == "pass"
+    assert len(duplicates) == 1
+    assert duplicates[0]["was"] == "fail" and duplicates[0]["now"] == "pass"
+    assert duplicates[0]["by"] == str(logs["rerun_log"])
+    results, _ = merge([load_reportlog(logs["rerun_log"]), load_reportlog(logs["log"])])
+    assert by_id(results)["BertModel", "dynamo", "static"].outcome == "fail"
+
+
+def test_parse_test_id_and_normalize_error():
+    assert parse_test_id("s/t.py::test_export[onnx-dynamic-NllbMoeModel]") == {
+        "backend": "onnx", "variant": "dynamic", "model_class": "NllbMoeModel"}
+    assert parse_test_id("s/t.py::test_export[tvm-dynamic-X]") == {}
+    assert normalize_error("\nE   KeyError: at 0x7fabc123 in   foo\nmore") == "KeyError: at 0x… in foo"
+    assert normalize_error("worker 'gw3' crashed while running 'x'") == "worker crashed"
+    assert len(normalize_error("x" * 500)) == 200
+
+
+# ── aggregation and rendering ──
+
+
+def test_summary_counts_and_pass_rate(logs):
+    rows = {row.column: row for row in summary_rows(load_reportlog(logs["log"]))}
+    assert list(rows) == ["dynamo/static", "dynamo/dynamic", "onnx/static", "onnx/dynamic",
+                          "executorch/static", "all"]
+    assert rows["onnx/static"].counts == {"pass": 2, "xfail": 0, "xpass": 0, "fail": 1, "crash": 0, "skipped": 0}
+    assert rows["dynamo/static"].built == 1 and rows["dynamo/static"].pass_pct == 0.0
+    assert rows["executorch/static"].counts["crash"] == 1 and rows["executorch/static"].built == 1
+    total = rows["all"]
+    assert total.counts == {"pass": 3, "xfail": 1, "xpass": 1, "fail": 4, "crash": 1, "skipped": 1}
+    assert (total.total, total.built) == (11, 9)
+    assert round(total.pass_pct, 1) == 33.3
+
+
+def test_failure_signatures_rank_by_items(logs):
+    sigs = failure_signatures(load_reportlog(logs["log"]))
+    assert sigs[0].error == "DispatchError: aten.index_put"
+    assert (sigs[0].count, sigs[0].classes, sigs[0].stages) == (2, ["LlamaModel"], [("lower", 2)])
+    assert sigs[0].columns == ["onnx/dynamic", "onnx/static"]
+    assert {s.error for s in sigs} == {"DispatchError: aten.index_put", "ImportError: timm",
+                                       "Unsupported: data-dependent branch in forward", "worker crashed"}
+
+
+def test_workaround_table_flags_unused(logs):
+    rows = {w.name: w for w in workaround_rows(load_reportlog(logs["log"]),
+                                               ["patch:onnx:torch.where", "fix:onnx:_fix_alias",
+                                                "patch:dynamo:never_fires"])}
+    assert rows["patch:onnx:torch.where"].classes == ["BertModel", "DetrForObjectDetection"]
+    assert rows["fix:onnx:_fix_alias"].classes == ["LlamaModel"]
+    assert rows["patch:dynamo:never_fires"].status.startswith("candidate for removal")
+    assert rows["patch:dynamo:torch.where"].status == "not in the registered list"
+    assert rows["patch:onnx:torch.where"].status == "in use"
+
+
+def test_markdown_report(logs, tmp_path):
+    registered = tmp_path / "registered.txt"
+    registered.write_text("# every workaround\npatch:onnx:torch.where\npatch:dynamo:never_fires\n")
+    out = tmp_path / "conformance"
+    assert main(["merge", str(logs["log"]), str(logs["rerun_log"]), "--out", str(out),
+                 "--command", "pytest sweeps -n 2", "--registered", str(registered),
+                 "--date", "2026-01-02"]) == 0
+    md = (out / "conformance.md").read_text()
+    assert "Generated 2026-01-02 by `pytest sweeps -n 2`." in md
+    assert "torch 2.13" in md and "transformers " in md and "executorch " in md
+    assert "1 item(s) appeared in more than one file; the later file's result was kept" in md
+    assert "| onnx/static | 2 | 0 | 0 | 1 | 0 | 0 | 3 | 66.7% |" in md
+    assert "| dynamo/static | 1 | 0 | 0 | 1 | 0 | 0 | 2 | 100.0% |" in md    # rerun fixed Bert
+    assert "| 1 | 2 | 1 | lower (2) | onnx/dynamic, onnx/static | `DispatchError: aten.index_put` | LlamaModel |" in md
+    assert "| `patch:dynamo:never_fires` | 0 | candidate for removal (fired for no class) |" in md
+    lines = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}
+    header = next(line for line in md.splitlines() if line.startswith("| model class |"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    llama = [c.strip() for c in lines["| LlamaModel"].strip("|").split("|")]
+    cell = dict(zip(cols, llama))
+    assert cell["family"] == "llama"
+    assert cell["onnx/static"] == "fail (lower: DispatchError: aten.index_put)"
+    assert cell["executorch/static"].startswith("crash (")
+    assert cell["dynamo/static"] == "–"
+    nllb = dict(zip(cols, [c.strip() for c in lines["| NllbMoeForConditionalGeneration"].strip("|").split("|")]))
+    assert nllb["onnx/dynamic"] == "xfail (router loops over experts; vectorize the dispatch)"
+    assert nllb["dynamo/dynamic"].startswith("XPASS (")
+    detr = dict(zip(cols, [c.strip() for c in lines["| DetrForObjectDetection"].strip("|").split("|")]))
+    assert detr["onnx/static"] == "pass (optimize off)"
+    assert detr["dynamo/static"] == "fail (build: ImportError: timm)"
+
+
+class _Rows(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.items, self.options, self.external = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "tr" and "item" in (attrs.get("class") or "").split():
+            self.items.append(attrs)
+        if tag == "option":
+            self.options.append(attrs)
+        if (tag in ("script", "img", "iframe") and attrs.get("src")) or (tag == "link" and attrs.get("href")):
+            self.external.append((tag, attrs))
+
+
+def test_html_report_is_static_and_filterable(logs, tmp_path):
+    main(["merge", str(logs["log"]), "--out", str(tmp_path), "--date", "D"])
+    page = (tmp_path / "conformance.html").read_text()
+    parser = _Rows()
+    parser.feed(page)
+    assert parser.external == []
+    assert len(parser.items) == 11
+    assert sum(r["data-outcome"] == "fail" for r in parser.items) == 4
+    assert {r["data-family"] for r in parser.items} == {"bert", "nllb-moe", "llama", "detr"}
+    for key in ("family", "backend", "variant", "outcome"):
+        assert f'data-key="{key}"' in page
+    assert "<script>" in page and "addEventListener" in page
+    assert "DispatchError: aten.index_put" in page
+
+
+def test_html_escapes_untrusted_text():
+    bad = Result(nodeid="t.py::test_export[onnx-static-X]", outcome="fail", model_class="X",
+                 backend="onnx", variant="static", stage="run", error="<script>alert(1)</script>")
+    page = Report([bad], date="D", versions={}).html()
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)" in page
+
+
+def test_results_json(logs, tmp_path):
+    main(["merge", str(logs["log"]), "--out", str(tmp_path), "--command", "c", "--date", "D"])
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["schema_version"] == 1 and data["command"] == "c" and data["generated"] == "D"
+    assert set(data["versions"]) == {"torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch"}
+    assert len(data["results"]) == 11
+    assert data["summary"]["all"]["fail"] == 4
+    assert [r["nodeid"] for r in data["results"]] == sorted(r["nodeid"] for r in data["results"])
+
+
+def test_cell_text():
+    r = Result(nodeid="n", outcome="fail", stage="run", error="x" * 100)
+    assert cell_text(r, limit=10) == "fail (run: xxxxxxxxx…)"
+    assert cell_text(None) == "–"
+    assert cell_text(Result(nodeid="n", outcome="skipped")) == "skipped"
+
+
+def test_missing_package_versions_are_marked():
+    from sweeps.report.summary import package_versions
+    assert package_versions(["torch", "surely-not-a-package-xyz"])["surely-not-a-package-xyz"] == "not installed"
+
+
+# ── diff ──
+
+
+def test_diff_between_runs(logs, tmp_path, capsys):
+    main(["merge", str(logs["log"]), "--out", str(tmp_path), "--date", "D"])
+    assert main(["diff", str(tmp_path / "results.json"), str(logs["rerun_log"])]) == 0
+    text = capsys.readouterr().out
+    assert "## New passes (1)" in text
+    assert "| BertModel (dynamo/static) | fail (export: Unsupported: data-dependent branch in forward) | pass |" in text
+    assert "## Items no longer in the run (10)" in text
+
+
+def _r(nodeid, outcome, **kw):
+    return Result(nodeid=nodeid, outcome=outcome, model_class=nodeid, backend="onnx", variant="static", **kw)
+
+
+def test_diff_categories():
+    old = [_r("A", "pass"), _r("B", "xfail", reason="r"), _r("C", "fail", stage="lower", error="e1"),
+           _r("D", "fail", stage="lower", error="e1"), _r("E", "fail", error="e"), _r("F", "xfail")]
+    new = [_r("A", "crash", error="worker crashed"), _r("B", "xpass", reason="r"),
+           _r("C", "fail", stage="run", error="e1"), _r("D", "fail", stage="lower", error="e1"),
+           _r("E", "pass"), _r("F", "pass"), _r("G", "fail", error="e")]
+    d = compare(old, new)
+    assert [(p and p.nodeid, c.nodeid) for p, c in d.new_failures] == [("A", "A"), (None, "G")]
+    assert [c.nodeid for _, c in d.new_passes] == ["E"]
+    assert [c.nodeid for _, c in d.xfail_now_pass] == ["B", "F"]
+    assert [c.nodeid for _, c in d.changed_signatures] == ["C"]
+    assert [r.nodeid for r in d.added] == ["G"]
+    text = to_markdown(d)
+    assert "## xfail entries that now pass (2)" in text and "Remove these EXPORT_SKIPS entries" in text
+    assert "| C (onnx/static) | fail (lower: e1) | fail (run: e1) |" in text
+
+
+def test_diff_fail_on_regression(tmp_path):
+    for name, outcome in (("old", "pass"), ("new", "fail")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"results": [_r("A", outcome).to_dict()]}))
+    args = ["diff", str(tmp_path / "old.json"), str(tmp_path / "new.json")]
+    assert main(args + ["--out", str(tmp_path / "d.md")]) == 0
+    assert "## New failures (1)" in (tmp_path / "d.md").read_text()
+    assert main(args + ["--out", str(tmp_path / "d.md"), "--fail-on-regression"]) == 1
+
+
+def test_module_entry_point(logs, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "sweeps.report", "merge", str(logs["xml"]),
+                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "11 items" in proc.stdout
+    assert (tmp_path / "conformance.md").exists() and (tmp_path / "conformance.html").exists()
