@@ -1,0 +1,185 @@
+"""What the three exporters share: their config, the artifact they return, and its metadata."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from .utils import DEFAULT_REGISTRY, Registry
+
+_VERSIONED = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch")
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in _VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+class ExportStageError(RuntimeError):
+    """An export failed; ``stage`` says where (export, lower, run) and ``__cause__`` holds the original."""
+
+    def __init__(self, stage: str, backend: str, cause: BaseException):
+        self.stage = stage
+        self.backend = backend
+        super().__init__(f"[{backend}/{stage}] {type(cause).__name__}: {cause}")
+
+
+class InputError(ValueError):
+    """An artifact was called with inputs it was not exported for."""
+
+
+@dataclasses.dataclass
+class ExportConfig:
+    dynamic: bool = False  # every tensor dim Dim.AUTO (torch decides which stay dynamic)
+    dynamic_shapes: Any = None  # explicit torch.export dynamic_shapes; overrides `dynamic`
+    strict: bool = False  # torch.export strict mode (TorchDynamo tracing)
+    max_dim: int = 1024  # upper bound given to every dynamic dim (ExecuTorch must plan memory for it)
+
+
+class Artifact:
+    """The result of an export: callable with the same keyword tensors as the model's forward."""
+
+    backend = ""
+    file_name = ""
+
+    def __init__(self, *, input_names, output_names, input_specs, constants, fired, config, extra_metadata=None):
+        self.input_names: list[str] = list(input_names)
+        self.output_names: list[str] = list(output_names)
+        # input name -> (traced shape, dtype, {dim: {"symbol", "min", "max"}})
+        self.input_specs: dict[str, tuple[tuple[int, ...], torch.dtype, dict[int, dict]]] = input_specs
+        self.constants: dict[str, Any] = constants
+        self.workarounds_fired: list[str] = list(fired)
+        self.config = config
+        self.extra_metadata = dict(extra_metadata or {})
+
+    @property
+    def dynamic_dims(self) -> dict[str, dict[int, dict]]:
+        return {name: dims for name, (_, _, dims) in self.input_specs.items() if dims}
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "input_names": self.input_names,
+            "output_names": self.output_names,
+            "inputs": {
+                name: {"shape": list(shape), "dtype": str(dtype).replace("torch.", "")}
+                for name, (shape, dtype, _) in self.input_specs.items()
+            },
+            "dynamic_dims": {n: {str(d): v for d, v in dims.items()} for n, dims in self.dynamic_dims.items()},
+            "constant_inputs": {k: repr(v) for k, v in self.constants.items()},
+            "workarounds_fired": self.workarounds_fired,
+            "config": {k: repr(v) for k, v in dataclasses.asdict(self.config).items()},
+            "versions": package_versions(),
+            **self.extra_metadata,
+        }
+
+    # calling
+    def check_inputs(self, inputs: Mapping[str, Any]) -> list[torch.Tensor]:
+        """Validate names, dtypes and shapes against what was exported; return tensors in order."""
+        unexpected = [k for k in inputs if k not in self.input_specs and k not in self.constants]
+        missing = [k for k in self.input_names if k not in inputs]
+        if unexpected or missing:
+            raise InputError(
+                f"{self.backend} artifact takes inputs {self.input_names}"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; unexpected {unexpected}" if unexpected else "")
+            )
+        for name, value in inputs.items():
+            if name in self.constants and not isinstance(value, torch.Tensor) and value != self.constants[name]:
+                raise InputError(
+                    f"{name}={value!r} was baked into the artifact as {self.constants[name]!r} at export time; "
+                    "re-export to change it"
+                )
+        ordered = []
+        for name in self.input_names:
+            value = inputs[name]
+            shape, dtype, dims = self.input_specs[name]
+            if not isinstance(value, torch.Tensor):
+                raise InputError(f"input {name!r} must be a tensor, got {type(value).__name__}")
+            if value.dtype != dtype:
+                raise InputError(f"input {name!r} has dtype {value.dtype}, the artifact was exported with {dtype}")
+            if value.dim() != len(shape):
+                raise InputError(f"input {name!r} has rank {value.dim()}, the artifact was exported with rank {len(shape)}")
+            for d, size in enumerate(value.shape):
+                spec = dims.get(d)
+                if spec is None:
+                    if size != shape[d]:
+                        raise InputError(
+                            f"input {name!r} dim {d} is static in this artifact (exported as {shape[d]}), got {size}"
+                            + ("; export with dynamic=True to vary it" if not self.dynamic_dims else "")
+                        )
+                elif size < spec["min"] or (spec["max"] is not None and size > spec["max"]):
+                    raise InputError(
+                        f"input {name!r} dim {d} ({spec['symbol']}) is {size}, outside the exported bounds "
+                        f"[{spec['min']}, {spec['max']}]"
+                    )
+            ordered.append(value)
+        self._check_shared_symbols(inputs)
+        return ordered
+
+    def _check_shared_symbols(self, inputs: Mapping[str, Any]) -> None:
+        seen: dict[str, tuple[str, int, int]] = {}
+        for name in self.input_names:
+            for d, spec in self.input_specs[name][2].items():
+                size = inputs[name].shape[d]
+                prev = seen.setdefault(spec["symbol"], (name, d, size))
+                if prev[2] != size:
+                    raise InputError(
+                        f"input {name!r} dim {d} and input {prev[0]!r} dim {prev[1]} share the dynamic dim "
+                        f"{spec['symbol']} in this artifact, but got {size} and {prev[2]}"
+                    )
+
+    def __call__(self, **inputs: Any) -> dict[str, torch.Tensor]:
+        ordered = self.check_inputs(inputs)
+        outputs = self._run(ordered)
+        if len(outputs) != len(self.output_names):
+            raise RuntimeError(f"{self.backend} runtime returned {len(outputs)} outputs, expected {len(self.output_names)}")
+        return dict(zip(self.output_names, outputs))
+
+    def _run(self, ordered: list[torch.Tensor]) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    # saving
+    def save(self, directory: str | os.PathLike) -> str:
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, self.file_name)
+        self._save_model(path)
+        with open(os.path.join(directory, "metadata.json"), "w") as f:
+            json.dump(self.metadata, f, indent=2, default=str)
+        return path
+
+    def _save_model(self, path: str) -> None:
+        raise NotImplementedError
+
+
+class Exporter:
+    backend = ""
+    config_class: type[ExportConfig] = ExportConfig
+
+    def __init__(self, registry: Registry | None = None):
+        self.registry = registry if registry is not None else DEFAULT_REGISTRY
+
+    def export(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: ExportConfig | None = None) -> Artifact:
+        raise NotImplementedError
+
+
+def run_stage(stage: str, backend: str, fn: Callable[[], Any]) -> Any:
+    """Run ``fn``; an exception leaves tagged with the stage so reports can say where it failed."""
+    try:
+        return fn()
+    except ExportStageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised with the stage attached
+        raise ExportStageError(stage, backend, exc) from exc

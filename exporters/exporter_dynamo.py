@@ -1,0 +1,372 @@
+"""DynamoExporter: torch.export of a transformers model, in five stages.
+
+The ONNX and ExecuTorch exporters start with the same stages (``trace``), adding their own
+backend's torch patches to stage 2, so a model patch registered for "dynamo" helps all three.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import inspect
+import pickle
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .base import Artifact, ExportConfig, Exporter, run_stage
+from .utils import FiredLog, PatchEntry, apply_patches, leaf_names_and_values, register_patch
+
+
+@dataclasses.dataclass
+class DynamoConfig(ExportConfig):
+    pass
+
+
+@dataclasses.dataclass
+class Traced:
+    program: torch.export.ExportedProgram
+    input_names: list[str]
+    output_names: list[str]
+    input_specs: dict[str, tuple[tuple[int, ...], torch.dtype, dict[int, dict]]]
+    constants: dict[str, Any]
+
+
+# ── Stage 1: Forward-signature patch ─────────────────────────────────────────
+# torch.export packs ``**kwargs`` into one tuple; give ``forward`` a flat signature with exactly the
+# tensor inputs, and bake non-tensor inputs (flags, ints) in as constants. Internal, not an extension point.
+
+
+@contextlib.contextmanager
+def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], constants: Mapping[str, Any]):
+    original = model.__dict__.get("forward")
+    bound_forward = model.forward
+
+    def forward(*args, **kwargs):
+        kwargs.update(zip(tensor_names, args))
+        return bound_forward(**kwargs, **constants)
+
+    forward.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in tensor_names]
+    )
+    model.forward = forward
+    try:
+        yield
+    finally:
+        if original is None:
+            del model.forward
+        else:
+            model.forward = original
+
+
+# ── Stage 2: Model patches ───────────────────────────────────────────────────
+# Swap untraceable model methods for export-safe ones while tracing: @register_patch("dynamo", ...).
+
+
+@register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier")
+def _patch_classifier_cast(_original):
+    # Replace the untraceable dtype cast with a no-op during export (the model is fp32 already).
+    return lambda self, *args, **kwargs: None
+
+
+# ── Stage 3: Pytree registration ─────────────────────────────────────────────
+# Every Cache (and cache layer) is flattened by attribute traversal: tensors become leaves, everything
+# else goes into the context. Objects found in outputs that hold tensors but that pytree does not know
+# are registered the same way. Add a branch below for a type attribute traversal cannot reach.
+
+_REGISTERED: set[type] = set()
+
+
+def _flatten_to_context(obj: Any, tensors: list, path: str = "") -> Any:
+    """Append the tensors inside ``obj`` to ``tensors``; return a hashable context to rebuild it."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append((path, obj))
+        return ("tensor",)
+    if isinstance(obj, (list, tuple)):
+        kind = "list" if isinstance(obj, list) else "tuple"
+        return (kind, tuple(_flatten_to_context(v, tensors, _join(path, str(i))) for i, v in enumerate(obj)))
+    if isinstance(obj, dict):
+        return ("dict", tuple((k, _flatten_to_context(v, tensors, _join(path, str(k)))) for k, v in obj.items()))
+    if _holds_tensors(obj):
+        fields = tuple(
+            (k, _flatten_to_context(v, tensors, _join(path, _alias(k)))) for k, v in vars(obj).items()
+        )
+        return ("object", type(obj), fields)
+    return ("const", _Const(obj))
+
+
+def _unflatten_from_context(ctx: Any, tensors: list) -> Any:
+    """Inverse of ``_flatten_to_context``; consumes ``tensors`` (an iterator) in order."""
+    kind = ctx[0]
+    if kind == "tensor":
+        return next(tensors)
+    if kind in ("list", "tuple"):
+        items = [_unflatten_from_context(c, tensors) for c in ctx[1]]
+        return items if kind == "list" else tuple(items)
+    if kind == "dict":
+        return {k: _unflatten_from_context(c, tensors) for k, c in ctx[1]}
+    if kind == "object":
+        obj = ctx[1].__new__(ctx[1])
+        for k, c in ctx[2]:
+            obj.__dict__[k] = _unflatten_from_context(c, tensors)
+        return obj
+    return ctx[1].value
+
+
+class _Const:
+    """A non-tensor attribute kept in a pytree context; compared by value where it can be."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, _Const):
+            return False
+        try:
+            return bool(self.value == other.value)
+        except Exception:  # noqa: BLE001 - values without a boolean equality
+            return self.value is other.value
+
+    def __hash__(self) -> int:
+        return hash(type(self.value).__name__)
+
+    def __repr__(self) -> str:
+        return f"_Const({self.value!r})"
+
+
+# Cache attribute names shortened in leaf names: DynamicCache.layers[0].keys -> past_key_values.0.key
+_ALIASES = {"layers": "", "keys": "key", "values": "value"}
+
+
+def _alias(name: str) -> str:
+    return _ALIASES.get(name, name)
+
+
+def _join(prefix: str, name: str) -> str:
+    return ".".join(p for p in (prefix, name) if p)
+
+
+def _holds_tensors(obj: Any) -> bool:
+    if not hasattr(obj, "__dict__") or isinstance(obj, (type, torch.nn.Module)) or inspect.isroutine(obj):
+        return False
+    stack, seen = [obj], set()
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        values = vars(cur).values() if hasattr(cur, "__dict__") else cur
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                return True
+            if isinstance(v, (list, tuple)) or (hasattr(v, "__dict__") and not isinstance(v, (type, torch.nn.Module))):
+                stack.append(v)
+            elif isinstance(v, dict):
+                stack.append(list(v.values()))
+    return False
+
+
+def _register(cls: type) -> None:
+    if cls in _REGISTERED or cls in pytree.SUPPORTED_NODES:
+        return
+
+    def flatten(obj):
+        tensors: list = []
+        ctx = _flatten_to_context(vars(obj), tensors)
+        return [t for _, t in tensors], (cls, ctx)
+
+    def flatten_with_keys(obj):
+        tensors: list = []
+        ctx = _flatten_to_context(vars(obj), tensors)
+        keys = [(pytree.GetAttrKey(_path_of(p)), t) for p, t in tensors]
+        return keys, (cls, ctx)
+
+    def unflatten(values, context):
+        klass, ctx = context
+        obj = klass.__new__(klass)
+        obj.__dict__.update(_unflatten_from_context(ctx, iter(values)))
+        return obj
+
+    pytree.register_pytree_node(
+        cls, flatten, unflatten, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+        flatten_with_keys_fn=flatten_with_keys,
+        # .pt2 and .pte files store the output spec as JSON: the context travels pickled.
+        to_dumpable_context=lambda ctx: base64.b64encode(pickle.dumps(ctx)).decode("ascii"),
+        from_dumpable_context=lambda text: pickle.loads(base64.b64decode(text)),
+    )
+    _REGISTERED.add(cls)
+
+
+def _path_of(path: str) -> str:
+    return ".".join(_alias(p) for p in path.split(".") if _alias(p))
+
+
+def _subclasses(cls: type) -> Iterable[type]:
+    stack = [cls]
+    while stack:
+        cur = stack.pop()
+        yield cur
+        stack.extend(cur.__subclasses__())
+
+
+def register_pytree_nodes(obj: Any = None) -> None:
+    """Register every Cache class, and every unknown tensor-holding object found inside ``obj``."""
+    from transformers import cache_utils
+
+    for base in (cache_utils.Cache,):
+        for cls in _subclasses(base):
+            _register(cls)
+    if obj is not None:
+        for leaf in pytree.tree_leaves(obj):
+            if not isinstance(leaf, torch.Tensor) and _holds_tensors(leaf):
+                _register(type(leaf))
+
+
+# ── Stage 4: Dynamic shapes ──────────────────────────────────────────────────
+# With dynamic=True every tensor dim gets Dim.AUTO (torch keeps static what the model pins down),
+# bounded above by config.max_dim (or the traced size if larger). DynamoConfig.dynamic_shapes overrides.
+
+
+def auto_dynamic_shapes(inputs: Mapping[str, torch.Tensor], max_dim: int) -> dict[str, Any]:
+    from torch.export import Dim
+
+    return {
+        name: {d: Dim.AUTO(max=max(max_dim, size)) for d, size in enumerate(t.shape)}
+        for name, t in inputs.items()
+    }
+
+
+# ── Stage 5: State cleanup ───────────────────────────────────────────────────
+# Tensor attributes that a model sets in forward survive tracing as fake tensors and break the next
+# eager call. Restore, after export, every attribute named here and every one left holding a FakeTensor.
+
+_STATEFUL_CACHE_ATTRS: tuple[str, ...] = ("_cached_attention_mask", "_cache", "cached_mask", "rotary_cache")
+
+
+def _snapshot_state(model: torch.nn.Module) -> dict[tuple[int, str], Any]:
+    return {
+        (id(m), k): v
+        for m in model.modules()
+        for k, v in vars(m).items()
+        if k in _STATEFUL_CACHE_ATTRS or isinstance(v, torch.Tensor)
+    }
+
+
+def reset_model_state(model: torch.nn.Module, snapshot: dict[tuple[int, str], Any]) -> list[str]:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    reset = []
+    for name, m in model.named_modules():
+        for k, v in list(vars(m).items()):
+            key = (id(m), k)
+            if k in _STATEFUL_CACHE_ATTRS or isinstance(v, FakeTensor):
+                if key in snapshot:
+                    if snapshot[key] is not v:
+                        m.__dict__[k] = snapshot[key]
+                        reset.append(f"{name}.{k}")
+                elif isinstance(v, FakeTensor):
+                    del m.__dict__[k]
+                    reset.append(f"{name}.{k}")
+    return reset
+
+
+# ── tracing: the five stages, shared by every exporter ───────────────────────
+
+
+def _dims_of(program: torch.export.ExportedProgram, value: Any) -> dict[int, dict]:
+    dims = {}
+    for d, size in enumerate(value.shape):
+        if isinstance(size, torch.SymInt):
+            expr = size.node.expr
+            vr = program.range_constraints.get(expr)
+            lower = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
+            upper = int(vr.upper) if vr is not None and vr.upper.is_finite else None
+            dims[d] = {"symbol": str(expr), "min": lower, "max": upper}
+    return dims
+
+
+def output_names_of(program: torch.export.ExportedProgram) -> list[str]:
+    """Names of the tensor outputs, in the program's flat order, using the eager naming."""
+    out_spec = program.call_spec.out_spec
+    placeholders = [torch.empty(0) for _ in range(out_spec.num_leaves)]
+    tree = pytree.tree_unflatten(placeholders, out_spec)
+    return [name for name, v in leaf_names_and_values(tree) if isinstance(v, torch.Tensor)]
+
+
+def trace(
+    model: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    config: ExportConfig,
+    patches: list[PatchEntry],
+    fired: FiredLog,
+) -> Traced:
+    """Stages 1-5: torch.export ``model(**inputs)`` with ``patches`` installed."""
+    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    constants = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
+    names = list(tensors)
+    register_pytree_nodes()
+    if config.dynamic_shapes is not None:
+        dynamic_shapes = config.dynamic_shapes
+    elif config.dynamic:
+        dynamic_shapes = auto_dynamic_shapes(tensors, config.max_dim)
+    else:
+        dynamic_shapes = None
+    state = _snapshot_state(model)
+    try:
+        with flat_forward_signature(model, names, constants), apply_patches(patches, fired):
+            program = torch.export.export(
+                model, args=(), kwargs=tensors, dynamic_shapes=dynamic_shapes, strict=config.strict
+            )
+    finally:
+        reset_model_state(model, state)
+    user_inputs = [
+        spec.arg.name for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"
+    ]
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    specs = {}
+    for name, ph_name in zip(names, user_inputs):
+        val = placeholders[ph_name].meta["val"]
+        specs[name] = (tuple(tensors[name].shape), tensors[name].dtype, _dims_of(program, val))
+    return Traced(program, names, output_names_of(program), specs, constants)
+
+
+# ── the exporter ─────────────────────────────────────────────────────────────
+
+
+class DynamoArtifact(Artifact):
+    backend = "dynamo"
+    file_name = "model.pt2"
+
+    def __init__(self, program: torch.export.ExportedProgram, **kwargs):
+        super().__init__(**kwargs)
+        self.program = program
+        self._module = program.module()
+
+    def _run(self, ordered):
+        out = self._module(**dict(zip(self.input_names, ordered)))
+        return [v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)]
+
+    def _save_model(self, path):
+        torch.export.save(self.program, path)
+
+
+class DynamoExporter(Exporter):
+    backend = "dynamo"
+    config_class = DynamoConfig
+
+    def export(self, model, inputs, config=None):
+        config = config or DynamoConfig()
+        fired = FiredLog()
+        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, self.registry.patches("dynamo"), fired))
+        return DynamoArtifact(
+            traced.program,
+            input_names=traced.input_names,
+            output_names=traced.output_names,
+            input_specs=traced.input_specs,
+            constants=traced.constants,
+            fired=fired.names(),
+            config=config,
+        )

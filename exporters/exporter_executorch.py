@@ -1,0 +1,153 @@
+"""ExecutorchExporter: torch.export, lowered with to_edge_transform_and_lower + to_executorch,
+run in the ExecuTorch runtime. Five stages around the lowering."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .base import Artifact, ExportConfig, Exporter, run_stage
+from .exporter_dynamo import trace
+from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, register_fx_program_fix
+
+# "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering);
+# the others are torch patches (stage 2, installed around torch.export).
+_EXECUTORCH_INTERNALS = ("executorch.",)
+
+
+@dataclasses.dataclass
+class ExecutorchConfig(ExportConfig):
+    backend: str = "xnnpack"  # a key of _BACKEND_PREPARE
+    max_dim: int = 64  # ExecuTorch plans memory for the upper bound of every dynamic dim
+
+
+# ── Stage 1: Backend preparation ─────────────────────────────────────────────
+# Move the model to the target device and dtype and pick its partitioners. Add a backend by
+# registering ``prepare_for_<name>(model, inputs) -> (model, inputs, partitioners)`` in _BACKEND_PREPARE.
+
+
+def prepare_for_xnnpack(model: torch.nn.Module, inputs: dict[str, Any]):
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    model = model.to(device="cpu", dtype=torch.float32)
+    inputs = {k: v.to("cpu") if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    return model, inputs, [XnnpackPartitioner()]
+
+
+def prepare_for_cuda(model: torch.nn.Module, inputs: dict[str, Any]):
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "ExecutorchConfig(backend='cuda') needs a CUDA device, and torch.cuda.is_available() is False "
+            "on this machine (use backend='xnnpack' for CPU)"
+        )
+    from executorch.backends.cuda.cuda_partitioner import CudaPartitioner
+
+    model = model.to(device="cuda")
+    inputs = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    return model, inputs, [CudaPartitioner([])]
+
+
+_BACKEND_PREPARE: dict[str, Callable] = {"xnnpack": prepare_for_xnnpack, "cuda": prepare_for_cuda}
+
+
+# ── Stage 2: Torch patches ───────────────────────────────────────────────────
+# Replace torch ops the backend rejects while torch.export traces: @register_patch("executorch", "torch.op").
+
+
+# ── Stage 3: ExecuTorch patches ──────────────────────────────────────────────
+# Replace ExecuTorch internals that crash on valid dynamic-shape graphs, installed around the
+# lowering: @register_patch("executorch", "executorch.exir....").
+
+
+# ── Stage 4: FX program fixes ────────────────────────────────────────────────
+# Fixes that need the whole program: @register_fx_program_fix("executorch"),
+# fn(program, *, config) -> (program, modified).
+
+
+@register_fx_program_fix("executorch")
+def _fix_unbounded_ranges(program, *, config):
+    """ExecuTorch plans memory for each dynamic dim's upper bound: bound the unbounded ones.
+
+    before: s0 in [2, int_oo]    after: s0 in [2, config.max_dim]
+    """
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    modified = False
+    for sym, vr in list(program.range_constraints.items()):
+        if not vr.upper.is_finite:
+            program.range_constraints[sym] = ValueRanges(vr.lower, max(config.max_dim, int(vr.lower)))
+            modified = True
+    return program, modified
+
+
+# ── Stage 5: FX node fixes ───────────────────────────────────────────────────
+# Rewrite single nodes: @register_fx_node_fix("executorch"), fn(gm, node) -> bool.
+
+
+# ── the exporter ─────────────────────────────────────────────────────────────
+
+
+class ExecutorchArtifact(Artifact):
+    backend = "executorch"
+    file_name = "model.pte"
+
+    def __init__(self, buffer: bytes, **kwargs):
+        super().__init__(**kwargs)
+        from executorch.runtime import Runtime, Verification
+
+        self.buffer = buffer
+        self._program = Runtime.get().load_program(buffer, verification=Verification.Minimal)
+        self._method = self._program.load_method("forward")
+
+    def _run(self, ordered):
+        outputs = self._method.execute([t.contiguous() for t in ordered])
+        return [o if isinstance(o, torch.Tensor) else torch.as_tensor(o) for o in outputs]
+
+    def _save_model(self, path):
+        with open(path, "wb") as f:
+            f.write(self.buffer)
+
+
+class ExecutorchExporter(Exporter):
+    backend = "executorch"
+    config_class = ExecutorchConfig
+
+    def export(self, model, inputs, config=None):
+        config = config or ExecutorchConfig()
+        if config.backend not in _BACKEND_PREPARE:
+            raise ValueError(f"unknown ExecuTorch backend {config.backend!r}; registered: {sorted(_BACKEND_PREPARE)}")
+        fired = FiredLog()
+        model, inputs, partitioners = _BACKEND_PREPARE[config.backend](model, dict(inputs))
+        patches = self.registry.patches("dynamo", "executorch")
+        torch_patches = [p for p in patches if not p.path.startswith(_EXECUTORCH_INTERNALS)]
+        et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
+        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired))
+        buffer = run_stage("lower", self.backend, lambda: self._lower(traced.program, config, partitioners, et_patches, fired))
+        return run_stage(
+            "run",
+            self.backend,
+            lambda: ExecutorchArtifact(
+                buffer,
+                input_names=traced.input_names,
+                output_names=traced.output_names,
+                input_specs=traced.input_specs,
+                constants=traced.constants,
+                fired=fired.names(),
+                config=config,
+                extra_metadata={"executorch_backend": config.backend},
+            ),
+        )
+
+    def _lower(self, program, config, partitioners, et_patches, fired) -> bytes:
+        from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+        program = apply_fx_program_fixes(self.registry.fixes("executorch", "program"), program, fired, config=config)
+        apply_fx_node_fixes(self.registry.fixes("executorch", "node"), program.graph_module, fired)
+        with apply_patches(et_patches, fired):
+            edge = to_edge_transform_and_lower(
+                program, partitioner=partitioners, compile_config=EdgeCompileConfig(_check_ir_validity=False)
+            )
+            return edge.to_executorch().buffer

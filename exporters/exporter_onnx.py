@@ -1,0 +1,200 @@
+"""OnnxExporter: torch.export, then torch.onnx (onnxscript), run in ONNX Runtime. Five stages.
+
+Every workaround of this backend is a top-level ``_patch_*``, ``_fix_*`` or ``_aten_*`` function here:
+    grep -nE "^def (_patch_|_fix_|_aten_)" exporters/exporter_onnx.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import torch
+
+from .base import Artifact, ExportConfig, Exporter, run_stage
+from .exporter_dynamo import trace
+from .utils import FiredLog, Registry, apply_fx_node_fixes, apply_patches, register_fx_node_fix, register_patch
+
+# Paths under these prefixes are ONNX patches (stage 2, installed around torch.onnx.export);
+# every other "onnx" patch is a torch patch (stage 1, installed around torch.export).
+_ONNX_INTERNALS = ("torch.onnx.", "onnxscript.", "onnx_ir.", "onnx.")
+
+
+@dataclasses.dataclass
+class OnnxConfig(ExportConfig):
+    optimize: bool = True  # run the onnxscript optimizer (ONNX_DISABLE_OPTIMIZE turns it off per model)
+    opset: int | None = None  # None: torch.onnx's default opset
+    intra_op_threads: int = 1  # ONNX Runtime threads per session; the sweep parallelises across processes
+
+
+# ── Stage 1: Torch patches ───────────────────────────────────────────────────
+# Replace torch ops the ONNX exporter cannot convert, while torch.export traces:
+# @register_patch("onnx", "torch.some_op"); the factory gets the real operator.
+
+
+# ── Stage 2: ONNX patches ────────────────────────────────────────────────────
+# Patches on torch.onnx internals, installed around torch.onnx.export. The one below re-runs the
+# FX node fixes after torch.onnx's own run_decompositions, so that nodes the decomposition
+# introduces (shape guards, alias ops) are fixed before lowering.
+
+_CURRENT: dict[str, Any] = {}  # the registry and fired log of the export in progress
+
+
+@register_patch("onnx", "torch.onnx._internal.exporter._fx_passes.decompose_with_registry")
+def _patch_refix_after_decompositions(original):
+    @functools.wraps(original)
+    def decompose(exported_program, registry):
+        program = original(exported_program, registry)
+        reg, fired = _CURRENT.get("registry"), _CURRENT.get("fired")
+        if reg is not None:
+            apply_fx_node_fixes(reg.fixes("onnx", "node"), program.graph_module, fired)
+        return program
+
+    return decompose
+
+
+# ── Stage 3: FX node fixes ───────────────────────────────────────────────────
+# Rewrite nodes the ONNX exporter cannot lower: @register_fx_node_fix("onnx"), fn(gm, node) -> bool.
+
+
+@register_fx_node_fix("onnx")
+def _fix_dead_assertions(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """``aten._assert_tensor_metadata`` / ``_assert_async`` with no users: nothing to lower in ONNX.
+
+    before: _assert_tensor_metadata(x, dtype=...)   after: (node removed)
+    """
+    targets = (torch.ops.aten._assert_tensor_metadata.default, torch.ops.aten._assert_async.msg)
+    if node.op == "call_function" and node.target in targets and not node.users:
+        gm.graph.erase_node(node)
+        return True
+    return False
+
+
+# ── Stage 4: ONNX translations ───────────────────────────────────────────────
+# Custom lowerings for aten ops whose default translation is missing or wrong: write an ``_aten_*``
+# onnxscript function and add it to _ONNX_TRANSLATION_TABLE, keyed by the aten overload.
+
+_ONNX_TRANSLATION_TABLE: dict[Any, Any] = {}
+
+
+# ── Stage 5: ONNX IR fixes ───────────────────────────────────────────────────
+# Rewrite the finished ONNX program around ONNX Runtime bugs: add a ``_fix_ir_*(model) -> bool``
+# to _IR_FIXES. Each returns whether it changed the model.
+
+
+def _all_nodes(model):
+    for node in model.graph.all_nodes() if hasattr(model.graph, "all_nodes") else model.graph:
+        yield node
+    for function in model.functions.values():
+        yield from function
+
+
+def _fix_ir_topk_sorted(model) -> bool:
+    """ORT's TopK(sorted=0) returns a different order than torch.topk on CPU; force sorted=1.
+
+    before: TopK(x, k, sorted=0)    after: TopK(x, k, sorted=1)
+    """
+    import onnx_ir as ir
+
+    changed = False
+    for node in _all_nodes(model):
+        attr = node.attributes.get("sorted") if node.op_type == "TopK" else None
+        if attr is not None and attr.as_int() == 0:
+            node.attributes["sorted"] = ir.AttrInt64("sorted", 1)
+            changed = True
+    return changed
+
+
+_IR_FIXES = (_fix_ir_topk_sorted,)
+
+
+# ── the exporter ─────────────────────────────────────────────────────────────
+
+_NUMPY_TO_TORCH = {}
+
+
+class OnnxArtifact(Artifact):
+    backend = "onnx"
+    file_name = "model.onnx"
+
+    def __init__(self, onnx_program, **kwargs):
+        super().__init__(**kwargs)
+        import onnxruntime as ort
+
+        self.onnx_program = onnx_program
+        self.model_proto = onnx_program.model_proto
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.config.intra_op_threads
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(
+            self.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        self._onnx_inputs = [i.name for i in self.session.get_inputs()]
+
+    def _run(self, ordered):
+        feed = {name: t.detach().cpu().numpy() for name, t in zip(self.input_names, ordered) if name in self._onnx_inputs}
+        outputs = self.session.run(self.output_names, feed)
+        return [torch.from_numpy(o) for o in outputs]
+
+    def _save_model(self, path):
+        import onnx
+
+        onnx.save(self.model_proto, path)
+
+
+class OnnxExporter(Exporter):
+    backend = "onnx"
+    config_class = OnnxConfig
+
+    def export(self, model, inputs, config=None):
+        config = config or OnnxConfig()
+        fired = FiredLog()
+        torch_patches = [p for p in self.registry.patches("dynamo", "onnx") if not p.path.startswith(_ONNX_INTERNALS)]
+        onnx_patches = [p for p in self.registry.patches("onnx") if p.path.startswith(_ONNX_INTERNALS)]
+        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired))
+        program = traced.program
+        onnx_program = run_stage(
+            "lower", self.backend, lambda: self._to_onnx(program, traced, config, onnx_patches, fired)
+        )
+        return run_stage(
+            "run",
+            self.backend,
+            lambda: OnnxArtifact(
+                onnx_program,
+                input_names=traced.input_names,
+                output_names=traced.output_names,
+                input_specs=traced.input_specs,
+                constants=traced.constants,
+                fired=fired.names(),
+                config=config,
+                extra_metadata={"optimize": config.optimize},
+            ),
+        )
+
+    def _to_onnx(self, program, traced, config, onnx_patches, fired):
+        apply_fx_node_fixes(self.registry.fixes("onnx", "node"), program.graph_module, fired)
+        _CURRENT.update(registry=self.registry, fired=fired)
+        try:
+            with apply_patches(onnx_patches, fired):
+                onnx_program = torch.onnx.export(
+                    program,
+                    kwargs={},
+                    dynamo=True,
+                    input_names=traced.input_names,
+                    output_names=traced.output_names,
+                    custom_translation_table=dict(_ONNX_TRANSLATION_TABLE),
+                    optimize=config.optimize,
+                    opset_version=config.opset,
+                    verbose=False,
+                )
+        finally:
+            _CURRENT.clear()
+        for fix in _IR_FIXES:
+            if fix(onnx_program.model):
+                fired.add(f"fix:onnx:{fix.__name__}")
+        return onnx_program
+
+
+def _registry_for_tests() -> Registry:  # pragma: no cover - convenience for interactive use
+    return Registry()

@@ -1,0 +1,410 @@
+"""Workaround registries shared by the three exporters, and the output flattening they agree on.
+
+A workaround is a *patch* (swapped in for the duration of one export and then reverted) or a
+*fix* (a rewrite of the traced graph, which has nothing to revert). Both are registered with a
+decorator and installed by the exporter of their backend at the right stage:
+
+    @register_patch("dynamo", "transformers.models.x.modeling_x.XRouter._cast")
+    def _patch_cast(original):           # the factory receives what was there
+        return lambda self, *a, **k: None  # ... and returns the replacement
+
+    @register_fx_node_fix("onnx")
+    def _fix_something(graph_module, node) -> bool:   # True when it changed the node
+        ...
+
+    @register_fx_program_fix("executorch")
+    def _fix_program(program, *, config):   # -> (program, modified)
+        ...
+
+A registry is a class with a default instance; every decorator takes ``registry=`` so tests
+register into a fresh ``Registry()`` and nothing leaks into the real one. Patches are recorded
+like pytest's monkeypatch: (target, name, old value or NOTSET), undone in reverse, class
+attributes read from ``__dict__`` so staticmethod/classmethod survive. A path that does not
+resolve is an error naming the path, unless the patch was registered ``optional=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+BACKENDS = ("dynamo", "onnx", "executorch")
+
+
+class WorkaroundError(ValueError):
+    """A workaround is registered wrongly (bad backend, duplicate path) or its target is gone."""
+
+
+class PatchTargetError(WorkaroundError, AttributeError):
+    """A patch path does not resolve to anything in the installed libraries."""
+
+
+# ── registration records ──────────────────────────────────────────────────────
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchEntry:
+    backend: str
+    path: str
+    factory: Callable[[Any], Any]
+    optional: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"patch:{self.backend}:{self.path}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FixEntry:
+    backend: str
+    kind: str  # "node" or "program"
+    fn: Callable[..., Any]
+
+    @property
+    def name(self) -> str:
+        return f"fix:{self.backend}:{self.fn.__name__}"
+
+
+def _describe(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise WorkaroundError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+
+
+class Registry:
+    """Patches and fixes per backend. ``DEFAULT_REGISTRY`` is the one the exporters use."""
+
+    def __init__(self) -> None:
+        self._patches: dict[str, dict[str, PatchEntry]] = {b: {} for b in BACKENDS}
+        self._fixes: dict[tuple[str, str], list[FixEntry]] = {(b, k): [] for b in BACKENDS for k in ("node", "program")}
+
+    # registration
+    def add_patch(self, backend: str, path: str, factory: Callable, *, optional: bool = False) -> PatchEntry:
+        _check_backend(backend)
+        if not isinstance(path, str) or "." not in path:
+            raise WorkaroundError(f"patch path must be a dotted path like 'pkg.module.Class.method', got {path!r}")
+        existing = self._patches[backend].get(path)
+        if existing is not None:
+            raise WorkaroundError(
+                f"{path!r} is already patched for backend {backend!r} by {_describe(existing.factory)}; "
+                f"{_describe(factory)} cannot patch it again (merge the two factories)"
+            )
+        entry = PatchEntry(backend, path, factory, optional)
+        self._patches[backend][path] = entry
+        return entry
+
+    def add_fix(self, backend: str, kind: str, fn: Callable) -> FixEntry:
+        _check_backend(backend)
+        entries = self._fixes[(backend, kind)]
+        if any(e.fn is fn for e in entries):
+            raise WorkaroundError(f"{_describe(fn)} is already registered as a {kind} fix for {backend!r}")
+        entry = FixEntry(backend, kind, fn)
+        entries.append(entry)
+        return entry
+
+    # queries
+    def patches(self, *backends: str) -> list[PatchEntry]:
+        out = []
+        for backend in backends:
+            _check_backend(backend)
+            out.extend(self._patches[backend].values())
+        return out
+
+    def fixes(self, backend: str, kind: str) -> list[FixEntry]:
+        _check_backend(backend)
+        return list(self._fixes[(backend, kind)])
+
+    def all_workarounds(self) -> list[PatchEntry | FixEntry]:
+        out: list[PatchEntry | FixEntry] = []
+        for backend in BACKENDS:
+            out.extend(self._patches[backend].values())
+            for kind in ("program", "node"):
+                out.extend(self._fixes[(backend, kind)])
+        return out
+
+
+DEFAULT_REGISTRY = Registry()
+
+
+def register_patch(backend: str, *paths: str, optional: bool = False, registry: Registry | None = None):
+    """Register a patch factory for one or more dotted paths (see the module docstring)."""
+    if not paths:
+        raise WorkaroundError("register_patch needs at least one dotted path")
+    reg = registry if registry is not None else DEFAULT_REGISTRY
+
+    def decorator(factory: Callable) -> Callable:
+        for path in paths:
+            reg.add_patch(backend, path, factory, optional=optional)
+        return factory
+
+    return decorator
+
+
+def register_fx_node_fix(backend: str, *, registry: Registry | None = None):
+    """Register ``fn(graph_module, node) -> bool`` (True when it changed the graph)."""
+    reg = registry if registry is not None else DEFAULT_REGISTRY
+
+    def decorator(fn: Callable) -> Callable:
+        reg.add_fix(backend, "node", fn)
+        return fn
+
+    return decorator
+
+
+def register_fx_program_fix(backend: str, *, registry: Registry | None = None):
+    """Register ``fn(exported_program, *, config) -> (exported_program, modified)``."""
+    reg = registry if registry is not None else DEFAULT_REGISTRY
+
+    def decorator(fn: Callable) -> Callable:
+        reg.add_fix(backend, "program", fn)
+        return fn
+
+    return decorator
+
+
+# ── resolving and installing patches ──────────────────────────────────────────
+
+NOTSET = object()
+
+
+def resolve_path(path: str) -> tuple[Any, str]:
+    """Return ``(owner, attribute)`` for a dotted path: the longest importable module prefix,
+    then attribute access. Raises PatchTargetError naming the path and the part that failed."""
+    parts = path.split(".")
+    module = None
+    index = 0
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            module = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        index = i
+        break
+    if module is None:
+        raise PatchTargetError(f"patch path {path!r} does not resolve: no importable module in it")
+    owner: Any = module
+    for j in range(index, len(parts) - 1):
+        try:
+            owner = getattr(owner, parts[j])
+        except AttributeError:
+            found = ".".join(parts[:j])
+            raise PatchTargetError(
+                f"patch path {path!r} does not resolve: {found!r} has no attribute {parts[j]!r} "
+                f"(was it renamed in this version of {parts[0]}?)"
+            ) from None
+    name = parts[-1]
+    if not hasattr(owner, name):
+        raise PatchTargetError(
+            f"patch path {path!r} does not resolve: {'.'.join(parts[:-1])!r} has no attribute {name!r} "
+            f"(was it renamed in this version of {parts[0]}?)"
+        )
+    return owner, name
+
+
+def _current(owner: Any, name: str) -> Any:
+    """What ``owner.name`` holds, the raw descriptor for class attributes (NOTSET if inherited)."""
+    if inspect.isclass(owner):
+        return owner.__dict__.get(name, NOTSET)
+    return getattr(owner, name)
+
+
+class FiredLog:
+    """Which workarounds actually did something during one export (not just which were installed)."""
+
+    def __init__(self) -> None:
+        self._names: list[str] = []
+
+    def add(self, name: str) -> None:
+        if name not in self._names:
+            self._names.append(name)
+
+    def extend(self, names: Iterable[str]) -> None:
+        for n in names:
+            self.add(n)
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+
+def _counting(replacement: Any, name: str, fired: FiredLog) -> Any:
+    """Wrap a callable replacement so that calling it marks the patch as fired."""
+    if not callable(replacement) or inspect.isclass(replacement):
+        fired.add(name)  # a non-callable replacement is in effect as soon as it is installed
+        return replacement
+
+    @functools.wraps(replacement)
+    def wrapper(*args, **kwargs):
+        fired.add(name)
+        return replacement(*args, **kwargs)
+
+    return wrapper
+
+
+class PatchSet:
+    """Installed patches, recorded as (owner, name, old) and undone in reverse order."""
+
+    def __init__(self) -> None:
+        self._records: list[tuple[Any, str, Any]] = []
+
+    def install(self, entry: PatchEntry, fired: FiredLog) -> bool:
+        try:
+            owner, name = resolve_path(entry.path)
+        except PatchTargetError:
+            if entry.optional:
+                return False
+            raise
+        old = _current(owner, name)
+        descriptor = type(old) if isinstance(old, (staticmethod, classmethod)) else None
+        original = old.__func__ if descriptor else getattr(owner, name)
+        replacement = _counting(entry.factory(original), entry.name, fired)
+        if descriptor is not None:
+            replacement = descriptor(replacement)
+        self._records.append((owner, name, old))
+        setattr(owner, name, replacement)
+        return True
+
+    def undo(self) -> None:
+        while self._records:
+            owner, name, old = self._records.pop()
+            if old is NOTSET:
+                with contextlib.suppress(AttributeError):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, old)
+
+
+@contextlib.contextmanager
+def apply_patches(
+    entries: Iterable[PatchEntry], fired: FiredLog | None = None
+) -> Iterator[FiredLog]:
+    """Install ``entries`` for the duration of the block; restore them in reverse, also on error."""
+    fired = fired if fired is not None else FiredLog()
+    patches = PatchSet()
+    try:
+        for entry in entries:
+            patches.install(entry, fired)
+        yield fired
+    finally:
+        patches.undo()
+
+
+def patch_targets_snapshot(*backends: str, registry: Registry | None = None) -> dict[str, Any]:
+    """``{path: object there now}`` for every resolvable patch target of ``backends``."""
+    reg = registry if registry is not None else DEFAULT_REGISTRY
+    snap = {}
+    for entry in reg.patches(*backends):
+        try:
+            owner, name = resolve_path(entry.path)
+        except PatchTargetError:
+            continue
+        snap[entry.path] = _current(owner, name)
+    return snap
+
+
+def find_leaked_patches(snapshot: dict[str, Any]) -> list[str]:
+    """Paths whose object differs from the snapshot: a patch that was not restored."""
+    leaked = []
+    for path, obj in snapshot.items():
+        owner, name = resolve_path(path)
+        if _current(owner, name) is not obj:
+            leaked.append(path)
+    return leaked
+
+
+# ── applying fixes ────────────────────────────────────────────────────────────
+
+
+def _graph_modules(gm: torch.fx.GraphModule) -> Iterator[torch.fx.GraphModule]:
+    """The graph module and every nested one (control-flow branches, wrapped subgraphs)."""
+    yield gm
+    for _, sub in gm.named_modules():
+        if sub is not gm and isinstance(sub, torch.fx.GraphModule):
+            yield sub
+
+
+def apply_fx_node_fixes(entries: Iterable[FixEntry], gm: torch.fx.GraphModule, fired: FiredLog) -> bool:
+    """Run each node fix over every node; returns whether any changed the graph."""
+    entries = list(entries)
+    if not entries:
+        return False
+    modified = False
+    for module in _graph_modules(gm):
+        changed_here = False
+        for node in list(module.graph.nodes):
+            for entry in entries:
+                if node.graph is not module.graph:  # an earlier fix erased it
+                    break
+                result = entry.fn(module, node)
+                if not isinstance(result, bool):
+                    raise WorkaroundError(f"node fix {_describe(entry.fn)} must return a bool, got {result!r}")
+                if result:
+                    fired.add(entry.name)
+                    changed_here = True
+        if changed_here:
+            module.graph.lint()
+            module.recompile()
+            modified = True
+    return modified
+
+
+def apply_fx_program_fixes(entries: Iterable[FixEntry], program: Any, fired: FiredLog, *, config: Any) -> Any:
+    for entry in entries:
+        result = entry.fn(program, config=config)
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], bool)):
+            raise WorkaroundError(
+                f"program fix {_describe(entry.fn)} must return (program, modified: bool), got {type(result).__name__}"
+            )
+        program, modified = result
+        if modified:
+            fired.add(entry.name)
+    return program
+
+
+# ── output flattening (one naming for eager and every artifact) ───────────────
+
+def _key_to_str(key: Any) -> str | None:
+    from torch.utils._pytree import GetAttrKey, MappingKey, SequenceKey
+
+    if isinstance(key, MappingKey):
+        return str(key.key)
+    if isinstance(key, SequenceKey):
+        return str(key.idx)
+    if isinstance(key, GetAttrKey):
+        return key.name
+    return str(key).strip(".[]'\"")
+
+
+def leaf_names_and_values(obj: Any) -> list[tuple[str, Any]]:
+    """Pytree leaves of ``obj`` in flattening order, each with a dotted name from its key path."""
+    from torch.utils import _pytree as pytree
+
+    from .exporter_dynamo import register_pytree_nodes
+
+    register_pytree_nodes(obj)
+    leaves, _ = pytree.tree_flatten_with_path(obj)
+    out = []
+    for path, value in leaves:
+        parts = [p for p in (_key_to_str(k) for k in path) if p]
+        out.append((".".join(parts) or "output", value))
+    return out
+
+
+def flatten_outputs(outputs: Any) -> dict[str, torch.Tensor]:
+    """Model outputs (ModelOutput, tuple, cache, tensor) as ``{leaf name: tensor}``; non-tensors dropped."""
+    flat = {}
+    for name, value in leaf_names_and_values(outputs):
+        if isinstance(value, torch.Tensor):
+            if name in flat:
+                raise ValueError(f"two output leaves flatten to the same name {name!r}")
+            flat[name] = value
+    return flat
