@@ -1,0 +1,24 @@
+"""The tiny-model zoo: every model class of the installed transformers, tiny and seeded.
+
+    from sweeps.zoo import catalog, resolve_models, build_tiny, UnknownModelError, BlockedByPackage
+
+See docs/CONTRACTS.md.  ``catalog()`` is cheap (name mappings only); ``build_tiny`` is
+imported lazily so that importing this package does not import torch modeling code.
+"""
+
+from __future__ import annotations
+
+from .catalog import CatalogEntry, UnknownModelError, catalog, resolve_models
+
+__all__ = [
+    "CatalogEntry", "UnknownModelError", "BlockedByPackage", "NonFiniteOutputError", "TinyModel",
+    "catalog", "resolve_models", "build_tiny", "tiny_config",
+]
+
+
+def __getattr__(name):
+    if name in ("build_tiny", "BlockedByPackage", "TinyModel", "NonFiniteOutputError", "tiny_config"):
+        from . import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module 'sweeps.zoo' has no attribute {name!r}")

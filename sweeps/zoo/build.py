@@ -1,0 +1,374 @@
+"""build_tiny: a tiny, seeded, fp32, eval-mode instance of a catalog class plus inputs."""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .catalog import CatalogEntry, UnknownModelError, resolve_models
+from .inputs import B, MissingInputRecipe, make_inputs, special_token_ids, text_vocab, token_ids
+from .overrides import get_override
+from .shrink import shrink_config_dict
+
+__all__ = ["TinyModel", "BlockedByPackage", "NonFiniteOutputError", "build_tiny", "tiny_config"]
+
+# Attention implementation.  We set "sdpa" explicitly wherever the class supports it: it is
+# what users get by default and what they export, so the conformance suite must exercise
+# it.  Classes that do not support sdpa get "eager" (also set explicitly; recorded in
+# TinyModel.attn_implementation).
+PREFERRED_ATTN = "sdpa"
+
+
+class BlockedByPackage(ImportError):
+    """The class needs a package that cannot be installed in this environment."""
+
+
+class NonFiniteOutputError(FloatingPointError):
+    """The eager forward of the tiny model produced NaN/inf."""
+
+
+@dataclass
+class TinyModel:
+    model: torch.nn.Module
+    inputs: dict[str, torch.Tensor]
+    config: Any
+    entry: CatalogEntry | None = None
+    attn_implementation: str = PREFERRED_ATTN
+    outputs: Any = field(default=None, repr=False)
+
+    def __iter__(self):  # allow `model, inputs, config = build_tiny(...)`
+        return iter((self.model, self.inputs, self.config))
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def _set_path(d: dict, path: str, value: Any) -> None:
+    keys = path.split(".")
+    cur = d
+    for k in keys[:-1]:
+        if not isinstance(cur.get(k), dict):
+            raise KeyError(f"override path {path!r}: {k!r} is not a sub-config (have: {sorted(cur)[:20]})")
+        cur = cur[k]
+    if value is DELETE:
+        cur.pop(keys[-1], None)
+    else:
+        cur[keys[-1]] = value
+
+
+class _Delete:
+    def __repr__(self):
+        return "DELETE"
+
+
+DELETE = _Delete()
+
+
+def tiny_config(model_type: str, config_overrides: dict | None = None):
+    """The shrunk config for a model type (generic rules + overrides data)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise UnknownModelError(f"unknown model type {model_type!r}: not in transformers' CONFIG_MAPPING")
+    config_cls = CONFIG_MAPPING[model_type]
+    ov = get_override(model_type)
+    base_kwargs = dict(ov.get("base", {}))
+    default = config_cls(**base_kwargs)
+    d = default.to_dict()
+    d = shrink_config_dict(d)
+    for path, value in {**ov.get("config", {}), **(config_overrides or {})}.items():
+        _set_path(d, path, value)
+    for k in ("transformers_version", "architectures", "_name_or_path"):
+        d.pop(k, None)
+    d["dtype"] = "float32"
+    config = config_cls(**d)
+    _fix_hardcoded_rope_sections(config)
+    return config
+
+
+def _iter_configs(config, seen=None):
+    seen = seen if seen is not None else set()
+    if id(config) in seen:
+        return
+    seen.add(id(config))
+    yield config
+    for key in getattr(config, "sub_configs", {}) or {}:
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            yield from _iter_configs(sub, seen)
+
+
+def _fix_hardcoded_rope_sections(config) -> None:
+    """Configs that exempt ``mrope_section`` from rope validation fall back to a section list
+    hard-coded in the modeling code (e.g. [16, 24, 24] for head_dim 128).  Give them one that
+    sums to the tiny head_dim // 2."""
+    from .shrink import _split_sum
+
+    for c in _iter_configs(config):
+        if "mrope_section" not in (getattr(type(c), "ignore_keys_at_rope_validation", None) or ()):
+            continue
+        rp = getattr(c, "rope_parameters", None)
+        if not isinstance(rp, dict) or rp.get("mrope_section"):
+            continue
+        hd = getattr(c, "head_dim", None) or (c.hidden_size // c.num_attention_heads)
+        rp["mrope_section"] = _split_sum(hd // 2, 3)
+
+
+def _resolve_entry(entry) -> CatalogEntry:
+    if isinstance(entry, CatalogEntry):
+        return entry
+    if isinstance(entry, str):
+        matches = resolve_models([entry])
+        exact = [e for e in matches if e.class_name.lower() == entry.lower()]
+        if exact:
+            return exact[0]
+        if len(matches) == 1:
+            return matches[0]
+        raise UnknownModelError(
+            f"{entry!r} matches {len(matches)} classes ({', '.join(e.class_name for e in matches[:6])}...); "
+            "build_tiny needs one: pass a class name or a CatalogEntry from catalog()/resolve_models()"
+        )
+    raise TypeError(
+        f"build_tiny expects a CatalogEntry (from sweeps.zoo.catalog()/resolve_models()) or a class name, got {type(entry).__name__}"
+    )
+
+
+_BLOCK_RE = re.compile(r"requires the (\w+) library|No module named '(timm|natten|detectron2|torchvision|torchaudio|pytesseract|decord|av|librosa|soundfile)'|"
+                       r"(\w+) library but it was not found", re.I)
+
+
+def _blocked_from(exc: BaseException) -> str | None:
+    msg = str(exc)
+    m = _BLOCK_RE.search(msg)
+    if isinstance(exc, ImportError) and m:
+        pkg = next(g for g in m.groups() if g)
+        return f"needs {pkg} (not installable here): {msg.strip().splitlines()[0][:200]}"
+    return None
+
+
+def _instantiate(cls, config, attn: str):
+    config = copy.deepcopy(config)
+    return cls._from_config(config, attn_implementation=attn, dtype=torch.float32)
+
+
+def _first_nonfinite(obj, prefix="out") -> str | None:
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() or obj.is_complex():
+            if not torch.isfinite(obj).all():
+                return prefix
+        return None
+    if hasattr(obj, "to_tuple") and hasattr(obj, "keys"):
+        for k in obj.keys():
+            r = _first_nonfinite(obj[k], f"{prefix}.{k}")
+            if r:
+                return r
+        return None
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            r = _first_nonfinite(v, f"{prefix}.{k}")
+            if r:
+                return r
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            r = _first_nonfinite(v, f"{prefix}[{i}]")
+            if r:
+                return r
+    return None
+
+
+_PLACEHOLDER_RE = re.compile(r"(image|video|audio)s? (?:features|embeddings?) and \1s? tokens do not match.*?features:? ?(\d+)", re.I | re.S)
+
+
+def _placeholder_ids(config, modality: str) -> int | None:
+    names = [f"{modality}_token_id", f"{modality}_token_index"]
+    for src in (config, getattr(config, "text_config", None)):
+        if src is None:
+            continue
+        for n in names:
+            v = getattr(src, n, None)
+            if isinstance(v, int):
+                return v
+    return None
+
+
+def _place_tokens(inputs, config, modality: str, n_total: int, seed: int) -> dict:
+    tok = _placeholder_ids(config, modality)
+    if tok is None or n_total % B:
+        return inputs
+    per = n_total // B
+    ids = inputs["input_ids"]
+    gen = torch.Generator().manual_seed(seed + 7)
+    existing = {t: (ids == t).sum(-1) for t in [tok]}
+    if int(existing[tok][0]) == per:
+        return inputs
+    # drop old placeholders of this modality, then put `per` of them after a 2-token prefix
+    rows = []
+    for r in range(B):
+        row = ids[r][ids[r] != tok]
+        rows.append(torch.cat([row[:2], torch.full((per,), tok, dtype=torch.long), row[2:]]))
+    new_ids = torch.stack(rows)
+    out = dict(inputs)
+    out["input_ids"] = new_ids
+    L = new_ids.shape[1]
+    if "attention_mask" in out:
+        out["attention_mask"] = torch.ones((B, L), dtype=torch.long)
+    if "token_type_ids" in out:  # multimodal models use token types to mark placeholder tokens
+        out["token_type_ids"] = (new_ids == tok).long()
+    return _mm_token_types(out, config)
+
+
+def _mm_token_types(inputs: dict, config) -> dict:
+    if "mm_token_type_ids" not in inputs:
+        return inputs
+    ids = inputs["input_ids"]
+    tt = torch.zeros_like(ids)
+    for code, modality in ((1, "image"), (2, "video"), (3, "audio")):
+        tok = _placeholder_ids(config, modality)
+        if tok is not None:
+            tt[ids == tok] = code
+    inputs["mm_token_type_ids"] = tt
+    return inputs
+
+
+_MODAL_KEYS = {
+    "image": ("pixel_values", "image_sizes", "image_grid_thw", "pixel_attention_mask", "image_attention_mask"),
+    "video": ("pixel_values_videos", "video_grid_thw"),
+    "audio": ("input_features", "input_features_mask", "feature_attention_mask", "audio_values", "input_values"),
+}
+_MODAL_MAIN = {"image": "pixel_values", "video": "pixel_values_videos", "audio": "input_features"}
+
+
+def _count_features(model, config, inputs, modality: str) -> int | None:
+    """Number of placeholder tokens the model's own feature extractor produces (all images)."""
+    import inspect
+
+    fn = getattr(model, f"get_{modality}_features", None)
+    if fn is None:
+        inner = getattr(model, "model", None)
+        fn = getattr(inner, f"get_{modality}_features", None)
+    if fn is None:
+        return None
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    kwargs = {k: v for k, v in inputs.items() if k in params and k in _MODAL_KEYS[modality]}
+    if not kwargs:
+        return None
+    try:
+        with torch.no_grad():
+            out = fn(**kwargs)
+    except Exception:
+        return None
+    feats = getattr(out, "pooler_output", None)
+    if feats is None:
+        feats = out[0] if isinstance(out, (tuple, list)) or hasattr(out, "to_tuple") else out
+    if isinstance(feats, torch.Tensor):
+        feats = [feats]
+    if not isinstance(feats, (list, tuple)) or not all(isinstance(f, torch.Tensor) for f in feats):
+        return None
+    try:
+        hidden = config.get_text_config(decoder=True).hidden_size
+    except Exception:
+        hidden = None
+    total = 0
+    for f in feats:
+        last = f.shape[-1]
+        if hidden and last != hidden and f.numel() % hidden == 0:
+            last = hidden
+        total += f.numel() // last
+    return total
+
+
+def place_multimodal_tokens(model, config, inputs, seed: int) -> dict:
+    if "input_ids" not in inputs:
+        return inputs
+    for modality, main in _MODAL_MAIN.items():
+        if main not in inputs or _placeholder_ids(config, modality) is None:
+            continue
+        n = _count_features(model, config, inputs, modality)
+        if n:
+            inputs = _place_tokens(inputs, config, modality, n, seed)
+    return inputs
+
+
+def run_forward(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)
+
+
+def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
+    """Tiny fp32 eval-mode model + inputs for a catalog entry (or class name).
+
+    With ``check`` (default) one eager forward is run and must give finite outputs;
+    the outputs are kept on ``TinyModel.outputs``.
+    """
+    import transformers
+
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    entry = _resolve_entry(entry)
+    if entry.blocked_by:
+        raise BlockedByPackage(f"{entry.class_name}: {entry.blocked_by}")
+    try:
+        cls = getattr(transformers, entry.class_name)
+    except (ImportError, AttributeError) as exc:
+        reason = _blocked_from(exc) if isinstance(exc, ImportError) else None
+        if reason:
+            raise BlockedByPackage(f"{entry.class_name}: {reason}") from exc
+        raise
+    ov = get_override(entry.model_type)
+    try:
+        config = tiny_config(entry.model_type)
+    except ImportError as exc:
+        reason = _blocked_from(exc)
+        if reason:
+            raise BlockedByPackage(f"{entry.class_name}: {reason}") from exc
+        raise
+    attn = ov.get("attn", PREFERRED_ATTN)
+    torch.manual_seed(seed)
+    try:
+        try:
+            model = _instantiate(cls, config, attn)
+        except ValueError as exc:
+            if attn == "sdpa" and ("sdpa" in str(exc) or "scaled_dot_product" in str(exc)):
+                attn = "eager"
+                torch.manual_seed(seed)
+                model = _instantiate(cls, config, attn)
+            else:
+                raise
+    except ImportError as exc:
+        reason = _blocked_from(exc)
+        if reason:
+            raise BlockedByPackage(f"{entry.class_name}: {reason}") from exc
+        raise
+    model = model.float().eval()
+    config = model.config
+    inputs = make_inputs(model, config, seed=seed, spec=ov.get("inputs"))
+    inputs = place_multimodal_tokens(model, config, inputs, seed)
+    tiny = TinyModel(model=model, inputs=inputs, config=config, entry=entry, attn_implementation=attn)
+    if check:
+        for _ in range(4):
+            try:
+                out = run_forward(model, tiny.inputs)
+                break
+            except Exception as exc:
+                m = _PLACEHOLDER_RE.search(str(exc))
+                if not m or "input_ids" not in tiny.inputs:
+                    raise
+                new = _place_tokens(tiny.inputs, config, m.group(1).lower(), int(m.group(2)), seed)
+                if new is tiny.inputs:
+                    raise
+                tiny.inputs = new
+        else:
+            raise RuntimeError(f"{entry.class_name}: could not match multimodal placeholder tokens to features")
+        bad = _first_nonfinite(out)
+        if bad:
+            raise NonFiniteOutputError(f"{entry.class_name}: eager output {bad} has NaN/inf")
+        tiny.outputs = out
+    return tiny

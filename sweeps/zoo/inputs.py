@@ -1,0 +1,204 @@
+"""Forward inputs for a tiny model, derived from the config and ``inspect.signature(model.forward)``.
+
+Batch ``B`` = 2, text length ``S`` = 7, decoder length ``T`` = 5, so that no dim is 0/1 and
+distinct dims have distinct sizes.  Everything is drawn from a seeded ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from typing import Any
+
+import torch
+
+B = 2
+S = 7
+T_DEC = 5
+
+_ID_KEY = re.compile(r"(_token_id|_token_index|_token_ids|_id)$")
+
+# forward parameters we never fill (training-only, caching, output flags, alternatives)
+_NEVER = {
+    "labels", "inputs_embeds", "decoder_inputs_embeds", "past_key_values", "use_cache", "output_attentions",
+    "output_hidden_states", "return_dict", "head_mask", "decoder_head_mask", "cross_attn_head_mask",
+    "encoder_outputs", "cache_position", "position_ids", "decoder_position_ids", "return_loss", "kwargs",
+    "logits_to_keep", "num_logits_to_keep", "interpolate_pos_encoding", "mc_labels", "start_positions",
+    "end_positions", "next_sentence_label", "sentence_order_label", "bool_masked_pos", "noise",
+    "mask_time_indices", "sampled_negative_indices", "output_router_logits", "past_values_mask", "return_loss",
+}
+
+
+def special_token_ids(config) -> set[int]:
+    """Every int/list-of-int field named like a special token id, anywhere in the config tree."""
+    out: set[int] = set()
+
+    def walk(d: dict):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v)
+            elif isinstance(k, str) and _ID_KEY.search(k) and isinstance(v, int) and not isinstance(v, bool):
+                out.add(v)
+            elif isinstance(k, str) and _ID_KEY.search(k) and isinstance(v, list):
+                out.update(x for x in v if isinstance(x, int) and not isinstance(x, bool))
+
+    walk(config.to_dict())
+    return out
+
+
+def text_vocab(config) -> int:
+    try:
+        tc = config.get_text_config(decoder=True)
+    except Exception:
+        tc = config
+    v = getattr(tc, "vocab_size", None) or getattr(config, "vocab_size", None)
+    if not v:
+        for name in ("text_config", "decoder", "decoder_config", "language_config", "llm_config"):
+            sub = getattr(config, name, None)
+            if sub is not None and getattr(sub, "vocab_size", None):
+                return sub.vocab_size
+    return int(v) if v else 100
+
+
+def token_ids(gen: torch.Generator, shape, vocab: int, avoid: set[int]) -> torch.Tensor:
+    """Ids in [3, vocab) avoiding special ids (pad/bos/eos/image placeholders...)."""
+    allowed = [i for i in range(min(3, vocab - 1), vocab) if i not in avoid]
+    if not allowed:
+        allowed = list(range(vocab))
+    table = torch.tensor(allowed, dtype=torch.long)
+    idx = torch.randint(0, len(allowed), shape, generator=gen)
+    return table[idx]
+
+
+def _sub(config, *names):
+    for n in names:
+        sub = getattr(config, n, None)
+        if sub is not None and not isinstance(sub, (int, float, str, bool, list, dict)):
+            return sub
+    return config
+
+
+def vision_config(config):
+    return _sub(config, "vision_config", "image_config", "vision_tower_config", "backbone_config", "encoder")
+
+
+def _as_hw(v, default=32):
+    if v is None:
+        return default, default
+    if isinstance(v, (list, tuple)):
+        if len(v) == 1:
+            return int(v[0]), int(v[0])
+        return int(v[-2]), int(v[-1])
+    if isinstance(v, dict):
+        return int(v.get("height", v.get("shortest_edge", default))), int(v.get("width", v.get("shortest_edge", default)))
+    return int(v), int(v)
+
+
+def pixel_values(gen, config) -> torch.Tensor:
+    vc = vision_config(config)
+    c = getattr(vc, "num_channels", None) or getattr(config, "num_channels", None) or 3
+    h, w = _as_hw(getattr(vc, "image_size", None) or getattr(config, "image_size", None))
+    return torch.randn((B, c, h, w), generator=gen)
+
+
+def _audio_cfg(config):
+    return _sub(config, "audio_config", "encoder_config", "speech_config", "audio_encoder_config")
+
+
+def input_features(gen, config) -> torch.Tensor:
+    ac = _audio_cfg(config)
+    mel = getattr(ac, "num_mel_bins", None)
+    if mel:
+        msp = getattr(ac, "max_source_positions", None)
+        frames = 2 * msp if msp else 64
+        return torch.randn((B, mel, frames), generator=gen)
+    feat = getattr(ac, "feature_size", None) or getattr(ac, "input_feat_per_channel", None) or getattr(ac, "input_feat_size", None) or 16
+    chans = getattr(ac, "input_channels", 1) or 1
+    return torch.randn((B, 64, feat * chans), generator=gen)
+
+
+def input_values(gen, config) -> torch.Tensor:
+    ac = _audio_cfg(config)
+    strides = getattr(ac, "conv_stride", None)
+    total = math.prod(strides) if strides else 320
+    length = max(total * 12, 1600)
+    return torch.randn((B, length), generator=gen)
+
+
+def _is_required(p) -> bool:
+    return p.default is inspect.Parameter.empty
+
+
+def patch_grid_pixels(gen, config):
+    """Qwen2-VL style vision input: pixel_values are flattened patches (sum(t*h*w), C*tp*p*p)
+    with a (num_images, 3) grid of (t, h, w) patches; h, w multiples of spatial_merge_size."""
+    vc = vision_config(config)
+    p = getattr(vc, "patch_size", 14) or 14
+    p = p[0] if isinstance(p, (list, tuple)) else p
+    tp = getattr(vc, "temporal_patch_size", 1) or 1
+    m = getattr(vc, "spatial_merge_size", 1) or 1
+    c = getattr(vc, "in_channels", None) or getattr(vc, "num_channels", None) or getattr(vc, "in_chans", None) or 3
+    gh, gw = 2 * m, 3 * m if m > 1 else 3
+    grid = torch.tensor([[1, gh, gw]] * B, dtype=torch.long)
+    pv = torch.randn((B * gh * gw, c * tp * p * p), generator=gen)
+    return pv, grid
+
+
+def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[str, torch.Tensor]:
+    """Generic inputs: fill the forward parameters we know by name."""
+    spec = spec or {}
+    gen = torch.Generator().manual_seed(seed + 1)
+    params = inspect.signature(model.forward).parameters
+    vocab = text_vocab(config)
+    avoid = special_token_ids(config)
+    seq = spec.get("seq_len", S)
+    out: dict[str, torch.Tensor] = {}
+    has = params.__contains__
+    if has("input_ids"):
+        out["input_ids"] = token_ids(gen, (B, seq), vocab, avoid)
+        if has("attention_mask"):
+            out["attention_mask"] = torch.ones((B, seq), dtype=torch.long)
+        if has("mm_token_type_ids"):
+            out["mm_token_type_ids"] = torch.zeros((B, seq), dtype=torch.long)
+        if has("token_type_ids"):
+            tv = getattr(config, "type_vocab_size", None) or 2
+            out["token_type_ids"] = torch.randint(0, max(int(tv), 1), (B, seq), generator=gen)
+    if has("pixel_values"):
+        if has("image_grid_thw"):
+            out["pixel_values"], out["image_grid_thw"] = patch_grid_pixels(gen, config)
+        else:
+            out["pixel_values"] = pixel_values(gen, config)
+            if has("image_sizes") and _is_required(params["image_sizes"]):
+                out["image_sizes"] = torch.tensor([list(out["pixel_values"].shape[-2:])] * B)
+    if has("input_features"):
+        out["input_features"] = input_features(gen, config)
+        frames_dim = -1 if getattr(_audio_cfg(config), "num_mel_bins", None) else -2
+        for mk in ("feature_attention_mask", "input_features_mask", "audio_attention_mask"):
+            if has(mk):
+                out[mk] = torch.ones((B, out["input_features"].shape[frames_dim]), dtype=torch.long)
+                break
+    if has("input_values"):
+        out["input_values"] = input_values(gen, config)
+        if has("attention_mask") and "attention_mask" not in out and getattr(config, "feat_extract_norm", "layer") == "layer":
+            out["attention_mask"] = torch.ones(out["input_values"].shape, dtype=torch.long)
+    if has("decoder_input_ids") and getattr(config, "is_encoder_decoder", False):
+        out["decoder_input_ids"] = token_ids(gen, (B, T_DEC), vocab, avoid)
+    if has("bbox"):
+        x0 = torch.randint(0, 500, (B, seq, 1), generator=gen)
+        y0 = torch.randint(0, 500, (B, seq, 1), generator=gen)
+        w = torch.randint(1, 400, (B, seq, 1), generator=gen)
+        h = torch.randint(1, 400, (B, seq, 1), generator=gen)
+        out["bbox"] = torch.cat([x0, y0, x0 + w, y0 + h], dim=-1)
+    # required parameters we could not fill: say which
+    for name, p in params.items():
+        if name in out or name in _NEVER or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            continue
+        if p.default is inspect.Parameter.empty:
+            raise MissingInputRecipe(f"{type(model).__name__}.forward requires `{name}` and the zoo has no generic rule for it; "
+                                     f"add an input recipe for model type {getattr(config, 'model_type', '?')!r} in sweeps/zoo/overrides/")
+    return out
+
+
+class MissingInputRecipe(TypeError):
+    pass

@@ -1,0 +1,41 @@
+"""Per-model-type overrides, kept as DATA, one family per module so that several people
+can add entries in parallel.  Each entry::
+
+    "model_type": {
+        "reason": "one line: why the generic rules cannot know this",
+        "config": {"dotted.path": value, ...},   # applied to the shrunk config dict
+        "inputs": {...},                          # see sweeps.zoo.build (seq_len, drop, extra ...)
+    }
+
+Merged here; a model type defined in two modules is an error.  Prefer a better generic
+rule in ``sweeps/zoo/shrink.py`` / ``inputs.py`` to ten overrides.
+"""
+
+from __future__ import annotations
+
+from . import audio, multimodal, text, vision
+
+_MODULES = (text, vision, audio, multimodal)
+
+
+def _merge() -> dict[str, dict]:
+    merged: dict[str, dict] = {}
+    owner: dict[str, str] = {}
+    for mod in _MODULES:
+        for key, entry in mod.OVERRIDES.items():
+            if key in merged:
+                raise ValueError(
+                    f"override for model type {key!r} defined twice: in {owner[key]} and {mod.__name__}; keep one"
+                )
+            if not isinstance(entry, dict) or not entry.get("reason"):
+                raise ValueError(f"override {key!r} in {mod.__name__} needs a dict with a one-line 'reason'")
+            merged[key] = entry
+            owner[key] = mod.__name__
+    return merged
+
+
+OVERRIDES: dict[str, dict] = _merge()
+
+
+def get_override(model_type: str) -> dict:
+    return OVERRIDES.get(model_type, {})

@@ -1,0 +1,4 @@
+"""Overrides for multimodal models (data only; see sweeps/zoo/overrides/__init__.py for the format)."""
+
+OVERRIDES: dict[str, dict] = {
+}

@@ -1,0 +1,323 @@
+"""Generic config shrinker.
+
+``shrink_config_dict(d)`` takes ``config.to_dict()`` of a default config and returns a
+copy where every size is made tiny while the constraints that tie sizes together hold:
+
+* one width ``H`` for every hidden/embedding/projection size (many models silently
+  assume two of them are equal), heads that divide it, kv heads dividing heads,
+  explicit head dims of ``H // heads``;
+* layer counts cut to 2, with per-layer lists (``layer_types`` ...) cut to the same
+  length, keeping one of each distinct kind first;
+* vocabularies cut to ``VOCAB`` with every special token id remapped *consistently*
+  (one old id -> one new id, across nested sub-configs) into the top of the vocabulary;
+* image/patch/window sizes cut keeping the patch grid integral;
+* nested sub-configs (text/vision/audio/encoder/decoder/backbone ...) shrunk the same way.
+
+Rules are keyed on field *names*; per-model fixes live in ``sweeps.zoo.overrides``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from typing import Any
+
+H = 32          # every hidden/embedding width
+HEADS = 4       # attention heads (H // HEADS == HEAD_DIM)
+HEAD_DIM = 8
+KV_HEADS = 2
+FFN = 64        # intermediate sizes
+LAYERS = 2
+VOCAB = 128
+IMAGE = 32
+PATCH = 8
+MAX_POS = 512
+EXPERTS = 4
+EXPERTS_PER_TOK = 2
+WINDOW = 4
+
+# keys whose value is never touched (ids, flags that look like sizes, ...)
+_KEEP = {
+    "num_channels", "num_labels", "seed", "sampling_rate", "sample_rate", "rope_theta", "num_classes",
+    "type_vocab_size", "initializer_range", "layer_norm_eps", "max_depth", "min_depth", "input_sampling_rate",
+    "output_sampling_rate", "semantic_sample_rate", "scale", "divisor", "depth_divisor", "n_positions_scale",
+    "rotary_embedding_base", "positional_encoding_temperature", "positional_embedding_temperature",
+    "temperature_height", "temperature_width", "max_timescale", "diffusion_max_period", "ignore_value",
+    "semantic_loss_ignore_index", "loss_ignore_index", "label_length", "num_parallel_samples",
+    "relation_bias_theta", "frequency_embedding_size", "model_max_length", "max_length", "max_new_tokens",
+    "t2u_max_new_tokens", "num_inference_steps", "inference_num_steps",
+}
+
+_SUBCONFIG_HINT = re.compile(r"(^|_)(config|configs)$")
+_TOKEN_ID = re.compile(r"(_token_id|_token_index|_token_ids|^(?!.*(seed|layer|expert)).*_(bos|eos|pad|start|end|mask|sep|cls|unk)_id|^im_(start|end|newline)_id|^codec_\w+_id|_stream_\w+_id)$")
+_LAYERS = re.compile(
+    r"^((num|n)_)?(\w+_)?(hidden_)?layers$|^depth$|^(\w+_)?num_layers$|^n_layers?$|^num_hidden_layers$|"
+    r"^(\w+_)?(encoder|decoder)_layers$|^num_(encoder|decoder|spatial|global)_layers$|^layers$"
+)
+_LAYERS_EXCLUDE = {
+    "max_window_layers", "num_kv_shared_layers", "mlp_only_layers", "moe_layers", "no_rope_layers",
+    "cross_attention_layers", "num_first_full_attention_layers", "num_last_full_attention_layers",
+    "look_ahead_layers", "look_backward_layers", "rope_scaling_layers", "spatial_target_layers",
+    "subsample_layers", "num_timestamp_prediction_layers", "aligner_num_add_layers",
+    "encode_proj_layers", "target_layer_ids", "extract_layers", "num_feat_extract_layers",
+}
+_KV_HEADS = re.compile(r"(key_value_heads|kv_heads|num_query_groups|key_value_attention_heads)$")
+_HEADS = re.compile(r"(^|_)(heads|n_head|n_heads|num_heads|attention_heads)$")
+_HEAD_DIM = re.compile(r"(head_dim|^d_kv|dim_head|head_size|^kv_channels|attention_head_size|attention_head_dim)$")
+_FFN = re.compile(
+    r"(intermediate_size|ffn_dim|^d_ff|^dff|ff_dim|dim_feedforward|mlp_dim|^n_inner|^d_inner|feedforward_dim|linear_units|"
+    r"intermediate_dim|feed_forward_size|ffn_hidden_size|dim_ff|expert_ffn_hidden_size|mlp_hidden_size|intermediate_size_mlp|"
+    r"feed_forward_hidden_size)$"
+)
+_WIDTH = re.compile(
+    r"(hidden_size|^d_model|n_embd|embed_dim|embedding_dim|embedding_size|hidden_dim|projection_dim|proj_dim|"
+    r"^dim$|model_dim|^width$|_width$|output_dim|^d_latents|latent_dim|codebook_dim|codevector_dim|"
+    r"hidden_channels|^enc_dim|^decoder_dim|emb_dim|^d_rel|^text_config_dim)$"
+)
+_EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_experts_total|n_experts)$")
+_EXPERTS_TOK = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|top_k|moe_top_k|num_selected_experts)$")
+_MAX_POS = re.compile(r"(max_position_embeddings|^n_positions|^n_ctx|max_target_positions|"
+                      r"max_text_positions|max_speech_positions|max_(encoder|decoder)_position_embeddings)$")
+_LORA = re.compile(r"(_lora_rank|^q_lora_rank|^kv_lora_rank|^o_lora_rank)$")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _looks_like_config(v: Any) -> bool:
+    return isinstance(v, dict) and ("model_type" in v or "architectures" in v or "hidden_size" in v or "d_model" in v)
+
+
+class _TokenMap:
+    """One old special id -> one new id, shared across the whole config tree."""
+
+    def __init__(self, vocab: int):
+        self.vocab = vocab
+        self.map: dict[int, int] = {}
+        self.next = vocab - 1
+
+    def __call__(self, old: int) -> int:
+        if old < 0:
+            return old
+        if old < self.vocab // 2:     # small ids (0/1/2...) are already valid and meaningful
+            return old
+        if old not in self.map:
+            self.map[old] = self.next
+            self.next -= 1
+        return self.map[old]
+
+
+def _pick_layer_items(items: list, n: int) -> list:
+    """Cut a per-layer list to n entries keeping one of each distinct kind first (in order)."""
+    if len(items) <= n:
+        return list(items)
+    chosen_idx: list[int] = []
+    seen = []
+    for i, it in enumerate(items):
+        key = repr(it)
+        if key not in seen:
+            seen.append(key)
+            chosen_idx.append(i)
+    chosen_idx = chosen_idx[:n]
+    for i in range(len(items)):
+        if len(chosen_idx) >= n:
+            break
+        if i not in chosen_idx:
+            chosen_idx.append(i)
+    return [items[i] for i in sorted(chosen_idx)]
+
+
+def _shrink_heads(v: int) -> int:
+    if v >= HEADS:
+        return HEADS
+    return v if H % v == 0 else 2
+
+
+def shrink_config_dict(d: dict, vocab_map: _TokenMap | None = None, _depth: int = 0) -> dict:
+    d = copy.deepcopy(d)
+    if vocab_map is None:
+        vocab_map = _TokenMap(VOCAB)
+    _shrink_level(d, vocab_map, _depth)
+    return d
+
+
+def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
+    orig = dict(d)
+    # --- layer counts first (lists below are cut to them) -------------------------------
+    orig_layers = {}
+    # hierarchical backbones: the stage count is len(depths); cut depths, never the stage count
+    staged = isinstance(d.get("depths"), list)
+    for k, v in list(d.items()):
+        if staged and k in ("num_layers", "num_stages"):
+            continue
+        if _is_int(v) and k not in _LAYERS_EXCLUDE and _LAYERS.search(k) and v > LAYERS:
+            orig_layers[k] = v
+            d[k] = LAYERS
+    n_layers = d.get("num_hidden_layers", d.get("num_layers", d.get("n_layer", LAYERS)))
+    n_orig = orig.get("num_hidden_layers", orig.get("num_layers", orig.get("n_layer")))
+    heads_orig = None
+    for k, v in list(d.items()):
+        kl = k.lower()
+        if isinstance(v, dict):
+            if _looks_like_config(v) or _SUBCONFIG_HINT.search(kl):
+                _shrink_level(v, tm, depth + 1)
+            continue
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v) and all(_looks_like_config(x) for x in v):
+            for x in v:
+                _shrink_level(x, tm, depth + 1)
+            continue
+        if kl in _KEEP or isinstance(v, bool):
+            continue
+        if _is_int(v) or (isinstance(v, list) and v and all(_is_int(x) for x in v)):
+            if _TOKEN_ID.search(kl):
+                d[k] = [tm(x) for x in v] if isinstance(v, list) else tm(v)
+                continue
+        if not _is_int(v):
+            continue
+        if kl.endswith("vocab_size"):
+            if v > VOCAB:
+                d[k] = VOCAB
+        elif _KV_HEADS.search(kl):
+            pass  # after heads
+        elif _HEADS.search(kl):
+            heads_orig = v
+            d[k] = _shrink_heads(v)
+        elif _HEAD_DIM.search(kl):
+            if v > HEAD_DIM:
+                d[k] = HEAD_DIM
+        elif _FFN.search(kl):
+            if v > FFN:
+                d[k] = FFN
+        elif _WIDTH.search(kl) or kl.endswith("hidden_size"):
+            if v > H:
+                d[k] = H
+        elif _EXPERTS.search(kl):
+            if v > EXPERTS:
+                d[k] = EXPERTS
+        elif _EXPERTS_TOK.search(kl):
+            if v > EXPERTS_PER_TOK:
+                d[k] = EXPERTS_PER_TOK
+        elif _MAX_POS.search(kl):
+            if v > MAX_POS:
+                d[k] = MAX_POS
+        elif _LORA.search(kl):
+            if v > 16:
+                d[k] = 16
+        elif kl in ("image_size", "img_size", "pretrain_image_size", "crop_size", "resolution"):
+            if v > IMAGE:
+                d[k] = IMAGE
+        elif kl in ("patch_size",):
+            if v > PATCH:
+                d[k] = PATCH
+        elif kl in ("window_size", "sliding_window", "sliding_window_size", "attention_window_size", "local_attention",
+                    "attention_chunk_size", "attention_window"):
+            if v > WINDOW:
+                d[k] = WINDOW if "sliding" not in kl else max(WINDOW, 4)
+        elif kl in ("num_mel_bins", "n_mel_bins", "mel_dim", "feature_size", "input_feat_size", "spectrogram_bins"):
+            if v > 16:
+                d[k] = 16
+        elif kl in ("num_codebooks", "n_codebooks", "num_quantizers", "num_code_groups"):
+            if v > 2:
+                d[k] = 2
+        elif kl in ("codebook_size", "num_embeddings", "codebook_vocab_size"):
+            if v > 64:
+                d[k] = 64
+        elif kl in ("max_source_positions",):
+            if v > 64:
+                d[k] = 64  # whisper-like encoders need exactly 2*max_source_positions frames
+        elif kl in ("mm_tokens_per_image", "num_image_tokens", "image_seq_length", "vision_soft_tokens_per_image",
+                    "audio_soft_tokens_per_image"):
+            if v > 4:
+                d[k] = 4
+        elif kl in ("num_queries", "num_query_tokens", "num_latents", "num_denoising", "two_stage_num_proposals"):
+            if v > 8:
+                d[k] = 8
+    # --- kv heads ----------------------------------------------------------------------
+    for k, v in list(d.items()):
+        if _is_int(v) and _KV_HEADS.search(k.lower()):
+            heads_key = next((hk for hk in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
+                              if _is_int(d.get(hk))), None)
+            new_heads = d[heads_key] if heads_key else HEADS
+            old_heads = orig.get(heads_key) if heads_key else None
+            if old_heads is not None and v == old_heads:
+                d[k] = new_heads
+            elif v == 1:
+                d[k] = 1
+            else:
+                d[k] = KV_HEADS if new_heads % KV_HEADS == 0 else 1
+    # deepseek-style split head dims
+    if _is_int(d.get("qk_nope_head_dim")) and _is_int(d.get("qk_rope_head_dim")) and "qk_head_dim" in d:
+        d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+    # --- per-layer lists ---------------------------------------------------------------
+    if _is_int(n_orig) and _is_int(n_layers) and n_layers != n_orig:
+        for k, v in list(d.items()):
+            if isinstance(v, list) and len(v) == n_orig and k not in ("eos_token_id", "depths", "hidden_sizes", "out_indices", "out_features", "stage_names"):
+                d[k] = _pick_layer_items(v, n_layers)
+    # --- list-valued stage descriptions (hierarchical vision backbones) ------------------
+    for k, v in list(d.items()):
+        kl = k.lower()
+        if not (isinstance(v, list) and v and all(_is_int(x) for x in v)):
+            continue
+        if kl == "depths" or kl.endswith("_depths") or kl in ("blocks_per_stage", "stage_num_blocks", "num_block_repeats", "block_repeats", "stage_numb_of_layers"):
+            d[k] = [min(x, 1) if x > 0 else x for x in v]
+        elif kl in ("hidden_sizes", "embed_dims", "embed_dim_per_stage", "neck_hidden_sizes", "encoder_hidden_sizes",
+                    "stage_out_channels", "stage_in_channels", "stage_mid_channels", "backbone_channel_list",
+                    "conv_dim", "tdnn_dim", "convstream_hidden_sizes", "fusion_hidden_sizes", "embedding_dimension",
+                    "embed_dim", "hidden_size", "decoder_in_channels", "encoder_in_channels", "in_channels", "out_channels"):
+            d[k] = [min(x, 16 * (i + 1)) for i, x in enumerate(v)]
+        elif kl in ("num_heads", "num_attention_heads", "num_attention_heads_per_stage", "attention_heads"):
+            d[k] = [min(x, 2) for x in v]
+        elif kl in ("image_size", "img_size", "pretrain_image_size"):
+            d[k] = [min(x, IMAGE) for x in v]
+        elif kl in ("patch_size",):
+            d[k] = [min(x, PATCH) for x in v]
+        elif kl in ("intermediate_size", "moe_intermediate_size"):
+            d[k] = [min(x, FFN) for x in v]
+        elif kl in ("window_size",):
+            d[k] = [min(x, WINDOW) for x in v]
+        elif kl in ("mrope_section",):
+            pass  # handled with rope below
+    # --- windowed hierarchical backbones (Swin family): last stage must hold one window ---
+    if staged and _is_int(d.get("window_size")) and _is_int(d.get("patch_size")) and _is_int(d.get("image_size")):
+        d["window_size"] = min(orig.get("window_size", 2), 2)
+        d["image_size"] = max(d["image_size"], d["patch_size"] * 2 ** (len(d["depths"]) - 1) * d["window_size"])
+    # --- rope parameters (mrope sections must sum to head_dim // 2) -----------------------
+    for rk in ("rope_parameters", "rope_scaling"):
+        rp = d.get(rk)
+        if isinstance(rp, dict):
+            hd = d.get("head_dim") if _is_int(d.get("head_dim")) else None
+            if hd is None and _is_int(d.get("hidden_size")) and _is_int(d.get("num_attention_heads")):
+                hd = d["hidden_size"] // d["num_attention_heads"]
+            ms = rp.get("mrope_section")
+            if isinstance(ms, list) and ms and hd:
+                rp["mrope_section"] = _split_sum(hd // 2, len(ms))
+            for key in ("original_max_position_embeddings",):
+                if _is_int(rp.get(key)) and rp[key] > MAX_POS:
+                    rp[key] = MAX_POS
+            for key in ("short_factor", "long_factor"):
+                if isinstance(rp.get(key), list) and hd:
+                    n = (hd * float(rp.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0)) // 2
+                    rp[key] = rp[key][: max(int(n), 1)]
+    # --- special-case: block-level index lists referencing removed layers ----------------
+    if _is_int(n_layers):
+        for k, v in list(d.items()):
+            kl = k.lower()
+            if isinstance(v, list) and v and all(_is_int(x) for x in v) and (
+                kl not in ("out_indices", "backbone_out_indices") and (kl.endswith("_indexes") or kl.endswith("_indices")) or kl.endswith("_idxs") or kl.endswith("_layer_ids")
+                or kl in ("global_attn_indexes", "fullatt_block_indexes", "deepstack_visual_indexes", "mlp_only_layers",
+                          "moe_layers", "no_rope_layers", "cross_attention_layers", "full_attn_idxs", "kv_source_layers")
+            ):
+                if kl == "no_rope_layers" and len(v) > n_layers:
+                    d[k] = _pick_layer_items(v, n_layers)
+                    continue
+                kept = [x for x in v if x < n_layers]
+                d[k] = kept if kept else [n_layers - 1]
+
+
+def _split_sum(total: int, parts: int) -> list[int]:
+    base = total // parts
+    out = [base] * parts
+    out[0] += total - base * parts
+    return out
