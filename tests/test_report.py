@@ -344,3 +344,13 @@ def test_module_entry_point(logs, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "11 items" in proc.stdout
     assert (tmp_path / "conformance.md").exists() and (tmp_path / "conformance.html").exists()
+
+
+def test_other_sweep_tests_get_their_own_columns():
+    export = Result(nodeid="s/test_export.py::test_export[onnx-dynamic-X]", outcome="pass",
+                    model_class="X", backend="onnx", variant="dynamic")
+    shapes = Result(nodeid="s/test_shapes.py::test_shapes[onnx-dynamic-X]", outcome="fail",
+                    model_class="X", backend="onnx", variant="dynamic", stage="shapes", error="e")
+    assert (export.column, shapes.column) == ("onnx/dynamic", "test_shapes onnx/dynamic")
+    md = Report([export, shapes], date="D", versions={}).markdown()
+    assert "| X |  | pass | fail (shapes: e) |" in md

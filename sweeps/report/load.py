@@ -31,6 +31,7 @@ KNOWN_BACKENDS = ("dynamo", "onnx", "executorch")
 KNOWN_VARIANTS = ("static", "dynamic")
 _CRASH = re.compile(r"worker '?[\w-]+'? crashed")
 _XPASS_STRICT = "[XPASS(strict)]"
+MAIN_TEST = "test_export"   # the sweep's main test; its items get plain backend/variant columns
 
 
 @dataclasses.dataclass
@@ -53,8 +54,18 @@ class Result:
     source: str | None = None          # the log this record came from
 
     @property
+    def test(self) -> str:
+        """The test function: ``test_export`` in ``path::test_export[...]``."""
+        if "::" not in self.nodeid:
+            return ""
+        return self.nodeid.rsplit("::", 1)[-1].split("[", 1)[0]
+
+    @property
     def column(self) -> str:
-        return f"{self.backend or '?'}/{self.variant or '?'}"
+        """``backend/variant``; items of other sweep tests get the test name in front,
+        so e.g. a shapes test does not overwrite the export cell of the same class."""
+        column = f"{self.backend or '?'}/{self.variant or '?'}"
+        return column if self.test in (MAIN_TEST, "") else f"{self.test} {column}"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
