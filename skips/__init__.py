@@ -53,11 +53,14 @@ def find_onnx_disable_optimize(class_name: str | None, model_type: str | None,
 
 
 def marker_reason(entry: ExportSkip | OnnxDisableOptimize) -> str:
-    """The text pytest prints for an entry: its reason, then its upstream link if any."""
-    reason = entry.reason.strip()
+    """The text pytest prints for an entry: its reason, then its stage and upstream link if any."""
+    notes = []
+    if getattr(entry, "stage", None):
+        notes.append(f"expected to fail at stage {entry.stage}")
     if entry.upstream:
-        reason = f"{reason} (upstream: {entry.upstream})"
-    return reason
+        notes.append(f"upstream: {entry.upstream}")
+    reason = entry.reason.strip()
+    return f"{reason} ({'; '.join(notes)})" if notes else reason
 
 
 def xfail_marker(entry: ExportSkip):

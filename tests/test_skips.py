@@ -110,6 +110,8 @@ def test_xfail_marker_is_strict_and_carries_reason_and_link():
     linked = xfail_marker(skip(classes=("BertModel",), upstream=LINK))
     assert REASON in linked.mark.kwargs["reason"] and LINK in linked.mark.kwargs["reason"]
     assert LINK in marker_reason(disable(classes=("BertModel",)))
+    staged = marker_reason(skip(classes=("BertModel",), stage="export", upstream=LINK))
+    assert staged == f"{REASON} (expected to fail at stage export; upstream: {LINK})"
 
 
 def test_xfail_marker_reaches_the_pytest_report(tmp_path):
