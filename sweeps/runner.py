@@ -1,0 +1,165 @@
+"""One sweep item, stage by stage: build -> eager -> export -> lower -> run -> compare -> shapes.
+
+Shared by the pytest sweep (``sweeps/test_export.py``) and the triage command (``sweeps.repro``).
+A tiny model and its eager reference are built once per process and reused by every backend and
+variant of that class (items are grouped by class across xdist workers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+BACKENDS = ("dynamo", "onnx", "executorch")
+VARIANTS = ("static", "dynamic")
+SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    backend: str
+    variant: str
+    entry: Any  # sweeps.zoo.CatalogEntry
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend}-{self.variant}-{self.entry.class_name}"
+
+    @property
+    def repro(self) -> str:
+        return f"python -m sweeps.repro {self.id}"
+
+
+@dataclasses.dataclass
+class Reference:
+    tiny: Any  # sweeps.zoo.TinyModel
+    expected: dict  # flattened eager outputs at the traced inputs
+
+
+class StageFailure(Exception):
+    """Raised by ``run_case``: ``stage`` is where the item stopped, ``__cause__`` the original error."""
+
+    def __init__(self, stage: str, cause: BaseException):
+        self.stage = stage
+        super().__init__(f"{stage}: {type(cause).__name__}: {cause}")
+
+
+_CACHE: dict[tuple[str, int], Reference | BaseException] = {}
+_CACHE_SIZE = 2  # items arrive grouped by class: the current class and the one before suffice
+
+
+def reference(class_name: str, seed: int = SEED) -> Reference:
+    """The tiny model of ``class_name`` and its eager outputs, built once per process.
+
+    A build failure is cached too, so the six items of a class that cannot be built fail fast."""
+    key = (class_name, seed)
+    if key not in _CACHE:
+        try:
+            _CACHE[key] = _build_reference(class_name, seed)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, for this and later items
+            _CACHE[key] = exc
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+    value = _CACHE[key]
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
+def _build_reference(class_name: str, seed: int) -> Reference:
+    import torch
+
+    from exporters.utils import flatten_outputs
+    from sweeps.zoo import build_tiny, resolve_models
+
+    (entry,) = [e for e in resolve_models([class_name]) if e.class_name == class_name]
+    tiny = build_tiny(entry, seed=seed, check=False)  # the eager forward below is the check
+    try:
+        with torch.no_grad():
+            expected = flatten_outputs(tiny.model(**tiny.inputs))
+        bad = [k for k, t in expected.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        if bad:
+            raise ValueError(f"eager outputs {bad} are not finite: the tiny model is useless for parity")
+    except Exception as exc:  # noqa: BLE001 - tagged with its stage
+        raise StageFailure("eager", exc) from exc
+    return Reference(tiny, expected)
+
+
+def export_config(case: Case, exporter) -> tuple[Any, dict[str, Any]]:
+    """The exporter config for this item and the properties it implies (ONNX optimizer off...)."""
+    from skips import find_onnx_disable_optimize
+
+    kwargs: dict[str, Any] = {"dynamic": case.variant == "dynamic"}
+    props: dict[str, Any] = {}
+    if case.backend == "onnx":
+        entry = find_onnx_disable_optimize(case.entry.class_name, case.entry.model_type, case.variant)
+        kwargs["optimize"] = entry is None
+        props["onnx_optimize"] = entry is None
+        if entry is not None:
+            props["onnx_optimize_upstream"] = entry.upstream
+    return exporter.config_class(**kwargs), props
+
+
+def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | None = None,
+             sizes: dict[int, int] | None = None) -> Any:
+    """Run one item; raise StageFailure naming the stage. ``record(key, value)`` gets the properties."""
+    from exporters import ExportStageError, get_exporter
+    from exporters.parity import assert_close
+    from sweeps.shapes import check_at, check_dynamic_shapes, format_sizes
+
+    stage = "build"
+    record("stage", stage)
+    start = time.perf_counter()
+    try:
+        ref = reference(case.entry.class_name)
+        model, inputs = ref.tiny.model, ref.tiny.inputs
+        stage = "export"
+        record("stage", stage)
+        exporter = get_exporter(case.backend)
+        config, props = export_config(case, exporter)
+        for k, v in props.items():
+            record(k, v)
+        try:
+            artifact = exporter.export(model, inputs, config)
+        except ExportStageError as exc:
+            stage = exc.stage
+            raise
+        record("workarounds_fired", artifact.workarounds_fired)
+        if keep_dir:
+            artifact.save(keep_dir)
+        stage = "run"
+        record("stage", stage)
+        actual = artifact(**inputs)
+        stage = "compare"
+        record("stage", stage)
+        assert_close(ref.expected, actual, case.backend)
+        if case.variant == "dynamic":
+            stage = "shapes"
+            record("stage", stage)
+            record("dynamic_dims", sum(len(d) for d in artifact.dynamic_dims.values()))
+            if sizes is not None:
+                if not check_at(artifact, model, inputs, sizes, case.backend):
+                    raise ValueError(f"eager PyTorch rejects sizes {format_sizes(sizes)} for this model")
+                record("shapes_checked", 1)
+            else:
+                record("shapes_checked", check_dynamic_shapes(artifact, model, inputs, case.backend, case.repro))
+        stage = "done"
+        record("stage", stage)
+        return artifact
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, StageFailure)) or _is_pytest_outcome(exc):
+            raise
+        raise StageFailure(stage, exc) from exc
+    finally:
+        record("duration_s", round(time.perf_counter() - start, 3))
+
+
+def _is_pytest_outcome(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("_pytest")
+
+
+def keep_dir_for(case: Case, root: str) -> str:
+    return os.path.join(root, case.id)

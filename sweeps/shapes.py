@@ -1,0 +1,131 @@
+"""Dynamic-shape checks: draw new sizes within an artifact's declared bounds and compare to eager.
+
+Dims are grouped by their traced size: the zoo gives distinct dims distinct sizes (batch 2,
+sequence 7, ...), so dims traced at the same size are the same dim (batch of every input) and
+are drawn together. New inputs are the traced ones resized along those dims by wrapping
+indices (``arange(new) % old``), so token ids stay in the vocabulary, masks stay masks and
+pixel values stay plausible. A drawn shape that eager PyTorch itself rejects is not a shape
+the model accepts; Hypothesis discards it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+# Draws stay near the traced size: enough to move every dynamic dim, small enough to stay fast.
+_GROWTH = 2
+_SLACK = 6
+
+
+class ShapeMismatch(AssertionError):
+    """The artifact does not match eager at a drawn shape (message carries the one-line repro)."""
+
+
+def size_groups(artifact) -> dict[int, tuple[int, int]]:
+    """``{traced size: (low, high)}`` over all dynamic dims, intersecting their bounds."""
+    groups: dict[int, tuple[int, int]] = {}
+    for name, dims in artifact.dynamic_dims.items():
+        shape = artifact.input_specs[name][0]
+        for d, spec in dims.items():
+            traced = shape[d]
+            low = max(spec["min"] or 0, 1)
+            high_bound = spec["max"] if spec["max"] is not None else traced * _GROWTH + _SLACK
+            high = min(high_bound, traced * _GROWTH + _SLACK)
+            prev = groups.get(traced, (low, high))
+            groups[traced] = (max(prev[0], low), min(prev[1], high))
+    return {k: v for k, v in groups.items() if v[0] <= v[1] and (v[0], v[1]) != (k, k)}
+
+
+def resize_inputs(inputs: Mapping[str, Any], artifact, sizes: Mapping[int, int]) -> dict[str, Any]:
+    """The traced inputs with every dynamic dim of traced size ``k`` resized to ``sizes[k]``."""
+    out = dict(inputs)
+    for name, dims in artifact.dynamic_dims.items():
+        tensor = inputs[name]
+        for d in dims:
+            old = tensor.shape[d]
+            new = sizes.get(artifact.input_specs[name][0][d], old)
+            if new != old:
+                index = torch.arange(new) % old
+                tensor = tensor.index_select(d, index)
+        out[name] = tensor
+    return out
+
+
+def format_sizes(sizes: Mapping[int, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(sizes.items()))
+
+
+def parse_sizes(text: str) -> dict[int, int]:
+    """``"2=3,7=11"`` -> {2: 3, 7: 11} (traced size = new size)."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            old, new = part.split("=")
+            out[int(old)] = int(new)
+        except ValueError:
+            raise ValueError(f"--sizes takes TRACED=NEW pairs like '2=3,7=11', got {part!r}") from None
+    return out
+
+
+def check_at(artifact, model, inputs, sizes, backend: str) -> bool:
+    """Compare artifact and eager at ``sizes``; False when eager rejects the shape."""
+    from exporters.parity import compare
+    from exporters.utils import flatten_outputs
+
+    new_inputs = resize_inputs(inputs, artifact, sizes)
+    try:
+        with torch.no_grad():
+            expected = flatten_outputs(model(**new_inputs))
+    except Exception:  # noqa: BLE001 - the model itself does not accept this shape
+        return False
+    if not all(torch.isfinite(t).all() for t in expected.values() if t.is_floating_point()):
+        return False
+    problems = compare(expected, artifact(**new_inputs), backend)
+    if problems:
+        raise ShapeMismatch("; ".join(problems))
+    return True
+
+
+def check_dynamic_shapes(artifact, model, inputs, backend: str, repro: str) -> int:
+    """Hypothesis draws sizes for every dynamic group; returns how many shapes were compared.
+
+    A mismatch is shrunk by Hypothesis and re-raised with a one-line repro.
+    """
+    from hypothesis import HealthCheck, given, reject, settings
+    from hypothesis import strategies as st
+
+    groups = size_groups(artifact)
+    if not groups:
+        return 0
+    checked = []
+
+    def sizes_strategy():
+        parts = {k: st.integers(lo, hi) for k, (lo, hi) in groups.items()}
+        return st.fixed_dictionaries(parts).filter(lambda s: any(s[k] != k for k in s))
+
+    @settings(deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(sizes=sizes_strategy())
+    def draw(sizes):
+        try:
+            accepted = check_at(artifact, model, inputs, sizes, backend)
+        except Exception as exc:  # noqa: BLE001 - re-raised with the repro
+            raise ShapeMismatch(
+                f"at sizes {format_sizes(sizes)} (traced=new): {type(exc).__name__}: {exc}\n"
+                f"repro: {repro} --sizes {format_sizes(sizes)}"
+            ) from exc
+        if not accepted:
+            reject()
+        checked.append(sizes)
+
+    try:
+        draw()
+    except Exception as exc:
+        from hypothesis.errors import Unsatisfiable
+
+        if isinstance(exc, Unsatisfiable):
+            return 0
+        raise
+    return len(checked)
