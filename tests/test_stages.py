@@ -1,0 +1,247 @@
+"""The stage layout the spec documents, checked against the exporter sources, and the stage helpers.
+
+SPEC.md's "Stage reference" is parsed for the stage names, so the spec and the sources stay in step.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+import torch
+
+import exporters.exporter_dynamo as dyn
+import exporters.exporter_executorch as et
+import exporters.exporter_onnx as onx
+from exporters.utils import DEFAULT_REGISTRY, FiredLog, apply_fx_node_fixes, apply_patches, resolve_path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEC = os.environ.get("EXPORTERS_SPEC", "/work/shared/SPEC.md")
+FILES = {
+    "DynamoExporter": "exporters/exporter_dynamo.py",
+    "OnnxExporter": "exporters/exporter_onnx.py",
+    "ExecutorchExporter": "exporters/exporter_executorch.py",
+}
+_STOP = {"a", "an", "the", "and", "of", "for", "to", "in", "fx"}
+
+
+def _spec_stages() -> dict[str, list[str]]:
+    if not os.path.exists(SPEC):
+        pytest.skip(f"spec not found at {SPEC}")
+    text = open(SPEC, encoding="utf-8").read()
+    section = text.split("**Stage reference.**", 1)[1].split("**Known upstream workarounds.**", 1)[0]
+    stages: dict[str, list[str]] = {}
+    current = None
+    for line in section.splitlines():
+        header = re.match(r"^(\w+Exporter) \(`(exporters/[\w.]+)`\)", line)
+        if header:
+            current = header.group(2)
+            stages[current] = []
+            continue
+        item = re.match(r"^(\d)\. ([^:]+):", line)
+        if item and current:
+            assert int(item.group(1)) == len(stages[current]) + 1, f"spec numbering in {current}"
+            stages[current].append(item.group(2).strip())
+    return stages
+
+
+def _source_stages(path: str) -> list[tuple[int, str]]:
+    text = open(os.path.join(ROOT, path), encoding="utf-8").read()
+    return [(int(n), name.strip()) for n, name in re.findall(r"^# ── Stage (\d+): (.+?) ─+\s*$", text, re.M)]
+
+
+def _keywords(name: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z0-9]+", name.lower()) if w not in _STOP}
+
+
+def test_spec_names_five_stages_for_each_exporter():
+    stages = _spec_stages()
+    assert set(stages) == set(FILES.values())
+    for path, names in stages.items():
+        assert len(names) == 5, (path, names)
+
+
+@pytest.mark.parametrize("path", sorted(FILES.values()))
+def test_stage_blocks_numbered_in_order_with_spec_names(path):
+    spec_names = _spec_stages()[path]
+    found = _source_stages(path)
+    assert [n for n, _ in found] == [1, 2, 3, 4, 5], f"{path}: stage blocks {found}"
+    for (n, name), expected in zip(found, spec_names):
+        assert _keywords(expected) <= _keywords(name) or _keywords(name) <= _keywords(expected), (
+            f"{path} stage {n} is {name!r}, the spec calls it {expected!r}"
+        )
+
+
+def _grep_onnx_workarounds() -> set[str]:
+    out = subprocess.run(
+        ["grep", "-nE", "^def (_patch_|_fix_|_aten_)", "exporters/exporter_onnx.py"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout
+    return {m.group(1) for m in re.finditer(r"^\d+:def (\w+)\(", out, re.M)}
+
+
+def test_onnx_grep_lists_every_registered_onnx_workaround():
+    listed = _grep_onnx_workarounds()
+    registered = set()
+    for entry in DEFAULT_REGISTRY.patches("onnx"):
+        registered.add(entry.factory)
+    for kind in ("node", "program"):
+        registered.update(e.fn for e in DEFAULT_REGISTRY.fixes("onnx", kind))
+    registered.update(onx._IR_FIXES)
+    registered.update(onx._ONNX_TRANSLATION_TABLE.values())
+    in_this_file = {f.__name__ for f in registered if getattr(f, "__module__", None) == onx.__name__}
+    assert in_this_file, "no ONNX workaround registered from exporters/exporter_onnx.py"
+    assert in_this_file <= listed, f"not found by the spec's grep: {sorted(in_this_file - listed)}"
+
+
+def test_onnx_stage_tables_exist():
+    assert isinstance(onx._ONNX_TRANSLATION_TABLE, dict)
+    for key, fn in onx._ONNX_TRANSLATION_TABLE.items():
+        assert fn.__name__.startswith("_aten_"), key
+    assert isinstance(onx._IR_FIXES, tuple) and onx._IR_FIXES
+    for fix in onx._IR_FIXES:
+        assert fix.__name__.startswith("_fix_ir_")
+
+
+def test_every_default_onnx_and_executorch_patch_resolves():
+    for entry in DEFAULT_REGISTRY.patches(*("dynamo", "onnx", "executorch")):
+        if not entry.optional:
+            resolve_path(entry.path)
+
+
+def test_executorch_backend_prepare_table():
+    assert {"xnnpack", "cuda"} <= set(et._BACKEND_PREPARE)
+    for name, fn in et._BACKEND_PREPARE.items():
+        assert fn.__name__ == f"prepare_for_{name}"
+
+
+def test_prepare_for_xnnpack_moves_to_cpu_fp32():
+    model = torch.nn.Linear(2, 2).to(torch.float64)
+    m, inputs, partitioners = et._BACKEND_PREPARE["xnnpack"](model, {"x": torch.zeros(1, 2), "flag": True})
+    assert next(m.parameters()).dtype == torch.float32
+    assert inputs["flag"] is True and inputs["x"].device.type == "cpu"
+    assert len(partitioners) == 1 and "Xnnpack" in type(partitioners[0]).__name__
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA device")
+def test_prepare_for_cuda_without_gpu_says_no_cuda_device():
+    with pytest.raises(RuntimeError, match=r"(?i)cuda device"):
+        et._BACKEND_PREPARE["cuda"](torch.nn.Linear(2, 2), {"x": torch.zeros(1, 2)})
+    from exporters import ExecutorchConfig, ExecutorchExporter
+
+    with pytest.raises(Exception, match=r"(?i)cuda device"):
+        ExecutorchExporter().export(torch.nn.Linear(2, 2), {"input": torch.zeros(1, 2)}, ExecutorchConfig(backend="cuda"))
+
+
+def test_executorch_unknown_backend_lists_registered():
+    from exporters import ExecutorchConfig, ExecutorchExporter
+
+    with pytest.raises(ValueError, match="xnnpack"):
+        ExecutorchExporter().export(torch.nn.Linear(2, 2), {"input": torch.zeros(1, 2)}, ExecutorchConfig(backend="vulkan9"))
+
+
+def test_stateful_cache_attrs_and_context_helpers_exist():
+    assert isinstance(dyn._STATEFUL_CACHE_ATTRS, tuple) and all(isinstance(a, str) for a in dyn._STATEFUL_CACHE_ATTRS)
+    assert callable(dyn._flatten_to_context) and callable(dyn._unflatten_from_context)
+
+
+def test_nllb_moe_cast_classifier_patch_registered_for_dynamo():
+    path = "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier"
+    (entry,) = [e for e in DEFAULT_REGISTRY.patches("dynamo") if e.path == path]
+    assert entry.factory is dyn._patch_classifier_cast
+    owner, name = resolve_path(path)
+    original = owner.__dict__[name]
+    with apply_patches([entry]) as fired:
+        assert owner.__dict__[name] is not original
+        assert getattr(owner, name)(object()) is None
+    assert owner.__dict__[name] is original
+    assert fired.names() == [f"patch:dynamo:{path}"]
+
+
+# ── behaviour of the stage helpers ────────────────────────────────────────────
+
+
+class _Kw(torch.nn.Module):
+    def forward(self, input_ids=None, attention_mask=None, scale=1.0, **kwargs):
+        return input_ids * attention_mask * scale
+
+
+def test_stage1_flat_forward_signature_restores_forward():
+    import inspect
+
+    model = _Kw()
+    assert "forward" not in model.__dict__
+    with dyn.flat_forward_signature(model, ["input_ids", "attention_mask"], {"scale": 2.0}):
+        assert list(inspect.signature(model.forward).parameters) == ["input_ids", "attention_mask"]
+        out = model.forward(torch.ones(2), torch.full((2,), 3.0))
+        assert torch.equal(out, torch.full((2,), 6.0))
+    assert "forward" not in model.__dict__
+
+
+def test_stage3_flatten_unflatten_round_trip():
+    class Box:
+        def __init__(self):
+            self.a = torch.arange(3)
+            self.items = [torch.ones(1), {"k": torch.zeros(2), "n": 5}, "text"]
+
+    box = Box()
+    tensors: list = []
+    ctx = dyn._flatten_to_context(vars(box), tensors)
+    hash(ctx)
+    assert [p for p, _ in tensors] == ["a", "items.0", "items.1.k"]
+    rebuilt = dyn._unflatten_from_context(ctx, iter([t * 2 for _, t in tensors]))
+    assert torch.equal(rebuilt["a"], box.a * 2)
+    assert rebuilt["items"][1]["n"] == 5 and rebuilt["items"][2] == "text"
+    assert torch.equal(rebuilt["items"][1]["k"], torch.zeros(2))
+
+
+def test_stage3_cache_leaf_names():
+    from transformers import DynamicCache
+
+    from exporters.utils import flatten_outputs
+
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 2, 3, 4), torch.ones(1, 2, 3, 4), 0)
+    names = list(flatten_outputs({"past_key_values": cache}))
+    assert "past_key_values.0.key" in names and "past_key_values.0.value" in names
+
+
+def test_stage4_auto_dynamic_shapes_bounds():
+    shapes = dyn.auto_dynamic_shapes({"x": torch.zeros(2, 3000)}, max_dim=64)
+    assert set(shapes["x"]) == {0, 1}
+
+
+class _Stateful(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self._cache = None
+
+    def forward(self, x):
+        self._cache = x * 2
+        return x + 1
+
+
+def test_stage5_state_cleanup_after_export():
+    from exporters import DynamoExporter
+
+    model = _Stateful().eval()
+    art = DynamoExporter().export(model, {"x": torch.ones(2)})
+    assert model._cache is None  # not a leftover fake tensor from tracing
+    assert torch.equal(art(x=torch.ones(2))["output"], torch.full((2,), 2.0))
+
+
+def test_fix_dead_assertions_removes_unused_asserts():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            torch.ops.aten._assert_tensor_metadata.default(x, dtype=torch.float32)
+            return x + 1
+
+    gm = torch.export.export(M(), (torch.ones(2),)).graph_module
+    targets = lambda: [n for n in gm.graph.nodes if n.target is torch.ops.aten._assert_tensor_metadata.default]
+    assert targets(), "the export no longer keeps the assertion node; the fix has nothing to test"
+    fired = FiredLog()
+    assert apply_fx_node_fixes([e for e in DEFAULT_REGISTRY.fixes("onnx", "node") if e.fn is onx._fix_dead_assertions], gm, fired)
+    assert targets() == []
+    assert fired.names() == ["fix:onnx:_fix_dead_assertions"]
