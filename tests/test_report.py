@@ -5,6 +5,7 @@ from __future__ import annotations
 import html.parser
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -354,3 +355,51 @@ def test_other_sweep_tests_get_their_own_columns():
     assert (export.column, shapes.column) == ("onnx/dynamic", "test_shapes onnx/dynamic")
     md = Report([export, shapes], date="D", versions={}).markdown()
     assert "| X |  | pass | fail (shapes: e) |" in md
+
+
+NODE_FAKE_DOM = r"""
+const fs = require("fs");
+const page = fs.readFileSync(process.argv[2], "utf8");
+const script = page.match(/<script>([\s\S]*?)<\/script>/)[1];
+const rows = [...page.matchAll(/<tr class="item[^"]*"([^>]*)>/g)].map(m => {
+  const ds = {};
+  for (const a of m[1].matchAll(/data-(\w+)="([^"]*)"/g)) ds[a[1]] = a[2];
+  return {dataset: ds, style: {display: ""}};
+});
+const listeners = [];
+const mk = key => ({dataset: {key}, value: "", addEventListener: (e, f) => listeners.push(f)});
+const selects = ["family", "backend", "variant", "outcome"].map(mk);
+const text = {value: "", addEventListener: (e, f) => listeners.push(f)};
+const shown = {textContent: ""};
+global.document = {
+  querySelectorAll: sel => sel.includes("select") ? selects : rows,
+  getElementById: id => id === "text" ? text : shown,
+};
+eval(script);
+const filters = JSON.parse(process.argv[3]);
+selects.forEach(s => { s.value = filters[s.dataset.key] || ""; });
+text.value = filters.text || "";
+listeners[0]();
+console.log(JSON.stringify({shown: shown.textContent,
+  classes: rows.filter(r => r.style.display !== "none").map(r => r.dataset["class"])}));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is needed to run the page's script")
+@pytest.mark.parametrize("filters, expected", [
+    ({}, 11),
+    ({"family": "llama"}, 3),
+    ({"backend": "onnx", "outcome": "fail"}, 2),
+    ({"backend": "onnx", "variant": "static", "outcome": "pass"}, 2),
+    ({"text": "nllb"}, 2),
+    ({"family": "bert", "outcome": "crash"}, 0),
+])
+def test_html_filters_run_in_node(logs, tmp_path, filters, expected):
+    main(["merge", str(logs["log"]), "--out", str(tmp_path), "--date", "D"])
+    (tmp_path / "dom.js").write_text(NODE_FAKE_DOM)
+    proc = subprocess.run(["node", str(tmp_path / "dom.js"), str(tmp_path / "conformance.html"),
+                           json.dumps(filters)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["shown"] == f"{expected} of 11 shown"
+    assert len(result["classes"]) == expected
