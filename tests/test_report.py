@@ -55,6 +55,9 @@ def test_export(record_property, backend, variant, cls, family, kind):
         record_property(key, value)
     if backend == "onnx":
         record_property("onnx_optimize", kind != "pass_noopt")
+    if kind == "pass_noopt":
+        record_property("onnx_optimize_upstream", "https://github.com/microsoft/onnxscript/issues/42")
+    record_property("stage", "build")
     if kind == "crash":
         os._exit(3)
     if kind == "skip":
@@ -66,13 +69,15 @@ def test_export(record_property, backend, variant, cls, family, kind):
     fired = ["fix:onnx:_fix_alias"] if kind == "fail_lower" else []
     if kind.startswith("pass") or kind == "xpass":
         fired = [f"patch:{backend}:torch.where"]
-    record_property("workarounds_fired", json.dumps(fired))
+    # the real sweep records a list (JUnit then holds its repr); JSON strings are accepted too
+    record_property("workarounds_fired", fired if kind.startswith("pass") else json.dumps(fired))
     record_property("repro", f"pytest sweeps --backend={backend} --model={cls}")
     if kind in failures:
         stage, error = failures[kind]
         record_property("stage", stage)
         record_property("error", error)
         raise RuntimeError(error + " at 0x7f00deadbeef")
+    record_property("shapes_checked", 3)
     record_property("stage", "done")
 '''
 
@@ -130,13 +135,17 @@ def test_reportlog_outcomes_and_properties(logs):
     assert merged["LlamaModel", "executorch", "static"].model_type == "llama"  # family filled in
     skipped = results["BertModel", "executorch", "static"]
     assert (skipped.outcome, skipped.reason) == ("skipped", "BlockedByPackage: needs detectron2")
+    assert results["BertModel", "onnx", "static"].extra == {"shapes_checked": 3}
+    assert results["LlamaModel", "onnx", "static"].extra == {}
+    assert results["DetrForObjectDetection", "onnx", "static"].onnx_optimize_upstream.endswith("/issues/42")
     assert results["LlamaModel", "onnx", "static"].repro == "pytest sweeps --backend=onnx --model=LlamaModel"
     assert all(r.nodeid.startswith("fake_sweeps/test_sweep.py::test_export[") for r in results.values())
 
 
 def test_junit_agrees_with_reportlog(logs):
     fields = lambda r: (r.nodeid, r.outcome, r.model_class, r.model_type, r.backend, r.variant,  # noqa: E731
-                        r.stage, r.error, r.reason, r.onnx_optimize, r.workarounds_fired)
+                        r.stage, r.error, r.reason, r.onnx_optimize, r.onnx_optimize_upstream,
+                        r.workarounds_fired)
     from_log = sorted(map(fields, load_reportlog(logs["log"])))
     from_xml = sorted(map(fields, load_junit(logs["xml"])))
     assert from_xml == from_log
@@ -234,6 +243,7 @@ def test_markdown_report(logs, tmp_path):
     assert nllb["dynamo/dynamic"].startswith("XPASS (")
     detr = dict(zip(cols, [c.strip() for c in lines["| DetrForObjectDetection"].strip("|").split("|")]))
     assert detr["onnx/static"] == "pass (optimize off)"
+    assert "| DetrForObjectDetection (onnx/static) | pass | https://github.com/microsoft/onnxscript/issues/42 |" in md
     assert detr["dynamo/static"] == "fail (build: ImportError: timm)"
 
 

@@ -19,6 +19,7 @@ Items whose properties are missing (crashes, setup errors) fall back on the test
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import re
@@ -48,10 +49,12 @@ class Result:
     error: str | None = None           # normalized failure signature (fail / crash / xpass)
     reason: str | None = None          # xfail / xpass / skip reason
     onnx_optimize: bool | None = None
+    onnx_optimize_upstream: str | None = None   # the ONNX_DISABLE_OPTIMIZE entry's upstream bug
     workarounds_fired: list[str] = dataclasses.field(default_factory=list)
     repro: str | None = None
     duration_s: float | None = None
     source: str | None = None          # the log this record came from
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)   # other recorded properties
 
     @property
     def test(self) -> str:
@@ -122,7 +125,10 @@ def _as_list(value: Any) -> list[str]:
         try:
             value = json.loads(value)
         except ValueError:
-            return [part.strip() for part in value.split(",") if part.strip()]
+            try:                       # JUnit writes str(list): "['patch:onnx:torch.where']"
+                value = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                return [part.strip() for part in value.split(",") if part.strip()]
     if isinstance(value, str):
         return [value]
     return [str(v) for v in value]
@@ -133,6 +139,11 @@ def _as_float(value: Any) -> float | None:
         return None if value is None or value == "" else float(value)
     except (TypeError, ValueError):
         return None
+
+
+_KNOWN_PROPERTIES = {"model_class", "model_type", "backend", "variant", "stage", "error",
+                     "skip_reason", "onnx_optimize", "onnx_optimize_upstream",
+                     "workarounds_fired", "repro", "duration_s"}
 
 
 def _build(nodeid: str, outcome: str, props: dict[str, Any], *, error=None, reason=None,
@@ -150,11 +161,13 @@ def _build(nodeid: str, outcome: str, props: dict[str, Any], *, error=None, reas
         error=error,
         reason=reason or props.get("skip_reason"),
         onnx_optimize=_as_bool(props.get("onnx_optimize")),
+        onnx_optimize_upstream=props.get("onnx_optimize_upstream"),
         workarounds_fired=_as_list(props.get("workarounds_fired")),
         repro=props.get("repro"),
         duration_s=_as_float(props.get("duration_s")) if props.get("duration_s") is not None
         else duration,
         source=source,
+        extra={k: v for k, v in props.items() if k not in _KNOWN_PROPERTIES},
     )
 
 

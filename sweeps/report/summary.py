@@ -150,8 +150,8 @@ def onnx_optimize_disabled(results: list[Result]) -> list[tuple[Result, str | No
     for r in results:
         if r.onnx_optimize is False:
             entry = (find_onnx_disable_optimize(r.model_class, r.model_type, r.variant)
-                     if find_onnx_disable_optimize else None)
-            out.append((r, entry.upstream if entry else None))
+                     if find_onnx_disable_optimize and not r.onnx_optimize_upstream else None)
+            out.append((r, r.onnx_optimize_upstream or (entry.upstream if entry else None)))
     return out
 
 
