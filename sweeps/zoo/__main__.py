@@ -78,7 +78,7 @@ def _child(entry, seed, conn):
 
 
 _NUM = re.compile(r"\d+")
-_QUOTED = re.compile(r"'[^']{0,80}'|\"[^\"]{0,80}\"|`[^`]{0,80}`")
+_LONG_QUOTED = re.compile(r"'[^']{41,}'|\"[^\"]{41,}\"|`[^`]{41,}`")
 
 
 def signature(rec: dict) -> str:
@@ -86,7 +86,7 @@ def signature(rec: dict) -> str:
         return rec["status"]
     msg = (rec.get("error") or "").strip().splitlines()[0] if rec.get("error") else ""
     msg = msg.split(": ", 1)[1] if msg.startswith(rec["class_name"] + ":") else msg
-    msg = _QUOTED.sub("'…'", msg)
+    msg = _LONG_QUOTED.sub("'…'", msg)  # short quoted names (attributes, classes) stay: they name the cause
     msg = _NUM.sub("N", msg)
     return f"{rec.get('error_type', '?')}: {msg[:110]}"
 

@@ -69,6 +69,33 @@ class _Delete:
 DELETE = _Delete()
 
 
+def _class_config(config, cls):
+    """The config the class wants: for e.g. Llama4ForCausalLM (Llama4TextConfig) under model type
+    llama4 (Llama4Config), the matching (already shrunk) sub-config of the composite."""
+    want = getattr(cls, "config_class", None)
+    if want is None or isinstance(config, want):
+        return config
+    for c in _iter_configs(config):
+        if isinstance(c, want):
+            return c
+    for c in _iter_configs(config):  # same class name in another module (modular copies)
+        if type(c).__name__ == want.__name__:
+            return c
+    return None
+
+
+def _ensure_pad_token(config) -> None:
+    """Sequence classification with batch > 1 needs a pad id; give configs without one id 0
+    (inputs avoid ids < 3)."""
+    for c in _iter_configs(config):
+        if "pad_token_id" in getattr(c, "__dataclass_fields__", {}) or hasattr(c, "pad_token_id"):
+            try:
+                if getattr(c, "pad_token_id", None) is None and getattr(c, "vocab_size", None):
+                    c.pad_token_id = 0
+            except Exception:
+                pass
+
+
 def tiny_config(model_type: str, config_overrides: dict | None = None):
     """The shrunk config for a model type (generic rules + overrides data)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -330,6 +357,16 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
         if reason:
             raise BlockedByPackage(f"{entry.class_name}: {reason}") from exc
         raise
+    cls_config = _class_config(config, cls)
+    if cls_config is None:
+        want = cls.config_class
+        d = shrink_config_dict(want().to_dict())
+        for k in ("transformers_version", "architectures", "_name_or_path"):
+            d.pop(k, None)
+        cls_config = want(**d)
+        _fix_hardcoded_rope_sections(cls_config)
+    config = cls_config
+    _ensure_pad_token(config)
     attn = ov.get("attn", PREFERRED_ATTN)
     torch.manual_seed(seed)
     try:

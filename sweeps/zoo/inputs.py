@@ -154,7 +154,16 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
     avoid = special_token_ids(config)
     seq = spec.get("seq_len", S)
     out: dict[str, torch.Tensor] = {}
-    has = params.__contains__
+    # a modality whose sub-config is None has no tower: do not feed it
+    absent = {mod for mod, key in (("image", "vision_config"), ("audio", "audio_config"))
+              if key in getattr(config, "sub_configs", {}) and getattr(config, key, None) is None}
+
+    def has(name):
+        if name in ("pixel_values",) and "image" in absent:
+            return False
+        if name in ("input_features", "input_values") and "audio" in absent:
+            return False
+        return name in params
     if has("input_ids"):
         out["input_ids"] = token_ids(gen, (B, seq), vocab, avoid)
         if has("attention_mask"):
@@ -190,6 +199,11 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         w = torch.randint(1, 400, (B, seq, 1), generator=gen)
         h = torch.randint(1, 400, (B, seq, 1), generator=gen)
         out["bbox"] = torch.cat([x0, y0, x0 + w, y0 + h], dim=-1)
+    if getattr(model, "_zoo_multiple_choice", None) or type(model).__name__.endswith("ForMultipleChoice"):
+        for k in ("input_ids", "attention_mask", "token_type_ids", "bbox"):
+            if k in out:  # (B, S) -> (B, num_choices=3, S)
+                v = out[k]
+                out[k] = torch.stack([v, v.roll(1, dims=-1 if k != "bbox" else -2), v.roll(2, dims=-1 if k != "bbox" else -2)], dim=1)
     # required parameters we could not fill: say which
     for name, p in params.items():
         if name in out or name in _NEVER or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):

@@ -82,6 +82,10 @@ _MAX_POS = re.compile(r"(max_position_embeddings|^n_positions|^n_ctx|max_target_
 _LORA = re.compile(r"(_lora_rank|^q_lora_rank|^kv_lora_rank|^o_lora_rank)$")
 
 
+_COUNTED_INDEX_LISTS = ("backbone_out_indices", "intermediate_hook_ids", "intermediate_layers_indices", "extract_layers",
+                        "vision_feature_layers", "feature_layers", "out_indices")
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -149,12 +153,18 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
     orig_layers = {}
     # hierarchical backbones: the stage count is len(depths); cut depths, never the stage count
     staged = isinstance(d.get("depths"), list)
+    # feature taps whose *count* matters (a neck expects k maps): keep k layers
+    need = LAYERS
+    for k in _COUNTED_INDEX_LISTS:
+        v = d.get(k)
+        if isinstance(v, list) and len(v) > 1 and all(_is_int(x) for x in v):
+            need = max(need, len(v))
     for k, v in list(d.items()):
         if staged and k in ("num_layers", "num_stages"):
             continue
-        if _is_int(v) and k not in _LAYERS_EXCLUDE and _LAYERS.search(k) and v > LAYERS:
+        if _is_int(v) and k not in _LAYERS_EXCLUDE and _LAYERS.search(k) and v > need:
             orig_layers[k] = v
-            d[k] = LAYERS
+            d[k] = need
     n_layers = d.get("num_hidden_layers", d.get("num_layers", d.get("n_layer", LAYERS)))
     n_orig = orig.get("num_hidden_layers", orig.get("num_layers", orig.get("n_layer")))
     heads_orig = None
@@ -184,6 +194,9 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         elif _HEADS.search(kl):
             heads_orig = v
             d[k] = _shrink_heads(v)
+        elif kl in ("qk_rope_head_dim", "rope_head_dim", "rotary_dim", "rotary_emb_dim", "index_rope_head_dim"):
+            if v > HEAD_DIM // 2:
+                d[k] = HEAD_DIM // 2  # the rotary part must leave a non-rotary remainder of the head
         elif _HEAD_DIM.search(kl):
             if v > HEAD_DIM:
                 d[k] = HEAD_DIM
@@ -196,6 +209,12 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         elif _EXPERTS.search(kl):
             if v > EXPERTS:
                 d[k] = EXPERTS
+        elif kl in ("n_group", "num_expert_group", "n_groups_experts"):
+            if v > 2:
+                d[k] = 2  # EXPERTS // n_group experts per group, >= 2 for the group top-2 score
+        elif kl in ("topk_group", "num_topk_groups"):
+            if v > 1:
+                d[k] = 1
         elif _EXPERTS_TOK.search(kl):
             if v > EXPERTS_PER_TOK:
                 d[k] = EXPERTS_PER_TOK
@@ -247,6 +266,29 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                 d[k] = 1
             else:
                 d[k] = KV_HEADS if new_heads % KV_HEADS == 0 else 1
+    # fields left None whose modeling code then reads them anyway (getattr(config, "head_dim", ...) sees None)
+    heads_key = next((hk for hk in ("num_attention_heads", "n_head", "num_heads") if _is_int(d.get(hk))), None)
+    width_key = next((wk for wk in ("hidden_size", "d_model", "n_embd", "embed_dim") if _is_int(d.get(wk))), None)
+    if heads_key and width_key:
+        if "head_dim" in d and d["head_dim"] is None:
+            d["head_dim"] = max(d[width_key] // d[heads_key], 1)
+        for kvk in ("num_key_value_heads",):
+            if kvk in d and d[kvk] is None:
+                d[kvk] = d[heads_key]
+    # SSM (mamba-style) blocks: heads * head_dim must equal expand * hidden
+    for nh, hdk, exk in (("num_heads", "head_dim", "expand"), ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+                         ("mamba_num_heads", "mamba_head_dim", "mamba_expand")):
+        if all(_is_int(d.get(x)) for x in (nh, hdk)) and isinstance(d.get(exk), (int, float)) and _is_int(d.get("hidden_size")):
+            inner = int(d[exk] * d["hidden_size"])
+            if d[nh] * d[hdk] != inner:
+                d[hdk] = HEAD_DIM if inner % HEAD_DIM == 0 else 1
+                d[nh] = inner // d[hdk]
+    # head-dim family sizes that were equal stay equal (e.g. head_dim == qk_rope_head_dim in MLA models)
+    hd_keys = [k for k in d if _is_int(d.get(k)) and _is_int(orig.get(k)) and (_HEAD_DIM.search(k.lower()) or "rope_head_dim" in k or k == "rotary_dim")]
+    for a in hd_keys:
+        for b in hd_keys:
+            if a < b and orig[a] == orig[b] and d[a] != d[b]:
+                d[a] = d[b] = min(d[a], d[b])
     # deepseek-style split head dims
     if _is_int(d.get("qk_nope_head_dim")) and _is_int(d.get("qk_rope_head_dim")) and "qk_head_dim" in d:
         d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
@@ -279,6 +321,30 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             d[k] = [min(x, WINDOW) for x in v]
         elif kl in ("mrope_section",):
             pass  # handled with rope below
+    # --- backbones: out_indices must name existing stages; out_features is re-derived -------
+    oi = orig.get("out_indices")
+    if not staged and isinstance(oi, list) and oi and all(_is_int(x) for x in oi) and isinstance(d.get("stage_names"), list):
+        lk = next((k for k in ("num_hidden_layers", "num_layers") if _is_int(d.get(k))), None)
+        if lk is not None and max(oi) > d[lk]:
+            k_out = len(oi)
+            d[lk] = max(d[lk], min(k_out, orig[lk]))
+            d["out_indices"] = list(range(d[lk] - k_out + 1, d[lk] + 1))
+            d["out_features"] = None
+            d["stage_names"] = ["stem"] + [f"stage{i}" for i in range(1, d[lk] + 1)]
+            for k2, v2 in list(d.items()):  # per-layer lists follow the new count
+                if isinstance(v2, list) and isinstance(orig.get(k2), list) and len(orig[k2]) == orig[lk] and k2 not in ("out_indices", "stage_names"):
+                    d[k2] = _pick_layer_items(orig[k2], d[lk])
+    # --- heterogeneous per-layer configs: keys are layer indices ---------------------------
+    plc = d.get("per_layer_config")
+    if isinstance(plc, dict) and plc and _is_int(n_layers):
+        items = sorted(((int(k), v) for k, v in plc.items()), key=lambda kv: kv[0])
+        distinct, seen = [], []
+        for _, v in items:
+            if repr(v) not in seen:
+                seen.append(repr(v))
+                distinct.append(v)
+        distinct = distinct[: n_layers]
+        d["per_layer_config"] = {str(n_layers - len(distinct) + i): v for i, v in enumerate(distinct)}
     # --- windowed hierarchical backbones (Swin family): last stage must hold one window ---
     if staged and _is_int(d.get("window_size")) and _is_int(d.get("patch_size")) and _is_int(d.get("image_size")):
         d["window_size"] = min(orig.get("window_size", 2), 2)
@@ -305,15 +371,21 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         for k, v in list(d.items()):
             kl = k.lower()
             if isinstance(v, list) and v and all(_is_int(x) for x in v) and (
-                kl not in ("out_indices", "backbone_out_indices") and (kl.endswith("_indexes") or kl.endswith("_indices")) or kl.endswith("_idxs") or kl.endswith("_layer_ids")
+                kl not in ("out_indices",) and (kl.endswith("_indexes") or kl.endswith("_indices")) or kl.endswith("_idxs") or kl.endswith("_layer_ids")
                 or kl in ("global_attn_indexes", "fullatt_block_indexes", "deepstack_visual_indexes", "mlp_only_layers",
                           "moe_layers", "no_rope_layers", "cross_attention_layers", "full_attn_idxs", "kv_source_layers")
             ):
                 if kl == "no_rope_layers" and len(v) > n_layers:
                     d[k] = _pick_layer_items(v, n_layers)
                     continue
-                kept = [x for x in v if x < n_layers]
+                if kl in _COUNTED_INDEX_LISTS and (max(v) >= n_layers or min(v) < -n_layers):
+                    kk = len(v)
+                    d[k] = list(range(n_layers - kk, n_layers)) if min(v) >= 0 else list(range(-kk, 0))
+                    continue
+                kept = [x for x in v if -n_layers <= x < n_layers]
                 d[k] = kept if kept else [n_layers - 1]
+        if "attn_layer_indices" in orig and orig["attn_layer_indices"] is None and "mamba_d_state" in d:
+            d["attn_layer_indices"] = [n_layers - 1]  # hybrid SSMs: keep one attention layer
 
 
 def _split_sum(total: int, parts: int) -> list[int]:
