@@ -324,6 +324,30 @@ def place_multimodal_tokens(model, config, inputs, seed: int) -> dict:
     return inputs
 
 
+def _first_layout_that_runs(model, config, inputs, seed):
+    """Try the generic inputs; if the forward raises, try the layout alternatives (each on its
+    own, then with the multimodal placeholder count redone) and keep the first that runs."""
+    from .inputs import ALTERNATIVES
+
+    try:
+        run_forward(model, inputs)
+        return inputs
+    except Exception as first:  # noqa: BLE001
+        if _PLACEHOLDER_RE.search(str(first)):
+            return inputs
+        for _name, transform in ALTERNATIVES:
+            alt = transform(inputs)
+            if alt is None:
+                continue
+            alt = place_multimodal_tokens(model, config, alt, seed)
+            try:
+                run_forward(model, alt)
+                return alt
+            except Exception:  # noqa: BLE001
+                continue
+        return inputs
+
+
 def run_forward(model, inputs):
     with torch.no_grad():
         return model(**inputs)
@@ -390,6 +414,7 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
     inputs = place_multimodal_tokens(model, config, inputs, seed)
     tiny = TinyModel(model=model, inputs=inputs, config=config, entry=entry, attn_implementation=attn)
     if check:
+        tiny.inputs = _first_layout_that_runs(model, config, tiny.inputs, seed)
         for _ in range(4):
             try:
                 out = run_forward(model, tiny.inputs)

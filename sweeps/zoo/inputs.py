@@ -95,10 +95,22 @@ def _as_hw(v, default=32):
     return int(v), int(v)
 
 
-def pixel_values(gen, config) -> torch.Tensor:
+def num_frames(config) -> int | None:
+    vc = vision_config(config)
+    for src in (vc, config):
+        v = getattr(src, "num_frames", None) or getattr(src, "frames_per_clip", None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def pixel_values(gen, config, frames: int | None = None) -> torch.Tensor:
+    """(B, C, H, W) images, or (B, frames, C, H, W) clips for video models / multi-image models."""
     vc = vision_config(config)
     c = getattr(vc, "num_channels", None) or getattr(config, "num_channels", None) or 3
     h, w = _as_hw(getattr(vc, "image_size", None) or getattr(config, "image_size", None))
+    if frames:
+        return torch.randn((B, frames, c, h, w), generator=gen)
     return torch.randn((B, c, h, w), generator=gen)
 
 
@@ -112,8 +124,8 @@ def input_features(gen, config) -> torch.Tensor:
     if mel:
         msp = getattr(ac, "max_source_positions", None)
         frames = 2 * msp if msp else 64
-        return torch.randn((B, mel, frames), generator=gen)
-    feat = getattr(ac, "feature_size", None) or getattr(ac, "input_feat_per_channel", None) or getattr(ac, "input_feat_size", None) or 16
+        return torch.randn((B, mel, frames), generator=gen)  # (B, mel, T); see ALTERNATIVES for (B, T, mel)
+    feat = getattr(ac, "feature_projection_input_dim", None) or getattr(ac, "feature_size", None) or getattr(ac, "input_feat_per_channel", None) or getattr(ac, "input_feat_size", None) or 16
     chans = getattr(ac, "input_channels", 1) or 1
     return torch.randn((B, 64, feat * chans), generator=gen)
 
@@ -122,7 +134,7 @@ def input_values(gen, config) -> torch.Tensor:
     ac = _audio_cfg(config)
     strides = getattr(ac, "conv_stride", None)
     total = math.prod(strides) if strides else 320
-    length = max(total * 12, 1600)
+    length = max(total * 40, 1600)  # enough frames for TDNN / x-vector kernels
     return torch.randn((B, length), generator=gen)
 
 
@@ -177,9 +189,26 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         if has("image_grid_thw"):
             out["pixel_values"], out["image_grid_thw"] = patch_grid_pixels(gen, config)
         else:
-            out["pixel_values"] = pixel_values(gen, config)
+            frames = spec.get("images_per_sample") or num_frames(config)
+            out["pixel_values"] = pixel_values(gen, config, frames)
             if has("image_sizes") and _is_required(params["image_sizes"]):
                 out["image_sizes"] = torch.tensor([list(out["pixel_values"].shape[-2:])] * B)
+    if has("pixel_values_videos") and not has("video_grid_thw"):
+        out["pixel_values_videos"] = pixel_values(gen, config, num_frames(config) or 4)
+    if has("hidden_states") and (has("grid_thw") or has("image_grid_thw")) and "pixel_values" not in out:
+        # Qwen-VL style vision towers take the flattened patches directly
+        pv, grid = patch_grid_pixels(gen, config)
+        out["hidden_states"] = pv
+        out["grid_thw" if has("grid_thw") else "image_grid_thw"] = grid
+    elif has("pixel_values") and has("grid_thw") and "grid_thw" not in out:
+        out["pixel_values"], out["grid_thw"] = patch_grid_pixels(gen, config)
+    if has("input_features") and has("input_values"):
+        # speech encoder-decoders accept both; the encoder decides (conv feature extractor -> waveform)
+        enc = getattr(config, "encoder", None) or config
+        if getattr(enc, "conv_dim", None):
+            params = {k: v for k, v in params.items() if k != "input_features"}
+        else:
+            params = {k: v for k, v in params.items() if k != "input_values"}
     if has("input_features"):
         out["input_features"] = input_features(gen, config)
         frames_dim = -1 if getattr(_audio_cfg(config), "num_mel_bins", None) else -2
@@ -191,7 +220,14 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         out["input_values"] = input_values(gen, config)
         if has("attention_mask") and "attention_mask" not in out and getattr(config, "feat_extract_norm", "layer") == "layer":
             out["attention_mask"] = torch.ones(out["input_values"].shape, dtype=torch.long)
-    if has("decoder_input_ids") and getattr(config, "is_encoder_decoder", False):
+    seqcls_encdec = type(model).__name__.endswith("ForSequenceClassification") and getattr(config, "is_encoder_decoder", False)
+    if seqcls_encdec and "input_ids" in out and isinstance(getattr(config, "eos_token_id", None), int):
+        # the head pools the decoder state at the (single, last) eos of each row; decoder
+        # inputs are derived from input_ids by the model
+        out["input_ids"][:, -1] = config.eos_token_id
+    if seqcls_encdec and has("decoder_input_ids") and "input_ids" in out:
+        out["decoder_input_ids"] = out["input_ids"].clone()
+    if has("decoder_input_ids") and getattr(config, "is_encoder_decoder", False) and not seqcls_encdec:
         out["decoder_input_ids"] = token_ids(gen, (B, T_DEC), vocab, avoid)
     if has("bbox"):
         x0 = torch.randint(0, 500, (B, seq, 1), generator=gen)
@@ -216,3 +252,44 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
 
 class MissingInputRecipe(TypeError):
     pass
+
+
+# Layout alternatives: the config cannot say whether audio features are (B, mel, T) or
+# (B, T, mel), or whether images come as (B, C, H, W) or (B, num_images, C, H, W).  When the
+# first forward fails, build_tiny tries these in order and keeps the first that runs.
+def _transpose_features(inputs):
+    x = inputs.get("input_features")
+    if x is None or x.dim() != 3:
+        return None
+    out = dict(inputs)
+    out["input_features"] = x.transpose(1, 2).contiguous()
+    for mk in ("feature_attention_mask", "input_features_mask", "audio_attention_mask"):
+        if mk in out:
+            out[mk] = torch.ones(out["input_features"].shape[:2], dtype=torch.long)
+    return out
+
+
+def _images_5d(inputs):
+    x = inputs.get("pixel_values")
+    if x is None or x.dim() != 4:
+        return None
+    out = dict(inputs)
+    out["pixel_values"] = x.unsqueeze(1)
+    return out
+
+
+def _waveform_3d(inputs):
+    x = inputs.get("input_values")
+    if x is None or x.dim() != 2:
+        return None
+    out = dict(inputs)
+    out["input_values"] = x.unsqueeze(1)
+    out.pop("attention_mask", None) if out.get("attention_mask") is not None and out["attention_mask"].shape == x.shape else None
+    return out
+
+
+ALTERNATIVES = (
+    ("audio features (B, T, mel)", _transpose_features),
+    ("images (B, num_images, C, H, W)", _images_5d),
+    ("waveform (B, channels, samples)", _waveform_3d),
+)

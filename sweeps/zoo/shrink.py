@@ -36,6 +36,7 @@ MAX_POS = 512
 EXPERTS = 4
 EXPERTS_PER_TOK = 2
 WINDOW = 4
+CHANNEL_DIV = 8  # channel lists (CNN stages) are divided by this, keeping their ratios
 
 # keys whose value is never touched (ids, flags that look like sizes, ...)
 _KEEP = {
@@ -64,7 +65,7 @@ _LAYERS_EXCLUDE = {
 }
 _KV_HEADS = re.compile(r"(key_value_heads|kv_heads|num_query_groups|key_value_attention_heads)$")
 _HEADS = re.compile(r"(^|_)(heads|n_head|n_heads|num_heads|attention_heads)$")
-_HEAD_DIM = re.compile(r"(head_dim|^d_kv|dim_head|head_size|^kv_channels|attention_head_size|attention_head_dim)$")
+_HEAD_DIM = re.compile(r"(head_dim|^d_kv|^d_head|dim_head|head_size|^kv_channels|attention_head_size|attention_head_dim)$")
 _FFN = re.compile(
     r"(intermediate_size|ffn_dim|^d_ff|^dff|ff_dim|dim_feedforward|mlp_dim|^n_inner|^d_inner|feedforward_dim|linear_units|"
     r"intermediate_dim|feed_forward_size|ffn_hidden_size|dim_ff|expert_ffn_hidden_size|mlp_hidden_size|intermediate_size_mlp|"
@@ -234,9 +235,12 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                     "attention_chunk_size", "attention_window"):
             if v > WINDOW:
                 d[k] = WINDOW if "sliding" not in kl else max(WINDOW, 4)
-        elif kl in ("num_mel_bins", "n_mel_bins", "mel_dim", "feature_size", "input_feat_size", "spectrogram_bins"):
-            if v > 16:
-                d[k] = 16
+        elif kl in ("num_mel_bins", "n_mel_bins", "mel_dim", "feature_size", "input_feat_size", "spectrogram_bins",
+                    "feature_projection_input_dim", "input_feat_per_channel"):
+            pass  # audio feature dims are cheap and coupled to front-end strides/projections: keep them
+        elif kl in ("num_frames", "frames_per_clip"):
+            if v > 4:
+                d[k] = 4
         elif kl in ("num_codebooks", "n_codebooks", "num_quantizers", "num_code_groups"):
             if v > 2:
                 d[k] = 2
@@ -308,7 +312,9 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                     "stage_out_channels", "stage_in_channels", "stage_mid_channels", "backbone_channel_list",
                     "conv_dim", "tdnn_dim", "convstream_hidden_sizes", "fusion_hidden_sizes", "embedding_dimension",
                     "embed_dim", "hidden_size", "decoder_in_channels", "encoder_in_channels", "in_channels", "out_channels"):
-            d[k] = [min(x, 16 * (i + 1)) for i, x in enumerate(v)]
+            # scale every channel list by the same factor so lists that must agree across
+            # sub-configs (backbone hidden_sizes == encoder_in_channels ...) still agree
+            d[k] = [x // CHANNEL_DIV if x % CHANNEL_DIV == 0 and x >= 8 * CHANNEL_DIV else x for x in v]
         elif kl in ("num_heads", "num_attention_heads", "num_attention_heads_per_stage", "attention_heads"):
             d[k] = [min(x, 2) for x in v]
         elif kl in ("image_size", "img_size", "pretrain_image_size"):
