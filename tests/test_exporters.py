@@ -406,3 +406,37 @@ def test_export_leaves_model_usable_and_unpatched(tiny_models, artifacts):
     assert "forward" not in tiny.model.__dict__
     out = _eager(tiny, _tensors(tiny.inputs))
     assert all(type(v) is torch.Tensor for v in out.values())
+
+
+class _Double(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def test_explicit_bounded_dynamic_shapes_reach_the_artifact():
+    from torch.export import Dim
+
+    cfg = exporters.DynamoConfig(dynamic_shapes={"x": {0: Dim("n", min=2, max=10)}})
+    art = exporters.DynamoExporter(registry=Registry()).export(_Double(), {"x": torch.ones(4, 3)}, cfg)
+    (spec,) = art.dynamic_dims["x"].values()
+    assert list(art.dynamic_dims["x"]) == [0] and (spec["min"], spec["max"]) == (2, 10)
+    assert torch.equal(art(x=torch.ones(7, 3))["output"], torch.full((7, 3), 2.0))
+    with pytest.raises(InputError, match=r"'x' dim 0.*11.*\[2, 10\]"):
+        art(x=torch.ones(11, 3))
+    with pytest.raises(InputError, match=r"'x' dim 1 is static"):
+        art(x=torch.ones(4, 5))
+
+
+@pytest.mark.xfail(
+    reason="exporter_dynamo._dims_of (line ~286) calls int(vr.upper) guarded by `vr.upper.is_finite`, which "
+    "is True for torch's int_oo, so an explicit unbounded Dim (no max) crashes every export with "
+    "AttributeError: 'Infinity' object has no attribute '_mpf_'",
+    strict=True,
+)
+def test_explicit_unbounded_dynamic_shapes_export():
+    from torch.export import Dim
+
+    cfg = exporters.DynamoConfig(dynamic_shapes={"x": {0: Dim("n", min=2)}})
+    art = exporters.DynamoExporter(registry=Registry()).export(_Double(), {"x": torch.ones(4, 3)}, cfg)
+    assert art.dynamic_dims["x"][0]["max"] is None
+    assert torch.equal(art(x=torch.ones(300, 3))["output"], torch.full((300, 3), 2.0))
