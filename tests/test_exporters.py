@@ -19,21 +19,12 @@ from exporters import BACKENDS, ExportStageError, InputError, get_exporter
 from exporters.parity import ParityError, assert_close
 from exporters.utils import Registry, find_leaked_patches, flatten_outputs, patch_targets_snapshot, register_patch
 
-_SLOW = []  # pytest.mark.slow when the project registers a `slow` marker (see _slow_marker)
+# ExecuTorch lowering takes ~20 s per export: those items carry the `slow` marker (registered by sweeps.plugin).
+_SLOW = [pytest.mark.slow]
 
 
-def _slow_marker(config_lines=None):
-    try:
-        import tomllib
-
-        with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "pyproject.toml"), "rb") as f:
-            markers = tomllib.load(f).get("tool", {}).get("pytest", {}).get("ini_options", {}).get("markers", [])
-    except Exception:  # noqa: BLE001 - no marker registry readable: do not mark
-        markers = []
-    return [pytest.mark.slow] if any(str(m).split(":")[0].strip() == "slow" for m in markers) else []
-
-
-_SLOW = _slow_marker()
+def _backends():
+    return [pytest.param(b, marks=_SLOW if b == "executorch" else []) for b in BACKENDS]
 
 
 # ── tiny models ───────────────────────────────────────────────────────────────
@@ -221,7 +212,7 @@ def test_export_matches_eager(tiny_models, artifacts, name, backend, dynamic):
 _FILES = {"dynamo": "model.pt2", "onnx": "model.onnx", "executorch": "model.pte"}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", _backends())
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_save_writes_model_and_metadata(tiny_models, artifacts, tmp_path, backend, dynamic):
     art = artifacts("llama", backend, dynamic)
@@ -267,7 +258,7 @@ def test_save_writes_model_and_metadata(tiny_models, artifacts, tmp_path, backen
 # ── input checking ────────────────────────────────────────────────────────────
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", _backends())
 def test_dynamic_artifact_rejects_shape_outside_bounds(tiny_models, artifacts, backend):
     tiny = tiny_models("llama")
     art = artifacts("llama", backend, True)
@@ -283,7 +274,7 @@ def test_dynamic_artifact_rejects_shape_outside_bounds(tiny_models, artifacts, b
     assert art(**_tensors(tiny.inputs))  # still usable
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", _backends())
 def test_static_artifact_rejects_changed_dim(tiny_models, artifacts, backend):
     tiny = tiny_models("llama")
     art = artifacts("llama", backend, False)

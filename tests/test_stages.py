@@ -287,3 +287,43 @@ def test_executorch_program_fix_leaves_bounded_ranges():
     program, modified = et._fix_unbounded_ranges(program, config=et.ExecutorchConfig(max_dim=64))
     assert modified is False
     assert [int(vr.upper) for vr in program.range_constraints.values()] == [10]
+
+
+def _topk_model(sorted_value: int, in_function: bool = False):
+    import onnx_ir as ir
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])
+    k = helper.make_tensor("k", TensorProto.INT64, [1], [3])
+    outs = [helper.make_tensor_value_info("v", TensorProto.FLOAT, [2, 3]), helper.make_tensor_value_info("i", TensorProto.INT64, [2, 3])]
+    topk = helper.make_node("TopK", ["x", "k"], ["v", "i"], sorted=sorted_value)
+    opsets = [helper.make_opsetid("", 18)]
+    functions = []
+    if in_function:
+        functions = [helper.make_function("custom", "F", ["x", "k"], ["v", "i"], [topk], opsets)]
+        topk = helper.make_node("F", ["x", "k"], ["v", "i"], domain="custom")
+        opsets = opsets + [helper.make_opsetid("custom", 1)]
+    graph = helper.make_graph([topk], "g", [x], outs, initializer=[k])
+    return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=opsets, functions=functions))
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["graph", "function"])
+def test_ir_fix_forces_topk_sorted(in_function):
+    model = _topk_model(0, in_function)
+    assert onx._fix_ir_topk_sorted(model) is True
+    topks = [n for n in onx._all_nodes(model) if n.op_type == "TopK"]
+    assert len(topks) == 1 and topks[0].attributes["sorted"].as_int() == 1
+    assert onx._fix_ir_topk_sorted(model) is False  # nothing left to change
+
+
+def test_ir_fix_leaves_sorted_topk_alone():
+    assert onx._fix_ir_topk_sorted(_topk_model(1)) is False
+
+
+def test_flatten_outputs_rejects_colliding_leaf_names():
+    from exporters.utils import flatten_outputs
+
+    flat = flatten_outputs({"a": {"b": torch.zeros(1)}, "c": (torch.ones(1), 3)})
+    assert list(flat) == ["a.b", "c.0"]
+    with pytest.raises(ValueError, match="a.b"):
+        flatten_outputs({"a": {"b": torch.zeros(1)}, "a.b": torch.ones(1)})
