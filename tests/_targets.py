@@ -34,3 +34,29 @@ class Child(Base):
 
 class Holder:
     value = 3
+
+
+def scale(x):
+    return x * 2
+
+
+def offset(x):
+    return x + 1
+
+
+class UsesTargets:
+    """A torch module (built lazily, no torch import at module level) calling patchable functions."""
+
+    @staticmethod
+    def build():
+        import sys
+
+        import torch
+
+        module = sys.modules[__name__]
+
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return module.offset(module.scale(x))
+
+        return M().eval()

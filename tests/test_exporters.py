@@ -431,3 +431,30 @@ def test_explicit_unbounded_dynamic_shapes_export():
     art = exporters.DynamoExporter(registry=Registry()).export(_Double(), {"x": torch.ones(4, 3)}, cfg)
     assert art.dynamic_dims["x"][0]["max"] is None
     assert torch.equal(art(x=torch.ones(300, 3))["output"], torch.full((300, 3), 2.0))
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_dynamo_patch_and_own_backend_patch_apply_on_every_backend(backend):
+    """A patch registered for "dynamo" helps all three exporters; each also installs its own backend's."""
+    import _targets
+
+    reg = Registry()
+    register_patch("dynamo", "_targets.scale", registry=reg)(lambda original: lambda x: original(x) * 5)
+    own = "_targets.offset"
+    if backend != "dynamo":
+        register_patch(backend, own, registry=reg)(lambda original: lambda x: original(x) - 11)
+    other = next(b for b in BACKENDS if b not in ("dynamo", backend))
+    installed = []
+    register_patch(other, "_targets.offset", registry=reg)(lambda original: installed.append(other) or original)
+    snap = patch_targets_snapshot(*BACKENDS, registry=reg)
+    model = _targets.UsesTargets.build()
+    x = torch.arange(6.0).view(2, 3)
+    exporter = get_exporter(backend, registry=reg)
+    art = exporter.export(model, {"x": x}, exporter.config_class())
+    expected = x * 10 + 1 - (11 if backend != "dynamo" else 0)
+    assert torch.equal(art(x=x)["output"], expected)
+    assert "patch:dynamo:_targets.scale" in art.workarounds_fired
+    assert (f"patch:{backend}:{own}" in art.workarounds_fired) == (backend != "dynamo")
+    assert installed == [], f"a patch registered for {other!r} was installed by the {backend} exporter"
+    assert find_leaked_patches(snap) == []
+    assert torch.equal(model(x), x * 2 + 1)
