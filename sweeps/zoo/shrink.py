@@ -74,7 +74,7 @@ _FFN = re.compile(
 _WIDTH = re.compile(
     r"(hidden_size|^d_model|n_embd|embed_dim|embedding_dim|embedding_size|hidden_dim|projection_dim|proj_dim|"
     r"^dim$|model_dim|^width$|_width$|output_dim|^d_latents|latent_dim|codebook_dim|codevector_dim|"
-    r"hidden_channels|^enc_dim|^decoder_dim|emb_dim|^d_rel|^text_config_dim)$"
+    r"hidden_channels|bottleneck_size|^enc_dim|^decoder_dim|emb_dim|^d_rel|^text_config_dim)$"
 )
 _EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_experts_total|n_experts)$")
 _EXPERTS_TOK = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|top_k|moe_top_k|num_selected_experts)$")
@@ -102,6 +102,11 @@ class _TokenMap:
         self.vocab = vocab
         self.map: dict[int, int] = {}
         self.next = vocab - 1
+
+    def fresh(self) -> int:
+        new = self.next
+        self.next -= 1
+        return new
 
     def __call__(self, old: int) -> int:
         if old < 0:
@@ -270,6 +275,12 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                 d[k] = 1
             else:
                 d[k] = KV_HEADS if new_heads % KV_HEADS == 0 else 1
+    if "vocab_size" in d and d["vocab_size"] is None and depth >= 0 and ("hidden_size" in d or "d_model" in d):
+        d["vocab_size"] = VOCAB  # None vocab: the embedding cannot be built
+    # a multimodal config with a tower but no placeholder id: give it a fresh one
+    for key, tower in (("image_token_index", "vision_config"), ("image_token_id", "vision_config")):
+        if key in d and d[key] is None and isinstance(d.get(tower), dict):
+            d[key] = tm.fresh()
     # fields left None whose modeling code then reads them anyway (getattr(config, "head_dim", ...) sees None)
     heads_key = next((hk for hk in ("num_attention_heads", "n_head", "num_heads") if _is_int(d.get(hk))), None)
     width_key = next((wk for wk in ("hidden_size", "d_model", "n_embd", "embed_dim") if _is_int(d.get(wk))), None)
@@ -314,7 +325,9 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                     "embed_dim", "hidden_size", "decoder_in_channels", "encoder_in_channels", "in_channels", "out_channels"):
             # scale every channel list by the same factor so lists that must agree across
             # sub-configs (backbone hidden_sizes == encoder_in_channels ...) still agree
-            d[k] = [x // CHANNEL_DIV if x % CHANNEL_DIV == 0 and x >= 8 * CHANNEL_DIV else x for x in v]
+            # (all entries or none: a partly scaled list breaks stage-to-stage couplings)
+            if all(x % CHANNEL_DIV == 0 for x in v) and min(v) >= 8 * CHANNEL_DIV:
+                d[k] = [x // CHANNEL_DIV for x in v]
         elif kl in ("num_heads", "num_attention_heads", "num_attention_heads_per_stage", "attention_heads"):
             d[k] = [min(x, 2) for x in v]
         elif kl in ("image_size", "img_size", "pretrain_image_size"):
