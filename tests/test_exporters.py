@@ -244,6 +244,7 @@ def test_save_writes_model_and_metadata(tiny_models, artifacts, tmp_path, backen
         proto = onnx.load(path)
         assert [o.name for o in proto.graph.output] == art.output_names
         assert "patch:onnx:torch.onnx._internal.exporter._fx_passes.decompose_with_registry" in meta["workarounds_fired"]
+        assert meta["optimize"] is True
     elif backend == "dynamo":
         loaded = torch.export.load(path)
         tiny = tiny_models("llama")
@@ -251,6 +252,7 @@ def test_save_writes_model_and_metadata(tiny_models, artifacts, tmp_path, backen
         got = [v for v in torch.utils._pytree.tree_leaves(out) if isinstance(v, torch.Tensor)]
         assert_close(_eager(tiny, _tensors(tiny.inputs)), dict(zip(art.output_names, got)), "dynamo")
     else:
+        assert meta["executorch_backend"] == "xnnpack"
         with open(path, "rb") as f:
             assert f.read() == art.buffer
 
@@ -458,3 +460,19 @@ def test_dynamo_patch_and_own_backend_patch_apply_on_every_backend(backend):
     assert installed == [], f"a patch registered for {other!r} was installed by the {backend} exporter"
     assert find_leaked_patches(snap) == []
     assert torch.equal(model(x), x * 2 + 1)
+
+
+class _Add(torch.nn.Module):
+    def forward(self, a, b):
+        return a + b
+
+
+def test_inputs_sharing_a_dynamic_dim_must_agree():
+    art = exporters.DynamoExporter(registry=Registry()).export(
+        _Add(), {"a": torch.ones(2, 3), "b": torch.ones(2, 3)}, exporters.DynamoConfig(dynamic=True)
+    )
+    dims = art.dynamic_dims
+    assert dims["a"][0]["symbol"] == dims["b"][0]["symbol"], dims  # a + b ties the two together
+    assert torch.equal(art(a=torch.ones(4, 5), b=torch.ones(4, 5))["output"], torch.full((4, 5), 2.0))
+    with pytest.raises(InputError, match=r"'b' dim 0 and input 'a' dim 0 share"):
+        art(a=torch.ones(4, 3), b=torch.ones(5, 3))
