@@ -138,6 +138,19 @@ def input_values(gen, config) -> torch.Tensor:
     return torch.randn((B, length), generator=gen)
 
 
+def _patch(config) -> int:
+    p = getattr(vision_config(config), "patch_size", None) or getattr(config, "patch_size", None) or 16
+    return int(p[0] if isinstance(p, (list, tuple)) else p)
+
+
+def patchify(x: torch.Tensor, p: int):
+    """(B, C, H, W) -> (B, (H/p)*(W/p), C*p*p) patch sequence and (B, 2) grid of (H/p, W/p)."""
+    b, c, h, w = x.shape
+    gh, gw = h // p, w // p
+    x = x[:, :, : gh * p, : gw * p].reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 3, 5, 1).reshape(b, gh * gw, p * p * c)
+    return x.contiguous(), torch.tensor([[gh, gw]] * b, dtype=torch.long)
+
+
 def _is_required(p) -> bool:
     return p.default is inspect.Parameter.empty
 
@@ -171,7 +184,7 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
               if key in getattr(config, "sub_configs", {}) and getattr(config, key, None) is None}
 
     def has(name):
-        if name in ("pixel_values",) and "image" in absent:
+        if name in ("pixel_values", "pixel_values_videos") and "image" in absent:
             return False
         if name in ("input_features", "input_values") and "audio" in absent:
             return False
@@ -191,9 +204,27 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         else:
             frames = spec.get("images_per_sample") or num_frames(config)
             out["pixel_values"] = pixel_values(gen, config, frames)
-            if has("image_sizes") and _is_required(params["image_sizes"]):
+            pinpoints = getattr(config, "image_grid_pinpoints", None)
+            if pinpoints and out["pixel_values"].dim() == 4:
+                # any-resolution (LLaVA-NeXT): base view + one tile at the (tiny) native size
+                x = out["pixel_values"]
+                out["pixel_values"] = torch.stack([x, x.flip(-1)], dim=1)
+            if has("image_sizes") and (pinpoints or _is_required(params["image_sizes"])):
                 out["image_sizes"] = torch.tensor([list(out["pixel_values"].shape[-2:])] * B)
-    if has("pixel_values_videos") and not has("video_grid_thw"):
+    if has("spatial_shapes") and "pixel_values" in out and out["pixel_values"].dim() == 4:
+        # NaFlex-style towers (Siglip2 ...): pixel_values are patch sequences + their grid
+        out["pixel_values"], out["spatial_shapes"] = patchify(out["pixel_values"], _patch(config))
+        if has("pixel_attention_mask"):
+            out["pixel_attention_mask"] = torch.ones(out["pixel_values"].shape[:2], dtype=torch.long)
+    if has("visual_feats"):
+        nb = 5
+        feat = getattr(config, "visual_feat_dim", None) or 64
+        out["visual_feats"] = torch.randn((B, nb, feat), generator=gen)
+        if has("visual_pos"):
+            xy = torch.rand((B, nb, 2), generator=gen) * 0.5
+            out["visual_pos"] = torch.cat([xy, xy + 0.25], dim=-1)
+    if has("pixel_values_videos") and not has("video_grid_thw") and (
+            _is_required(params["pixel_values_videos"]) or not has("pixel_values")):
         out["pixel_values_videos"] = pixel_values(gen, config, num_frames(config) or 4)
     if has("hidden_states") and (has("grid_thw") or has("image_grid_thw")) and "pixel_values" not in out:
         # Qwen-VL style vision towers take the flattened patches directly
@@ -257,7 +288,7 @@ class MissingInputRecipe(TypeError):
 # Layout alternatives: the config cannot say whether audio features are (B, mel, T) or
 # (B, T, mel), or whether images come as (B, C, H, W) or (B, num_images, C, H, W).  When the
 # first forward fails, build_tiny tries these in order and keeps the first that runs.
-def _transpose_features(inputs):
+def _transpose_features(inputs, config):
     x = inputs.get("input_features")
     if x is None or x.dim() != 3:
         return None
@@ -269,7 +300,7 @@ def _transpose_features(inputs):
     return out
 
 
-def _images_5d(inputs):
+def _images_5d(inputs, config):
     x = inputs.get("pixel_values")
     if x is None or x.dim() != 4:
         return None
@@ -278,7 +309,7 @@ def _images_5d(inputs):
     return out
 
 
-def _waveform_3d(inputs):
+def _waveform_3d(inputs, config):
     x = inputs.get("input_values")
     if x is None or x.dim() != 2:
         return None
@@ -288,7 +319,18 @@ def _waveform_3d(inputs):
     return out
 
 
+def _images_as_patches(inputs, config):
+    x = inputs.get("pixel_values")
+    p = _patch(config)
+    if x is None or x.dim() != 4 or not p:
+        return None
+    out = dict(inputs)
+    out["pixel_values"], _ = patchify(x, p)
+    return out
+
+
 ALTERNATIVES = (
+    ("images as patch sequences (B, N, C*p*p)", _images_as_patches),
     ("audio features (B, T, mel)", _transpose_features),
     ("images (B, num_images, C, H, W)", _images_5d),
     ("waveform (B, channels, samples)", _waveform_3d),

@@ -192,7 +192,7 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                 continue
         if not _is_int(v):
             continue
-        if kl.endswith("vocab_size"):
+        if kl.endswith("vocab_size") or kl.startswith("vocab_size_per"):
             if v > VOCAB:
                 d[k] = VOCAB
         elif _KV_HEADS.search(kl):
@@ -209,6 +209,9 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         elif _FFN.search(kl):
             if v > FFN:
                 d[k] = FFN
+        elif kl.startswith("hidden_size_per_layer"):
+            if v > HEAD_DIM:
+                d[k] = HEAD_DIM  # per-layer input embeddings (Gemma3n/4): vocab x layers x this
         elif _WIDTH.search(kl) or kl.endswith("hidden_size"):
             if v > H:
                 d[k] = H
@@ -363,11 +366,23 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                 seen.append(repr(v))
                 distinct.append(v)
         distinct = distinct[: n_layers]
-        d["per_layer_config"] = {str(n_layers - len(distinct) + i): v for i, v in enumerate(distinct)}
+        shrunk = []
+        for v in distinct:  # per-layer overrides hold sizes too (head_dim, kv heads ...): same rules
+            v = dict(v)
+            _shrink_level(v, tm, depth + 1)
+            shrunk.append(v)
+        d["per_layer_config"] = {str(n_layers - len(shrunk) + i): v for i, v in enumerate(shrunk)}
     # --- windowed hierarchical backbones (Swin family): last stage must hold one window ---
     if staged and _is_int(d.get("window_size")) and _is_int(d.get("patch_size")) and _is_int(d.get("image_size")):
         d["window_size"] = min(orig.get("window_size", 2), 2)
         d["image_size"] = max(d["image_size"], d["patch_size"] * 2 ** (len(d["depths"]) - 1) * d["window_size"])
+    # --- any-resolution grids (LLaVA-NeXT): pinpoints in units of the tiny image size ----------
+    if isinstance(d.get("image_grid_pinpoints"), list) and d["image_grid_pinpoints"]:
+        d["image_grid_pinpoints"] = [[IMAGE, IMAGE], [IMAGE, 2 * IMAGE], [2 * IMAGE, IMAGE], [2 * IMAGE, 2 * IMAGE]]
+    # --- windowed patch-merging towers (Qwen2.5-VL): window = patch * merge * 2 -------------
+    if not staged and _is_int(d.get("window_size")) and _is_int(d.get("patch_size")) and _is_int(d.get("spatial_merge_size")):
+        if _is_int(orig.get("window_size")) and orig["window_size"] >= orig["patch_size"] * orig["spatial_merge_size"]:
+            d["window_size"] = d["patch_size"] * d["spatial_merge_size"] * 2
     # --- rope parameters (mrope sections must sum to head_dim // 2) -----------------------
     for rk in ("rope_parameters", "rope_scaling"):
         rp = d.get(rk)
