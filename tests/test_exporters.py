@@ -476,3 +476,38 @@ def test_inputs_sharing_a_dynamic_dim_must_agree():
     assert torch.equal(art(a=torch.ones(4, 5), b=torch.ones(4, 5))["output"], torch.full((4, 5), 2.0))
     with pytest.raises(InputError, match=r"'b' dim 0 and input 'a' dim 0 share"):
         art(a=torch.ones(4, 3), b=torch.ones(5, 3))
+
+
+def test_onnx_lowering_failure_is_tagged_lower_and_onnx_patch_restored():
+    """An "onnx" patch on torch.onnx internals is installed around lowering (stage 2), not tracing."""
+    from torch.onnx._internal.exporter import _fx_passes
+
+    path = "torch.onnx._internal.exporter._fx_passes.decompose_with_registry"
+    before = _fx_passes.decompose_with_registry
+    reg = Registry()
+
+    def _patch_broken(original):
+        def broken(*args, **kwargs):
+            raise LookupError("lowering broke on purpose")
+
+        return broken
+
+    register_patch("onnx", path, registry=reg)(_patch_broken)
+    with pytest.raises(ExportStageError) as info:
+        get_exporter("onnx", registry=reg).export(_Double(), {"x": torch.ones(2, 3)})
+    assert info.value.stage == "lower" and info.value.backend == "onnx"
+    cause = info.value.__cause__
+    while cause is not None and not isinstance(cause, LookupError):
+        cause = cause.__cause__ or cause.__context__
+    assert isinstance(cause, LookupError)
+    assert _fx_passes.decompose_with_registry is before
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_saved_dynamo_program_round_trips(tiny_models, artifacts, tmp_path, name):
+    tiny = tiny_models(name)
+    art = artifacts(name, "dynamo", True)
+    loaded = torch.export.load(art.save(tmp_path))
+    out = loaded.module()(**tiny.other)
+    got = [v for v in torch.utils._pytree.tree_leaves(out) if isinstance(v, torch.Tensor)]
+    assert_close(_eager(tiny, tiny.other), dict(zip(art.output_names, got)), "dynamo")
