@@ -244,19 +244,22 @@ def test_inherited_method_is_deleted_again_on_restore(reg):
 
 
 @pytest.mark.xfail(
-    reason="utils.PatchSet.install: for an inherited staticmethod (not in cls.__dict__) it reads the "
-    "original with getattr() and installs the replacement as a plain function, so the patched attribute "
-    "becomes an instance method and Child().inherited_static(x) receives self as x",
+    reason="utils.PatchSet.install: for an inherited staticmethod/classmethod (not in cls.__dict__) it reads "
+    "the original with getattr() and installs the replacement as a plain function, so the patched attribute "
+    "becomes an instance method: Child().inherited_static(x) receives self as x, and Child().klass(x) gets "
+    "(self, x) instead of (cls, x)",
     strict=True,
 )
-def test_inherited_staticmethod_stays_static_while_patched(reg):
-    @register_patch("dynamo", f"{T}.Child.inherited_static", registry=reg)
-    def factory(original):
-        return lambda x: ("patched", original(x))
-
+@pytest.mark.parametrize("attr,replacement,expected", [
+    ("inherited_static", lambda original: lambda x: ("patched", original(x)), ("patched", ("inherited_static", 1))),
+    ("klass", lambda original: lambda cls, x: ("patched", original(cls, x)), ("patched", ("Child", 1))),
+], ids=["staticmethod", "classmethod"])
+def test_inherited_descriptor_keeps_its_kind_while_patched(reg, attr, replacement, expected):
+    assert attr not in Child.__dict__
+    register_patch("dynamo", f"{T}.Child.{attr}", registry=reg)(replacement)
     with apply_patches(reg.patches("dynamo")):
-        assert Child().inherited_static(1) == ("patched", ("inherited_static", 1))
-    assert "inherited_static" not in Child.__dict__
+        assert getattr(Child(), attr)(1) == expected
+    assert attr not in Child.__dict__
 
 
 def test_non_callable_replacement_installed_and_restored(reg):
