@@ -55,7 +55,7 @@ def _set_path(d: dict, path: str, value: Any) -> None:
         if not isinstance(cur.get(k), dict):
             raise KeyError(f"override path {path!r}: {k!r} is not a sub-config (have: {sorted(cur)[:20]})")
         cur = cur[k]
-    if value is DELETE:
+    if value is DELETE or value == "<delete>":
         cur.pop(keys[-1], None)
     else:
         cur[keys[-1]] = value

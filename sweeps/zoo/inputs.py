@@ -151,6 +151,49 @@ def patchify(x: torch.Tensor, p: int):
     return x.contiguous(), torch.tensor([[gh, gw]] * b, dtype=torch.long)
 
 
+def time_series_inputs(gen, config, has) -> dict:
+    """past/future values for forecasting models (TST/Informer/Autoformer, PatchTST/Mixer, TimesFM)."""
+    out = {}
+    ctx = getattr(config, "context_length", None) or 32
+    pred = getattr(config, "prediction_length", None) or getattr(config, "horizon_length", None) or 8
+    lags = getattr(config, "lags_sequence", None)
+    if lags:  # GluonTS-style: lagged window in front of the context, time features per step
+        L = ctx + max(lags)
+        n = getattr(config, "input_size", 1) or 1
+        ntf = getattr(config, "num_time_features", 0) or 0
+        shape = (B, L) if n == 1 else (B, L, n)
+        out["past_values"] = torch.randn(shape, generator=gen)
+        out["past_time_features"] = torch.randn((B, L, ntf), generator=gen)
+        out["past_observed_mask"] = torch.ones(shape)
+        fshape = (B, pred) if n == 1 else (B, pred, n)
+        if has("future_values"):
+            out["future_values"] = torch.randn(fshape, generator=gen)
+        if has("future_time_features"):
+            out["future_time_features"] = torch.randn((B, pred, ntf), generator=gen)
+        ncat = getattr(config, "num_static_categorical_features", 0) or 0
+        if has("static_categorical_features") and ncat:
+            card = getattr(config, "cardinality", [2] * ncat)
+            out["static_categorical_features"] = torch.stack(
+                [torch.randint(0, max(int(c), 1), (B,), generator=gen) for c in card], dim=1)
+        nreal = getattr(config, "num_static_real_features", 0) or 0
+        if has("static_real_features") and nreal:
+            out["static_real_features"] = torch.randn((B, nreal), generator=gen)
+        return out
+    channels = getattr(config, "num_input_channels", None)
+    if channels:
+        out["past_values"] = torch.randn((B, ctx, channels), generator=gen)
+        for mk in ("observed_mask", "past_observed_mask"):
+            if has(mk):
+                out[mk] = torch.ones((B, ctx, channels))
+        return out
+    out["past_values"] = torch.randn((B, ctx), generator=gen)
+    if has("past_values_padding"):
+        out["past_values_padding"] = torch.zeros((B, ctx))
+    if has("freq"):
+        out["freq"] = torch.zeros((B, 1), dtype=torch.long)
+    return out
+
+
 def _is_required(p) -> bool:
     return p.default is inspect.Parameter.empty
 
@@ -260,6 +303,8 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         out["decoder_input_ids"] = out["input_ids"].clone()
     if has("decoder_input_ids") and getattr(config, "is_encoder_decoder", False) and not seqcls_encdec:
         out["decoder_input_ids"] = token_ids(gen, (B, T_DEC), vocab, avoid)
+    if has("past_values"):
+        out.update(time_series_inputs(gen, config, has))
     if has("bbox"):
         x0 = torch.randint(0, 500, (B, seq, 1), generator=gen)
         y0 = torch.randint(0, 500, (B, seq, 1), generator=gen)

@@ -255,6 +255,12 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         elif kl in ("codebook_size", "num_embeddings", "codebook_vocab_size"):
             if v > 64:
                 d[k] = 64
+        elif kl in ("context_length",) and "patch_length" in d or kl == "context_length" and v > 64:
+            if v > 64:
+                d[k] = 64
+        elif kl in ("prediction_length", "horizon_length"):
+            if v > 16:
+                d[k] = 16
         elif kl in ("max_source_positions",):
             if v > 64:
                 d[k] = 64  # whisper-like encoders need exactly 2*max_source_positions frames

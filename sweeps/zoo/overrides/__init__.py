@@ -3,7 +3,8 @@ can add entries in parallel.  Each entry::
 
     "model_type": {
         "reason": "one line: why the generic rules cannot know this",
-        "config": {"dotted.path": value, ...},   # applied to the shrunk config dict
+        "config": {"dotted.path": value, ...},   # applied to the shrunk config dict;
+                                                  # value "<delete>" removes the key (derived fields)
         "inputs": {...},                          # see sweeps.zoo.build (seq_len, drop, extra ...)
     }
 

@@ -19,3 +19,15 @@ OVERRIDES: dict[str, dict] = {
         "config": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
     },
 }
+
+_TS = {
+    "reason": "prediction/context lengths default to None; lags and time features define the input window",
+    "config": {"prediction_length": 4, "context_length": 8, "lags_sequence": [1, 2, 3], "num_time_features": 2,
+               "feature_size": "<delete>"},  # derived from the above; the stale default would win
+}
+OVERRIDES.update({
+    "time_series_transformer": _TS,
+    "informer": _TS,
+    "autoformer": {**_TS, "config": {**_TS["config"], "label_length": 4},
+                   "reason": _TS["reason"] + "; label_length (decoder warm-up) must fit in context_length"},
+})
