@@ -281,6 +281,8 @@ def _dims_of(program: torch.export.ExportedProgram, value: Any) -> dict[int, dic
     for d, size in enumerate(value.shape):
         if isinstance(size, torch.SymInt):
             expr = size.node.expr
+            if expr.is_number:  # specialized while tracing: static in the artifact
+                continue
             vr = program.range_constraints.get(expr)
             lower = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
             upper = int(vr.upper) if vr is not None and vr.upper.is_finite else None

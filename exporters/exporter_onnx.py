@@ -131,6 +131,19 @@ class OnnxArtifact(Artifact):
             self.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
         self._onnx_inputs = [i.name for i in self.session.get_inputs()]
+        self._narrow_to_onnx_shapes()
+
+    def _narrow_to_onnx_shapes(self) -> None:
+        """Where the ONNX graph fixed a dim that the ExportedProgram left symbolic, the artifact is
+        static in that dim: say so in its specs, so a caller gets an InputError, not an ORT error code."""
+        for onnx_input in self.session.get_inputs():
+            spec = self.input_specs.get(onnx_input.name)
+            if spec is None:
+                continue
+            shape, dtype, dims = spec
+            fixed = {d for d, size in enumerate(onnx_input.shape) if isinstance(size, int)}
+            if fixed & set(dims):
+                self.input_specs[onnx_input.name] = (shape, dtype, {d: v for d, v in dims.items() if d not in fixed})
 
     def _run(self, ordered):
         feed = {name: t.detach().cpu().numpy() for name, t in zip(self.input_names, ordered) if name in self._onnx_inputs}
