@@ -209,6 +209,16 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         elif _FFN.search(kl):
             if v > FFN:
                 d[k] = FFN
+        elif kl in ("base_channels",):
+            if v > 32:
+                d[k] = 32  # VQ-GAN stacks GroupNorm(32) over multiples of this
+        elif kl in ("num_filters", "n_filters", "base_filters", "ngf", "ndf"):
+            if v > 4:
+                d[k] = 4  # codec/VQ conv stacks double this per downsampling stage
+        elif kl in ("upsample_initial_channel", "duration_predictor_filter_channels", "flow_size",
+                    "latent_channels", "number_output_channels"):
+            if v > H:
+                d[k] = H
         elif kl.startswith("hidden_size_per_layer"):
             if v > HEAD_DIM:
                 d[k] = HEAD_DIM  # per-layer input embeddings (Gemma3n/4): vocab x layers x this
@@ -290,6 +300,12 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
     for key, tower in (("image_token_index", "vision_config"), ("image_token_id", "vision_config")):
         if key in d and d[key] is None and isinstance(d.get(tower), dict):
             d[key] = tm.fresh()
+    # group counts that equalled the width (depthwise convs) follow it
+    for wk in ("hidden_size", "d_model"):
+        if _is_int(orig.get(wk)) and _is_int(d.get(wk)) and orig[wk] != d[wk]:
+            for k2, v2 in list(d.items()):
+                if k2.endswith("groups") and _is_int(v2) and v2 == orig[wk]:
+                    d[k2] = d[wk]
     # fields left None whose modeling code then reads them anyway (getattr(config, "head_dim", ...) sees None)
     heads_key = next((hk for hk in ("num_attention_heads", "n_head", "num_heads") if _is_int(d.get(hk))), None)
     width_key = next((wk for wk in ("hidden_size", "d_model", "n_embd", "embed_dim") if _is_int(d.get(wk))), None)
@@ -331,7 +347,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         elif kl in ("hidden_sizes", "embed_dims", "embed_dim_per_stage", "neck_hidden_sizes", "encoder_hidden_sizes",
                     "stage_out_channels", "stage_in_channels", "stage_mid_channels", "backbone_channel_list",
                     "conv_dim", "tdnn_dim", "convstream_hidden_sizes", "fusion_hidden_sizes", "embedding_dimension",
-                    "embed_dim", "hidden_size", "decoder_in_channels", "encoder_in_channels", "in_channels", "out_channels"):
+                    "embed_dim", "hidden_size", "decoder_in_channels", "encoder_in_channels", "in_channels", "out_channels") \
+                or kl.endswith("channels") or kl.endswith("hidden_sizes"):
             # scale every channel list by the same factor so lists that must agree across
             # sub-configs (backbone hidden_sizes == encoder_in_channels ...) still agree
             # (all entries or none: a partly scaled list breaks stage-to-stage couplings)

@@ -1,4 +1,28 @@
 """Overrides for multimodal models (data only; see sweeps/zoo/overrides/__init__.py for the format)."""
 
+_CODES = 64          # the shrunk VQ codebook size (shrink.py: codebook_size/num_embeddings -> 64)
+_FIRST_IMAGE_BPE = 30  # image-code token ids 30..93, below the special ids at the top of the vocab
+
+
+def _chameleon_vocab() -> dict:
+    # "IMGIMG" + code digits spelled A..J + one trailing char (dropped by the model)
+    names = {"IMGIMG" + "".join(chr(ord("A") + int(c)) for c in str(i)) + "Z": _FIRST_IMAGE_BPE + i for i in range(_CODES)}
+    return {"<image>": 120, **names}
+
+
+def _emu3_vocab() -> dict:
+    # "<|visual token NNNNNN|>": the model reads the code from characters [-8:-2]
+    names = {f"<|visual token {i:06d}|>": _FIRST_IMAGE_BPE + i for i in range(_CODES)}
+    return {"<image>": 120, **names}
+
+
 OVERRIDES: dict[str, dict] = {
+    "chameleon": {
+        "reason": "vocabulary_map (VQ code -> BPE id) defaults to None; the model needs one covering the tiny codebook",
+        "config": {"vocabulary_map": _chameleon_vocab(), "image_token_id": 120},
+    },
+    "emu3": {
+        "reason": "vocabulary_map (visual token -> BPE id) defaults to None; the model needs one covering the tiny codebook",
+        "config": {"vocabulary_map": _emu3_vocab(), "image_token_id": 120},
+    },
 }
