@@ -234,6 +234,7 @@ def test_save_writes_model_and_metadata(tiny_models, artifacts, tmp_path, backen
         for dims in meta["dynamic_dims"].values():
             for spec in dims.values():
                 assert set(spec) == {"symbol", "min", "max"} and spec["min"] <= 5 <= spec["max"]
+                assert spec["max"] == art.config.max_dim  # stage 4 bounds every AUTO dim by config.max_dim
     else:
         assert meta["dynamic_dims"] == {}
     assert meta["inputs"]["input_ids"] == {"shape": [2, 5], "dtype": "int64"}

@@ -209,8 +209,12 @@ def test_stage3_cache_leaf_names():
 
 
 def test_stage4_auto_dynamic_shapes_bounds():
-    shapes = dyn.auto_dynamic_shapes({"x": torch.zeros(2, 3000)}, max_dim=64)
-    assert set(shapes["x"]) == {0, 1}
+    from torch.export import Dim
+
+    shapes = dyn.auto_dynamic_shapes({"x": torch.zeros(2, 3000), "y": torch.zeros(5)}, max_dim=64)
+    assert set(shapes) == {"x", "y"} and set(shapes["x"]) == {0, 1} and set(shapes["y"]) == {0}
+    assert all(h.type == Dim.AUTO.type for dims in shapes.values() for h in dims.values())
+    assert [shapes["x"][0].max, shapes["x"][1].max, shapes["y"][0].max] == [64, 3000, 64]  # never below the traced size
 
 
 class _Stateful(torch.nn.Module):
