@@ -1,0 +1,219 @@
+"""sweeps.shapes: size groups, wrap-index resizing, --sizes parsing, and one real dynamic check.
+
+Most tests use a fake artifact (only ``dynamic_dims`` and ``input_specs``, the two attributes
+``size_groups``/``resize_inputs`` read); one exports a tiny hand-built BertModel with torch.export.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sweeps.shapes import (ShapeMismatch, check_dynamic_shapes, format_sizes, parse_sizes, resize_inputs,
+                           size_groups)
+
+
+class FakeArtifact:
+    """``input_specs``: name -> (traced shape, dtype, {dim: {"symbol", "min", "max"}})."""
+
+    def __init__(self, specs):
+        self.input_specs = specs
+
+    @property
+    def dynamic_dims(self):
+        return {name: dims for name, (_, _, dims) in self.input_specs.items() if dims}
+
+
+def _dim(symbol, low, high):
+    return {"symbol": symbol, "min": low, "max": high}
+
+
+# ── size_groups ───────────────────────────────────────────────────────────────
+
+
+def test_size_groups_intersects_bounds_of_dims_traced_at_the_same_size():
+    art = FakeArtifact({
+        "input_ids": ((2, 7), torch.long, {0: _dim("s0", 1, 5), 1: _dim("s1", 2, 12)}),
+        "attention_mask": ((2, 7), torch.long, {0: _dim("s0", 2, 8), 1: _dim("s1", 3, None)}),
+    })
+    groups = size_groups(art)
+    # batch: [1,5] & [2,8] -> [2,5]; sequence: [2,12] & [3, 7*2+6=20] -> [3,12]
+    assert groups == {2: (2, 5), 7: (3, 12)}
+
+
+def test_size_groups_unbounded_max_is_capped_near_the_traced_size():
+    art = FakeArtifact({"x": ((3, 4), torch.float32, {0: _dim("s0", 0, None)})})
+    # min 0 is raised to 1; no max -> traced * 2 + 6
+    assert size_groups(art) == {3: (1, 12)}
+
+
+def test_size_groups_drops_groups_that_only_allow_the_traced_size():
+    art = FakeArtifact({
+        "a": ((2, 7), torch.long, {0: _dim("s0", 2, 2), 1: _dim("s1", 2, 100)}),
+        "b": ((5,), torch.long, {0: _dim("s2", 1, 9)}),
+        "c": ((5,), torch.long, {0: _dim("s3", 5, 5)}),  # same traced size as b: the intersection is {5}
+        "static": ((11,), torch.long, {}),
+    })
+    assert size_groups(art) == {7: (2, 20)}
+
+
+def test_size_groups_drops_groups_whose_bounds_do_not_intersect():
+    art = FakeArtifact({
+        "a": ((4,), torch.long, {0: _dim("s0", 1, 3)}),
+        "b": ((4,), torch.long, {0: _dim("s1", 6, 9)}),
+    })
+    assert size_groups(art) == {}
+
+
+def test_size_groups_of_a_static_artifact_is_empty():
+    art = FakeArtifact({"x": ((2, 7), torch.long, {})})
+    assert art.dynamic_dims == {}
+    assert size_groups(art) == {}
+
+
+# ── resize_inputs ─────────────────────────────────────────────────────────────
+
+
+def _fake_text_artifact():
+    return FakeArtifact({
+        "input_ids": ((2, 7), torch.long, {0: _dim("s0", 1, 8), 1: _dim("s1", 2, 20)}),
+        "attention_mask": ((2, 7), torch.long, {0: _dim("s0", 1, 8), 1: _dim("s1", 2, 20)}),
+        "pixel_values": ((2, 3, 7), torch.float32, {0: _dim("s0", 1, 8)}),  # dim 2 traced at 7 but static
+        "scale": ((4,), torch.float32, {}),
+    })
+
+
+def _text_inputs():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "input_ids": torch.randint(0, 50, (2, 7), generator=g),
+        "attention_mask": torch.tensor([[1] * 7, [1] * 5 + [0] * 2]),
+        "pixel_values": torch.randn(2, 3, 7, generator=g),
+        "scale": torch.randn(4, generator=g),
+    }
+
+
+def test_resize_inputs_grows_by_wrapping_indices_and_keeps_values():
+    art, inputs = _fake_text_artifact(), _text_inputs()
+    out = resize_inputs(inputs, art, {2: 3, 7: 11})
+    ids = out["input_ids"]
+    assert ids.shape == (3, 11)
+    assert ids.dtype == inputs["input_ids"].dtype
+    for b in range(3):
+        for s in range(11):
+            assert ids[b, s] == inputs["input_ids"][b % 2, s % 7]
+    # values stay within what the traced inputs contained (token ids in the vocabulary, mask 0/1)
+    assert set(out["attention_mask"].unique().tolist()) <= {0, 1}
+    assert torch.equal(out["attention_mask"][:2, :7], inputs["attention_mask"])
+
+
+def test_resize_inputs_shrinks_to_a_prefix():
+    art, inputs = _fake_text_artifact(), _text_inputs()
+    out = resize_inputs(inputs, art, {2: 1, 7: 4})
+    assert torch.equal(out["input_ids"], inputs["input_ids"][:1, :4])
+    assert torch.equal(out["attention_mask"], inputs["attention_mask"][:1, :4])
+
+
+def test_resize_inputs_changes_only_dynamic_dims_and_moves_shared_sizes_together():
+    art, inputs = _fake_text_artifact(), _text_inputs()
+    out = resize_inputs(inputs, art, {2: 5, 7: 9})
+    # every dim traced at 2 is the batch: all move to 5 together
+    assert out["input_ids"].shape == (5, 9)
+    assert out["attention_mask"].shape == (5, 9)
+    # pixel_values: batch is dynamic (moves), the trailing 7 is static (stays, although 7 is drawn)
+    assert out["pixel_values"].shape == (5, 3, 7)
+    assert torch.equal(out["pixel_values"][:2], inputs["pixel_values"])
+    # an input with no dynamic dim is passed through untouched (same object)
+    assert out["scale"] is inputs["scale"]
+    # the caller's dict is not modified
+    assert inputs["input_ids"].shape == (2, 7)
+
+
+def test_resize_inputs_leaves_sizes_not_drawn_alone():
+    art, inputs = _fake_text_artifact(), _text_inputs()
+    out = resize_inputs(inputs, art, {7: 3})
+    assert out["input_ids"].shape == (2, 3)
+    assert out["pixel_values"].shape == (2, 3, 7)
+    same = resize_inputs(inputs, art, {})
+    assert all(torch.equal(same[k], inputs[k]) for k in inputs)
+
+
+# ── parse_sizes / format_sizes ────────────────────────────────────────────────
+
+
+def test_parse_sizes_round_trips_format_sizes():
+    assert parse_sizes("2=3,7=11") == {2: 3, 7: 11}
+    assert parse_sizes(" 7=11 , 2=3 ,") == {2: 3, 7: 11}
+    assert parse_sizes("") == {}
+    assert format_sizes({7: 11, 2: 3}) == "2=3,7=11"
+    assert parse_sizes(format_sizes({7: 11, 2: 3})) == {2: 3, 7: 11}
+
+
+@pytest.mark.parametrize("text, bad", [
+    ("2:3", "2:3"),
+    ("2=3,7", "7"),
+    ("2=3=4", "2=3=4"),
+    ("a=3", "a=3"),
+    ("2=x", "2=x"),
+    ("2=3,7=1.5", "7=1.5"),
+])
+def test_parse_sizes_rejects_bad_pairs_naming_the_part(text, bad):
+    with pytest.raises(ValueError) as info:
+        parse_sizes(text)
+    message = str(info.value)
+    assert "--sizes" in message and "TRACED=NEW" in message
+    assert repr(bad) in message
+
+
+# ── a real dynamic export ─────────────────────────────────────────────────────
+
+
+@pytest.fixture(scope="module")
+def bert_dynamic():
+    """A tiny BertModel exported once with DynamoExporter(dynamic=True)."""
+    from transformers import BertConfig, BertModel
+
+    from exporters import DynamoConfig, DynamoExporter
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=64, attn_implementation="sdpa")
+    model = BertModel(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    inputs = {"input_ids": torch.randint(0, 100, (2, 7), generator=g),
+              "attention_mask": torch.ones(2, 7, dtype=torch.long)}
+    artifact = DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
+    return model, inputs, artifact
+
+
+class _Perturbed:
+    """An artifact whose outputs are off by 1 (at any shape): what a wrong export looks like."""
+
+    def __init__(self, artifact):
+        self._artifact = artifact
+        self.input_specs = artifact.input_specs
+        self.dynamic_dims = artifact.dynamic_dims
+
+    def __call__(self, **inputs):
+        return {k: v + 1 if v.is_floating_point() else v for k, v in self._artifact(**inputs).items()}
+
+
+def test_real_dynamic_export_matches_eager_at_drawn_shapes(bert_dynamic):
+    model, inputs, artifact = bert_dynamic
+    groups = size_groups(artifact)
+    assert 7 in groups, f"the sequence dim should be dynamic: {artifact.dynamic_dims}"
+    checked = check_dynamic_shapes(artifact, model, inputs, "dynamo", "python -m sweeps.repro dynamo-dynamic-BertModel")
+    assert checked > 0
+
+
+def test_wrong_artifact_raises_shape_mismatch_with_repro_and_sizes(bert_dynamic):
+    model, inputs, artifact = bert_dynamic
+    repro = "python -m sweeps.repro dynamo-dynamic-BertModel"
+    with pytest.raises(ShapeMismatch) as info:
+        check_dynamic_shapes(_Perturbed(artifact), model, inputs, "dynamo", repro)
+    message = str(info.value)
+    assert f"repro: {repro} --sizes " in message
+    assert "last_hidden_state" in message
+    # the --sizes in the repro parses and names drawn sizes for traced dims
+    sizes = parse_sizes(message.split("--sizes ", 1)[1].split()[0])
+    assert sizes and set(sizes) <= set(size_groups(artifact))
