@@ -206,7 +206,20 @@ def test_real_dynamic_export_matches_eager_at_drawn_shapes(bert_dynamic):
     assert checked > 0
 
 
-def test_wrong_artifact_raises_shape_mismatch_with_repro_and_sizes(bert_dynamic):
+@pytest.fixture
+def no_shrinking():
+    """Hypothesis without its shrink phase (each check is a forward pass: shrinking takes ~30 s)."""
+    from hypothesis import Phase, settings
+
+    previous = settings.get_current_profile_name()
+    settings.register_profile("_test_no_shrink", parent=settings.get_profile(previous),
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    settings.load_profile("_test_no_shrink")
+    yield
+    settings.load_profile(previous)
+
+
+def test_wrong_artifact_raises_shape_mismatch_with_repro_and_sizes(bert_dynamic, no_shrinking):
     model, inputs, artifact = bert_dynamic
     repro = "python -m sweeps.repro dynamo-dynamic-BertModel"
     with pytest.raises(ShapeMismatch) as info:
