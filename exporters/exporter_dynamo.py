@@ -72,6 +72,24 @@ def _patch_classifier_cast(_original):
     return lambda self, *args, **kwargs: None
 
 
+@register_patch("dynamo", "transformers.integrations.moe.ExpertsInterface.get_interface")
+def _patch_experts_batched_mm(original):
+    """MoE experts default to ``grouped_mm``, which under export on CPU/fp32 becomes the opaque custom
+    op ``transformers::grouped_mm_fallback`` (a Python loop over data-dependent offsets): no ONNX
+    function and no ExecuTorch kernel exist for it. transformers' own ``batched_mm`` implementation
+    computes the same experts with a gather and a batched matmul, which every backend lowers.
+
+    before: experts_implementation="grouped_mm"    after: "batched_mm" (while tracing only)
+    """
+    from transformers.integrations import moe
+
+    def get_interface(self, experts_implementation, default):
+        fn = original(self, experts_implementation, default)
+        return moe.batched_mm_experts_forward if fn is moe.grouped_mm_experts_forward else fn
+
+    return get_interface
+
+
 # ── Stage 3: Pytree registration ─────────────────────────────────────────────
 # Every Cache (and cache layer) is flattened by attribute traversal: tensors become leaves, everything
 # else goes into the context. Objects found in outputs that hold tensors but that pytree does not know
