@@ -336,7 +336,7 @@ def _first_layout_that_runs(model, config, inputs, seed):
         if _PLACEHOLDER_RE.search(str(first)):
             return inputs
         for _name, transform in ALTERNATIVES:
-            alt = transform(inputs, config)
+            alt = transform(inputs, config, model)
             if alt is None:
                 continue
             alt = place_multimodal_tokens(model, config, alt, seed)

@@ -125,7 +125,7 @@ def input_features(gen, config) -> torch.Tensor:
         msp = getattr(ac, "max_source_positions", None)
         frames = 2 * msp if msp else 64
         return torch.randn((B, mel, frames), generator=gen)  # (B, mel, T); see ALTERNATIVES for (B, T, mel)
-    feat = getattr(ac, "feature_projection_input_dim", None) or getattr(ac, "feature_size", None) or getattr(ac, "input_feat_per_channel", None) or getattr(ac, "input_feat_size", None) or 16
+    feat = getattr(ac, "feature_projection_input_dim", None) or getattr(ac, "input_dim", None) or getattr(ac, "feature_size", None) or getattr(ac, "input_feat_per_channel", None) or getattr(ac, "input_feat_size", None) or 16
     chans = getattr(ac, "input_channels", 1) or 1
     return torch.randn((B, 64, feat * chans), generator=gen)
 
@@ -333,7 +333,7 @@ class MissingInputRecipe(TypeError):
 # Layout alternatives: the config cannot say whether audio features are (B, mel, T) or
 # (B, T, mel), or whether images come as (B, C, H, W) or (B, num_images, C, H, W).  When the
 # first forward fails, build_tiny tries these in order and keeps the first that runs.
-def _transpose_features(inputs, config):
+def _transpose_features(inputs, config, model):
     x = inputs.get("input_features")
     if x is None or x.dim() != 3:
         return None
@@ -345,7 +345,7 @@ def _transpose_features(inputs, config):
     return out
 
 
-def _images_5d(inputs, config):
+def _images_5d(inputs, config, model):
     x = inputs.get("pixel_values")
     if x is None or x.dim() != 4:
         return None
@@ -354,7 +354,7 @@ def _images_5d(inputs, config):
     return out
 
 
-def _waveform_3d(inputs, config):
+def _waveform_3d(inputs, config, model):
     x = inputs.get("input_values")
     if x is None or x.dim() != 2:
         return None
@@ -364,7 +364,7 @@ def _waveform_3d(inputs, config):
     return out
 
 
-def _images_as_patches(inputs, config):
+def _images_as_patches(inputs, config, model):
     x = inputs.get("pixel_values")
     p = _patch(config)
     if x is None or x.dim() != 4 or not p:
@@ -374,7 +374,17 @@ def _images_as_patches(inputs, config):
     return out
 
 
+def _with_image_sizes(inputs, config, model):
+    x = inputs.get("pixel_values")
+    if x is None or "image_sizes" in inputs or x.dim() != 4 or "image_sizes" not in inspect.signature(model.forward).parameters:
+        return None
+    out = dict(inputs)
+    out["image_sizes"] = torch.tensor([list(x.shape[-2:])] * x.shape[0])
+    return out
+
+
 ALTERNATIVES = (
+    ("images with their sizes (image_sizes)", _with_image_sizes),
     ("images as patch sequences (B, N, C*p*p)", _images_as_patches),
     ("audio features (B, T, mel)", _transpose_features),
     ("images (B, num_images, C, H, W)", _images_5d),

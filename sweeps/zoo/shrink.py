@@ -38,6 +38,10 @@ EXPERTS_PER_TOK = 2
 WINDOW = 4
 CHANNEL_DIV = 8  # channel lists (CNN stages) are divided by this, keeping their ratios
 
+
+def scale_channels(x: int) -> int:
+    return x if x < 16 else -(-x // CHANNEL_DIV)
+
 # keys whose value is never touched (ids, flags that look like sizes, ...)
 _KEEP = {
     "num_channels", "num_labels", "seed", "sampling_rate", "sample_rate", "rope_theta", "num_classes",
@@ -74,7 +78,7 @@ _FFN = re.compile(
 _WIDTH = re.compile(
     r"(hidden_size|^d_model|n_embd|embed_dim|embedding_dim|embedding_size|hidden_dim|projection_dim|proj_dim|"
     r"^dim$|model_dim|^width$|_width$|output_dim|^d_latents|latent_dim|codebook_dim|codevector_dim|"
-    r"hidden_channels|bottleneck_size|^enc_dim|^decoder_dim|emb_dim|^d_rel|^text_config_dim)$"
+    r"hidden_channels|bottleneck_size|projection_size|^proj_size|^enc_dim|^decoder_dim|emb_dim|^d_rel|^text_config_dim)$"
 )
 _EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_experts_total|n_experts)$")
 _EXPERTS_TOK = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|top_k|moe_top_k|num_selected_experts)$")
@@ -209,6 +213,9 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         elif _FFN.search(kl):
             if v > FFN:
                 d[k] = FFN
+        elif kl in ("num_groups", "norm_num_groups", "num_norm_groups"):
+            if v > 4:
+                d[k] = 4  # GroupNorm groups must divide the (scaled) channel counts
         elif kl in ("base_channels",):
             if v > 32:
                 d[k] = 32  # VQ-GAN stacks GroupNorm(32) over multiples of this
@@ -351,9 +358,10 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                 or kl.endswith("channels") or kl.endswith("hidden_sizes"):
             # scale every channel list by the same factor so lists that must agree across
             # sub-configs (backbone hidden_sizes == encoder_in_channels ...) still agree
-            # (all entries or none: a partly scaled list breaks stage-to-stage couplings)
-            if all(x % CHANNEL_DIV == 0 for x in v) and min(v) >= 8 * CHANNEL_DIV:
-                d[k] = [x // CHANNEL_DIV for x in v]
+            # one fixed map for every entry of every channel list (x -> ceil(x / CHANNEL_DIV) from
+            # 16 up; small values such as RGB stay): values that were equal stay equal, across lists
+            # and sub-configs, so stage-to-stage and backbone-to-neck couplings survive
+            d[k] = [scale_channels(x) for x in v]
         elif kl in ("num_heads", "num_attention_heads", "num_attention_heads_per_stage", "attention_heads"):
             d[k] = [min(x, 2) for x in v]
         elif kl in ("image_size", "img_size", "pretrain_image_size"):
