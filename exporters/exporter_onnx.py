@@ -49,6 +49,9 @@ def _patch_refix_after_decompositions(original):
         reg, fired = _CURRENT.get("registry"), _CURRENT.get("fired")
         if reg is not None:
             apply_fx_node_fixes(reg.fixes("onnx", "node"), program.graph_module, fired)
+            for node in program.graph.nodes:  # custom translations this program will use
+                if node.op == "call_function" and node.target in _ONNX_TRANSLATION_TABLE:
+                    fired.add(f"translation:onnx:{_ONNX_TRANSLATION_TABLE[node.target].__name__}")
         return program
 
     return decompose
@@ -75,7 +78,23 @@ def _fix_dead_assertions(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 # Custom lowerings for aten ops whose default translation is missing or wrong: write an ``_aten_*``
 # onnxscript function and add it to _ONNX_TRANSLATION_TABLE, keyed by the aten overload.
 
-_ONNX_TRANSLATION_TABLE: dict[Any, Any] = {}
+
+def _aten_is_all_true(self):
+    """``torch.all(t)`` on a bool tensor as used by shape and placeholder checks (``aten._is_all_true``
+    has no ONNX function). An empty tensor is all-true, as in torch.
+
+    before: aten._is_all_true(mask)    after: Cast(ReduceMin(Cast(mask, int32), keepdims=0), bool)
+    """
+    from onnxscript import opset18 as op
+
+    as_int = op.Cast(op.Reshape(self, op.Constant(value_ints=[-1])), to=6)  # int32
+    # ReduceMin of an empty tensor is the int32 maximum: non-zero, i.e. true, like torch.all([])
+    return op.Cast(op.ReduceMin(as_int, keepdims=0), to=9)  # bool
+
+
+_ONNX_TRANSLATION_TABLE: dict[Any, Any] = {
+    torch.ops.aten._is_all_true.default: _aten_is_all_true,
+}
 
 
 # ── Stage 5: ONNX IR fixes ───────────────────────────────────────────────────
