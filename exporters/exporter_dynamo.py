@@ -68,7 +68,8 @@ def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], cons
 
 @register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier")
 def _patch_classifier_cast(_original):
-    # Replace the untraceable dtype cast with a no-op during export (the model is fp32 already).
+    """NLLB-MoE's router casts its classifier weights to another dtype, which torch.export cannot
+    trace; replace the cast with a no-op during export (the tiny models are fp32 already)."""
     return lambda self, *args, **kwargs: None
 
 

@@ -43,6 +43,7 @@ _CURRENT: dict[str, Any] = {}  # the registry and fired log of the export in pro
 
 @register_patch("onnx", "torch.onnx._internal.exporter._fx_passes.decompose_with_registry")
 def _patch_refix_after_decompositions(original):
+    """Re-run the FX node fixes on the graph torch.onnx has just decomposed."""
     @functools.wraps(original)
     def decompose(exported_program, registry):
         program = original(exported_program, registry)

@@ -105,6 +105,11 @@ class Registry:
 
     def add_fix(self, backend: str, kind: str, fn: Callable) -> FixEntry:
         _check_backend(backend)
+        if backend == "dynamo":
+            raise WorkaroundError(
+                f"{_describe(fn)}: DynamoExporter has no fix stage (its graph is the model's); register the "
+                "fix for 'onnx' or 'executorch', or write a @register_patch('dynamo', ...) model patch"
+            )
         entries = self._fixes[(backend, kind)]
         if any(e.fn is fn for e in entries):
             raise WorkaroundError(f"{_describe(fn)} is already registered as a {kind} fix for {backend!r}")
@@ -123,6 +128,23 @@ class Registry:
     def fixes(self, backend: str, kind: str) -> list[FixEntry]:
         _check_backend(backend)
         return list(self._fixes[(backend, kind)])
+
+    def without(self, *names: str) -> "Registry":
+        """A copy of this registry minus the workarounds named (``patch:onnx:torch.where``,
+        ``fix:executorch:_fix_x``), to check whether a model still needs them. Unknown names raise."""
+        known = {w.name for w in self.all_workarounds()}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            import difflib
+
+            close = {n: difflib.get_close_matches(n, known, n=3) for n in unknown}
+            raise WorkaroundError(f"no registered workaround named {unknown}; close matches: {close}")
+        copy = Registry()
+        for backend in BACKENDS:
+            copy._patches[backend] = {p: e for p, e in self._patches[backend].items() if e.name not in names}
+        for key, entries in self._fixes.items():
+            copy._fixes[key] = [e for e in entries if e.name not in names]
+        return copy
 
     def all_workarounds(self) -> list[PatchEntry | FixEntry]:
         out: list[PatchEntry | FixEntry] = []
