@@ -286,8 +286,10 @@ class PatchSet:
                 return False
             raise
         old = _current(owner, name)
-        descriptor = type(old) if isinstance(old, (staticmethod, classmethod)) else None
-        original = old.__func__ if descriptor else getattr(owner, name)
+        # the raw attribute, found along the MRO, so an inherited staticmethod/classmethod keeps its kind
+        raw = inspect.getattr_static(owner, name) if inspect.isclass(owner) else old
+        descriptor = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+        original = raw.__func__ if descriptor else getattr(owner, name)
         replacement = _counting(entry.factory(original), entry.name, fired)
         if descriptor is not None:
             replacement = descriptor(replacement)
