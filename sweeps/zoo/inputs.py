@@ -135,6 +135,7 @@ def input_values(gen, config) -> torch.Tensor:
     strides = getattr(ac, "conv_stride", None)
     total = math.prod(strides) if strides else 320
     length = max(total * 40, 1600)  # enough frames for TDNN / x-vector kernels
+    length = -(-length // 15360) * 15360  # a multiple of common hop/frame sizes (320, 480, 512, 960, 1920, 3840)
     return torch.randn((B, length), generator=gen)
 
 
@@ -303,6 +304,32 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         out["decoder_input_ids"] = out["input_ids"].clone()
     if has("decoder_input_ids") and getattr(config, "is_encoder_decoder", False) and not seqcls_encdec:
         out["decoder_input_ids"] = token_ids(gen, (B, T_DEC), vocab, avoid)
+    if has("target_sizes") and "pixel_values" in out and out["pixel_values"].dim() == 4:
+        p = _patch(config)
+        h, w = out["pixel_values"].shape[-2:]
+        out["target_sizes"] = torch.tensor([[h // p, w // p]] * B, dtype=torch.long)
+    if has("qformer_input_ids"):
+        qc = getattr(config, "qformer_config", None)
+        qv = getattr(qc, "vocab_size", None) or vocab
+        out["qformer_input_ids"] = token_ids(gen, (B, 6), qv, special_token_ids(qc) if qc is not None else set())
+        if has("qformer_attention_mask"):
+            out["qformer_attention_mask"] = torch.ones((B, 6), dtype=torch.long)
+    if has("task_inputs"):
+        tl = getattr(config, "task_seq_len", None) or 8
+        out["task_inputs"] = token_ids(gen, (B, tl), vocab, avoid)
+    if has("high_res_pixel_values"):
+        hc = getattr(config, "high_res_vision_config", None)
+        hs = getattr(hc, "image_size", None) or 64
+        hh, hw = _as_hw(hs)
+        out["high_res_pixel_values"] = torch.randn((B, getattr(hc, "num_channels", 3) or 3, hh, hw), generator=gen)
+    if has("audio_mel"):
+        mel = getattr(config, "input_feat_size", None) or getattr(config, "num_mel_bins", None) or 128
+        out["audio_mel"] = torch.randn((B, 64, mel), generator=gen)
+        if has("audio_mel_mask"):
+            out["audio_mel_mask"] = torch.zeros((B, 64), dtype=torch.bool)
+    if has("query_embeds"):
+        nq = getattr(config, "num_query_tokens", None) or 8
+        out["query_embeds"] = torch.randn((B, nq, getattr(config, "hidden_size", 32)), generator=gen)
     if has("past_values"):
         out.update(time_series_inputs(gen, config, has))
     if has("bbox"):

@@ -170,8 +170,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         if isinstance(v, list) and len(v) > 1 and all(_is_int(x) for x in v):
             need = max(need, len(v))
     for k, v in list(d.items()):
-        if staged and k in ("num_layers", "num_stages"):
-            continue
+        if staged and (k in ("num_layers", "num_stages") or (_is_int(v) and v == len(d["depths"]))):
+            continue  # a stage count, tied to len(depths)
         if _is_int(v) and k not in _LAYERS_EXCLUDE and _LAYERS.search(k) and v > need:
             orig_layers[k] = v
             d[k] = need
@@ -216,6 +216,12 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         elif kl in ("num_groups", "norm_num_groups", "num_norm_groups"):
             if v > 4:
                 d[k] = 4  # GroupNorm groups must divide the (scaled) channel counts
+        elif kl == "num_windows":
+            if v > 4:
+                d[k] = 4  # image_size / num_windows must stay a multiple of sqrt(num_windows)
+        elif kl == "condition_dim":
+            if v > H:
+                d[k] = H  # conditioning on the backbone hidden state
         elif kl in ("base_channels",):
             if v > 32:
                 d[k] = 32  # VQ-GAN stacks GroupNorm(32) over multiples of this
@@ -327,6 +333,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                          ("mamba_num_heads", "mamba_head_dim", "mamba_expand")):
         if all(_is_int(d.get(x)) for x in (nh, hdk)) and isinstance(d.get(exk), (int, float)) and _is_int(d.get("hidden_size")):
             inner = int(d[exk] * d["hidden_size"])
+            if _is_int(d.get("mamba_d_ssm")):
+                d["mamba_d_ssm"] = inner
             if d[nh] * d[hdk] != inner:
                 d[hdk] = HEAD_DIM if inner % HEAD_DIM == 0 else 1
                 d[nh] = inner // d[hdk]
@@ -337,8 +345,10 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             if a < b and orig[a] == orig[b] and d[a] != d[b]:
                 d[a] = d[b] = min(d[a], d[b])
     # deepseek-style split head dims
-    if _is_int(d.get("qk_nope_head_dim")) and _is_int(d.get("qk_rope_head_dim")) and "qk_head_dim" in d:
-        d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+    if _is_int(d.get("qk_nope_head_dim")) and _is_int(d.get("qk_rope_head_dim")):
+        for hk in ("qk_head_dim", "head_dim"):
+            if _is_int(d.get(hk)) and (hk == "qk_head_dim" or orig.get(hk) == orig.get("qk_nope_head_dim", 0) + orig.get("qk_rope_head_dim", 0)):
+                d[hk] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
     # --- per-layer lists ---------------------------------------------------------------
     if _is_int(n_orig) and _is_int(n_layers) and n_layers != n_orig:
         for k, v in list(d.items()):
@@ -389,7 +399,11 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                     d[k2] = _pick_layer_items(orig[k2], d[lk])
     # --- heterogeneous per-layer configs: keys are layer indices ---------------------------
     plc = d.get("per_layer_config")
-    if isinstance(plc, dict) and plc and _is_int(n_layers):
+    if isinstance(plc, dict) and plc and not all(str(k).lstrip("-").isdigit() for k in plc):
+        for v in plc.values():  # keyed by layer type: keep the keys, shrink the sizes
+            if isinstance(v, dict):
+                _shrink_level(v, tm, depth + 1)
+    elif isinstance(plc, dict) and plc and _is_int(n_layers):
         items = sorted(((int(k), v) for k, v in plc.items()), key=lambda kv: kv[0])
         distinct, seen = [], []
         for _, v in items:
@@ -449,6 +463,13 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                     continue
                 kept = [x for x in v if -n_layers <= x < n_layers]
                 d[k] = kept if kept else [n_layers - 1]
+        for k2 in list(d):  # hybrid period/offset layouts (Jamba, Zamba): keep one of each kind in n layers
+            if k2.endswith("_layer_offset") and _is_int(d[k2]) and d[k2] >= n_layers:
+                d[k2] = n_layers - 1
+            if k2.endswith("_layer_period") and _is_int(d[k2]) and d[k2] > n_layers:
+                d[k2] = n_layers
+        if _is_int(d.get("merge_index")) and isinstance(d.get("intermediate_hidden_state_indices"), list):
+            d["merge_index"] = min(d["merge_index"], min(d["intermediate_hidden_state_indices"]))
         if "attn_layer_indices" in orig and orig["attn_layer_indices"] is None and "mamba_d_state" in d:
             d["attn_layer_indices"] = [n_layers - 1]  # hybrid SSMs: keep one attention layer
 

@@ -14,6 +14,10 @@ OVERRIDES: dict[str, dict] = {
         "reason": "layer_types defaults to None but the modeling code indexes it per layer",
         "config": {"layer_types": ["conv", "full_attention"]},
     },
+    "granitemoehybrid": {
+        "reason": "default layer_types are all linear-attention; the cache needs one attention layer",
+        "config": {"layer_types": ["linear_attention", "full_attention"]},
+    },
     "dbrx": {
         "reason": "modeling reads attn_config.rope_theta and clamps with clip_qkv, both unset in the nested default",
         "config": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
