@@ -1,0 +1,576 @@
+"""sweeps.plugin and sweeps/conftest.py: selection options, ids, shards, markers, skip entries, patch guard.
+
+Every end-to-end check is a real ``python -m pytest`` in a subprocess (the repository root, or a
+throw-away project that loads the plugin), with a small probe plugin (``-p _sweep_probe``) that
+writes what was collected and how each phase ended to a JSON file. The subprocesses are
+collection-only (no model is built, nothing exported) and run a few at a time from one pool, so
+the whole file costs about the slowest few collections.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sweeps import plugin
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP_ID = re.compile(r"^sweeps/test_export\.py::test_export\[(dynamo|onnx|executorch)-(static|dynamic)-(\w+)\]$")
+USAGE_ERROR = 4
+
+PROBE = '''
+"""Writes what the session collected (with markers) and every phase report to $SWEEP_PROBE_OUT."""
+import json, os, sys
+
+_STATE = {"deselected": [], "reports": [], "modules_built": 0}
+
+
+def pytest_configure(config):
+    import torch
+
+    init = torch.nn.Module.__init__
+
+    def counting(self, *args, **kwargs):
+        _STATE["modules_built"] += 1
+        return init(self, *args, **kwargs)
+
+    torch.nn.Module.__init__ = counting
+
+
+def pytest_deselected(items):
+    _STATE["deselected"].extend(item.nodeid for item in items)
+
+
+def pytest_collection_finish(session):
+    _STATE["items"] = [
+        {"nodeid": item.nodeid,
+         "marks": sorted({m.name for m in item.iter_markers()}),
+         "xfail": [{"reason": m.kwargs.get("reason"), "strict": m.kwargs.get("strict")}
+                   for m in item.iter_markers("xfail")]}
+        for item in session.items
+    ]
+    _STATE["modules"] = {
+        "onnxruntime": "onnxruntime" in sys.modules,
+        "executorch": any(m == "executorch" or m.startswith("executorch.") for m in sys.modules),
+        "modeling": sorted(m for m in sys.modules
+                           if m.startswith("transformers.models.") and ".modeling_" in m
+                           and not m.startswith("transformers.models.auto.")),
+    }
+    _STATE["modules_built_at_collection"] = _STATE["modules_built"]
+
+
+def pytest_runtest_logreport(report):
+    _STATE["reports"].append({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+                              "text": report.longreprtext})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    with open(os.environ["SWEEP_PROBE_OUT"], "w") as f:
+        json.dump(_STATE, f)
+'''
+
+
+@dataclasses.dataclass
+class Run:
+    args: tuple[str, ...]
+    rc: int
+    output: str
+    probe: dict | None  # None when the session never started (usage error before collection)
+
+    @property
+    def items(self) -> list[str]:
+        return [i["nodeid"] for i in self.probe["items"]]
+
+    def sweep_ids(self) -> list[tuple[str, str, str]]:
+        return [SWEEP_ID.match(n).groups() for n in self.items if SWEEP_ID.match(n)]
+
+    def outcome(self, nodeid_part: str, when: str) -> dict:
+        (report,) = [r for r in self.probe["reports"] if nodeid_part in r["nodeid"] and r["when"] == when]
+        return report
+
+
+def _pytest(args, *, cwd, probe_dir, out_name, extra_path=()):
+    out = probe_dir / f"{out_name}.json"
+    env = dict(os.environ, SWEEP_PROBE_OUT=str(out), HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join([str(probe_dir), str(ROOT), *map(str, extra_path)]))
+    env.pop("PYTEST_ADDOPTS", None)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    cmd = [sys.executable, "-m", "pytest", "-p", "_sweep_probe", "-p", "no:cacheprovider", "-q", *args]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    probe = json.loads(out.read_text()) if out.exists() else None
+    return Run(tuple(args), proc.returncode, proc.stdout + proc.stderr, probe)
+
+
+# ── a throw-away project whose tests use the sweep fixtures (for the patch guard) ─────────────
+
+LEAK_CONFTEST = '''
+pytest_plugins = ["sweeps.plugin", "sweeps.conftest"]
+
+from exporters.utils import register_patch
+
+
+@register_patch("dynamo", "leak_targets.Child.method")
+def _patch_inherited(original):
+    return lambda self: "patched"
+'''
+
+LEAK_TARGETS = '''
+class Base:
+    def method(self):
+        return "base"
+
+
+class Child(Base):  # inherits method: the registered target is not in Child.__dict__
+    pass
+'''
+
+LEAK_TESTS = '''
+import leak_targets
+from exporters.utils import DEFAULT_REGISTRY, resolve_path
+
+NLLB = "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier"
+OWNER, NAME = resolve_path(NLLB)
+ORIGINAL = OWNER.__dict__[NAME]
+ONNX = {}
+
+
+def test_a_leak(sweep_case, export_patches):
+    if sweep_case.backend == "dynamo":
+        setattr(OWNER, NAME, lambda self, *args, **kwargs: None)
+    else:  # the first onnx item of the process: run_case imports the onnx exporter lazily, like this
+        import exporters.exporter_onnx  # noqa: F401 - registers the onnx patches
+        path = DEFAULT_REGISTRY.patches("onnx")[0].path
+        owner, name = resolve_path(path)
+        ONNX.update(path=path, owner=owner, name=name, original=getattr(owner, name))
+        print("ONNX TARGET", path)
+        setattr(owner, name, lambda *args, **kwargs: None)
+
+
+def test_b_leak_inherited(sweep_case, export_patches):
+    if sweep_case.backend == "dynamo":
+        leak_targets.Child.method = lambda self: "leaked"
+
+
+def test_c_clean(sweep_case, export_patches):
+    pass
+
+
+def test_d_restored(sweep_case):
+    if sweep_case.backend == "dynamo":
+        assert OWNER.__dict__[NAME] is ORIGINAL
+    else:
+        assert getattr(ONNX["owner"], ONNX["name"]) is ONNX["original"], ONNX["path"]
+
+
+def test_e_inherited_restored(sweep_case):
+    if sweep_case.backend == "dynamo":
+        assert "method" not in vars(leak_targets.Child), vars(leak_targets.Child).get("method")
+        assert leak_targets.Child().method() == "base"
+'''
+
+
+def _leak_project(base: Path) -> Path:
+    project = base / "leakproj"
+    project.mkdir()
+    (project / "conftest.py").write_text(LEAK_CONFTEST)
+    (project / "leak_targets.py").write_text(LEAK_TARGETS)
+    (project / "test_leak.py").write_text(LEAK_TESTS)
+    return project
+
+
+# ── all subprocess runs, started together on first use ───────────────────────────────────────
+
+SHARDS = 3
+# comma-separated and repeated --model and --variant; every backend by default
+SHARD_MODELS = ("--model", "llama,bert", "--model", "nllb_moe", "--variant", "static", "--variant", "dynamic")
+
+RUNS = {
+    "full": ["sweeps", "--collect-only"],
+    "nllb_executorch": ["--collect-only", "--backend=executorch", "--model=nllb_moe"],
+    "plain": ["--collect-only"],
+    "combo": ["sweeps/test_export.py", "--collect-only", "--model", "BertModel,GPT2Model", "--backend", "dynamo,onnx",
+              "--backend", "executorch", "--variant", "dynamic"],
+    **{f"shard_{i}": ["sweeps/test_export.py", "--collect-only", *SHARD_MODELS, f"--shard={i}/{SHARDS}"]
+       for i in range(1, SHARDS + 1)},
+    "markers": ["--markers"],
+    "bad_backend": ["sweeps/test_export.py", "--collect-only", "--backend", "dynamo,onx"],
+    "bad_variant": ["sweeps/test_export.py", "--collect-only", "--variant", "dynamc"],
+    "bad_model": ["sweeps/test_export.py", "--collect-only", "--model", "lama_x"],
+    **{f"bad_shard_{k}": ["sweeps/test_export.py", "--collect-only", f"--shard={v}"]
+       for k, v in enumerate(("0/3", "two/3"))},
+    "leak": ["test_leak.py", "-rA", "-s", "--model", "BertModel", "--backend", "dynamo,onnx", "--variant", "static"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sweep_plugin")
+    probe_dir = base / "probe"
+    probe_dir.mkdir()
+    (probe_dir / "_sweep_probe.py").write_text(PROBE)
+    leak_project = _leak_project(base)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=3)
+    futures = {}
+    # the slowest first, so the pool's tail is short
+    for name in sorted(RUNS, key=lambda n: (n not in ("plain", "nllb_executorch", "full"), n)):
+        if name == "leak":
+            futures[name] = pool.submit(_pytest, RUNS[name], cwd=leak_project, probe_dir=probe_dir,
+                                        out_name=name, extra_path=(leak_project,))
+        else:
+            futures[name] = pool.submit(_pytest, RUNS[name], cwd=ROOT, probe_dir=probe_dir, out_name=name)
+
+    class Results:
+        def __getitem__(self, name) -> Run:
+            return futures[name].result()
+
+    yield Results()
+    pool.shutdown(wait=True)
+
+
+# ── ids and selection ──────────────────────────────────────────────────────────────────────────
+
+
+def test_full_sweep_collects_every_catalog_class_on_every_backend_and_variant(runs):
+    from sweeps.zoo import catalog
+
+    run = runs["full"]
+    assert run.rc == 0, run.output[-3000:]
+    classes = {e.class_name for e in catalog()}
+    assert 1500 <= len(classes) <= 1600
+    assert all(SWEEP_ID.match(n) for n in run.items), [n for n in run.items if not SWEEP_ID.match(n)][:5]
+    ids = run.sweep_ids()
+    assert len(ids) == len(set(ids)) == 6 * len(classes)
+    assert {c for _, _, c in ids} == classes
+    assert f"{6 * len(classes)} tests collected" in run.output
+
+
+def test_full_sweep_collection_imports_no_runtime_and_builds_no_model(runs):
+    run = runs["full"]
+    modules = run.probe["modules"]
+    assert modules["onnxruntime"] is False
+    assert modules["executorch"] is False
+    assert modules["modeling"] == []  # no modeling module imported: no model class even looked at
+    assert run.probe["modules_built_at_collection"] == 0
+
+
+def test_sweep_items_carry_backend_group_and_slow_markers(runs):
+    from sweeps.zoo import catalog
+
+    blocked = {e.class_name: e.blocked_by for e in catalog() if e.blocked_by}
+    for item in runs["full"].probe["items"]:
+        backend, variant, class_name = SWEEP_ID.match(item["nodeid"]).groups()
+        marks = set(item["marks"])
+        assert backend in marks and not ({"dynamo", "onnx", "executorch"} - {backend}) & marks, item
+        assert "xdist_group" in marks
+        assert ("slow" in marks) == (backend == "executorch"), item
+        assert ("smoke" in marks) == (class_name in plugin.SMOKE_CLASSES), item
+        if class_name in blocked:  # EXPORT_SKIPS is empty: only package-blocked classes are xfail
+            assert item["xfail"] == [{"reason": f"build: needs {blocked[class_name]}", "strict": True}]
+        else:
+            assert item["xfail"] == [], item
+
+
+def test_items_are_ordered_class_by_class(runs):
+    """Six items per class, adjacent (items of a class share the class's tiny model in a process)."""
+    classes = [c for _, _, c in runs["full"].sweep_ids()]
+    seen, previous = set(), None
+    for c in classes:
+        if c != previous:
+            assert c not in seen, f"{c} items are not adjacent"
+            seen.add(c)
+            previous = c
+
+
+def test_id_format_example(runs):
+    assert "sweeps/test_export.py::test_export[onnx-dynamic-NllbMoeForConditionalGeneration]" in runs["full"].items
+
+
+def test_backend_and_model_select_exactly_those_items_and_deselect_the_unit_tests(runs):
+    from sweeps.zoo import resolve_models
+
+    run = runs["nllb_executorch"]
+    assert run.rc == 0, run.output[-3000:]
+    nllb = {e.class_name for e in resolve_models(["nllb_moe"])}
+    assert "NllbMoeForConditionalGeneration" in nllb
+    assert sorted(run.sweep_ids()) == sorted(("executorch", v, c) for c in nllb for v in ("static", "dynamic"))
+    assert len(run.items) == 2 * len(nllb)  # nothing but the sweep items
+    deselected = run.probe["deselected"]
+    assert deselected, "the unit tests should be collected, then deselected"
+    assert all(d.startswith("tests/") for d in deselected), [d for d in deselected if not d.startswith("tests/")]
+    assert f"({len(deselected)} deselected)" in run.output
+
+
+def test_comma_separated_and_repeated_backend_model_and_one_variant(runs):
+    run = runs["combo"]
+    assert run.rc == 0, run.output[-3000:]
+    assert sorted(run.sweep_ids()) == sorted(
+        (b, "dynamic", c) for b in ("dynamo", "onnx", "executorch") for c in ("BertModel", "GPT2Model"))
+    assert len(run.items) == 6
+
+
+# ── shards ────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_shards_are_disjoint_cover_the_selection_and_keep_classes_together(runs):
+    from sweeps.zoo import resolve_models
+
+    classes = {e.class_name for e in resolve_models(["llama", "bert", "nllb_moe"])}
+    assert len(classes) >= 10
+    everything = {f"sweeps/test_export.py::test_export[{b}-{v}-{c}]"
+                  for c in classes for b in plugin.BACKENDS for v in plugin.VARIANTS}
+    shards = []
+    for i in range(1, SHARDS + 1):
+        run = runs[f"shard_{i}"]
+        assert run.rc == 0, run.output[-3000:]
+        assert run.items, f"shard {i}/{SHARDS} is empty"
+        shards.append(set(run.items))
+    assert set().union(*shards) == everything
+    assert sum(len(s) for s in shards) == len(everything)  # disjoint
+    owner = {}
+    for i, shard in enumerate(shards):
+        for nodeid in shard:
+            class_name = SWEEP_ID.match(nodeid).group(3)
+            assert owner.setdefault(class_name, i) == i, f"{class_name} is split across shards"
+    assert max(len(s) for s in shards) - min(len(s) for s in shards) <= 6  # balanced by class
+
+
+def test_sharding_the_whole_catalog_partitions_it(pytestconfig):
+    """_sweep_entries with --shard I/N over the real catalog, for several N (no subprocess)."""
+    from sweeps.zoo import catalog
+
+    class Config:
+        def __init__(self, shard):
+            self._sweep = {"models": None, "shard": shard}
+            self.option = type("Option", (), {"sweep": "full", "file_or_dir": ["sweeps"]})()
+
+    names = sorted(e.class_name for e in catalog())
+    for n in (1, 2, 5, 8):
+        parts = [[e.class_name for e in plugin._sweep_entries(Config((i, n)))] for i in range(1, n + 1)]
+        assert sorted(c for p in parts for c in p) == names, n
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+@pytest.mark.parametrize("text", ["0/3", "4/3", "two/3", "3", "1/0", "1/2/3", "", "-1/3", "1/ ", "1.5/3"])
+def test_parse_shard_rejects_bad_values(text):
+    with pytest.raises(pytest.UsageError, match="--shard"):
+        plugin._parse_shard(text)
+
+
+def test_parse_shard_accepts_i_of_n():
+    assert plugin._parse_shard("2/8") == (2, 8)
+    assert plugin._parse_shard("1/1") == (1, 1)
+    assert plugin._parse_shard(None) is None
+
+
+@pytest.mark.parametrize("k", range(2))
+def test_bad_shard_is_a_usage_error(runs, k):
+    run = runs[f"bad_shard_{k}"]
+    assert run.rc == USAGE_ERROR, run.output[-2000:]
+    assert "--shard" in run.output
+    assert run.probe is None  # the session never started: nothing collected, nothing ran
+
+
+# ── usage errors ──────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("name, unknown, close", [
+    ("bad_backend", "--backend 'onx'", "did you mean onnx"),
+    ("bad_variant", "--variant 'dynamc'", "did you mean dynamic"),
+])
+def test_unknown_backend_or_variant_is_a_usage_error_with_close_matches(runs, name, unknown, close):
+    run = runs[name]
+    assert run.rc == USAGE_ERROR, run.output[-2000:]
+    assert f"unknown {unknown}" in run.output
+    assert close in run.output
+    assert run.probe is None
+    assert "collected" not in run.output and "passed" not in run.output
+
+
+def test_split_and_check_choices_in_process():
+    assert plugin._split(["dynamo, onnx", "executorch", ",,"]) == ["dynamo", "onnx", "executorch"]
+    assert plugin._check_choices("backend", [], plugin.BACKENDS) == list(plugin.BACKENDS)
+    with pytest.raises(pytest.UsageError, match=r"unknown --backend 'exectorch'.*did you mean executorch"):
+        plugin._check_choices("backend", plugin._split(["dynamo,exectorch"]), plugin.BACKENDS)
+    with pytest.raises(pytest.UsageError, match=r"unknown --variant 'STATIC'"):
+        plugin._check_choices("variant", ["STATIC"], plugin.VARIANTS)
+
+
+def test_unknown_model_is_a_usage_error_listing_close_names(runs):
+    run = runs["bad_model"]
+    assert run.rc == USAGE_ERROR, run.output[-2000:]
+    assert "'lama_x'" in run.output
+    assert "llama" in run.output.split("'lama_x'", 1)[1]
+    assert run.probe is None
+    assert "collected" not in run.output and "passed" not in run.output
+
+
+# ── plain pytest: unit tests plus the smoke set; markers ────────────────────────────────────────
+
+
+def test_plain_pytest_collects_unit_tests_and_the_smoke_set_only(runs):
+    run = runs["plain"]
+    assert run.rc == 0, run.output[-3000:]
+    sweep = [i for i in run.probe["items"] if SWEEP_ID.match(i["nodeid"])]
+    others = [i for i in run.probe["items"] if not SWEEP_ID.match(i["nodeid"])]
+    assert {SWEEP_ID.match(i["nodeid"]).group(3) for i in sweep} == set(plugin.SMOKE_CLASSES)
+    assert len(sweep) == 6 * len(plugin.SMOKE_CLASSES)
+    assert all("smoke" in i["marks"] for i in sweep)
+    assert others and all(i["nodeid"].startswith("tests/") for i in others)
+    assert not any("smoke" in i["marks"] for i in others)
+    assert "tests/test_sweep_plugin.py::test_parse_shard_accepts_i_of_n" in run.items
+    assert run.probe["deselected"] == []
+
+
+def test_markers_are_registered_with_help_text(runs):
+    run = runs["markers"]
+    assert run.rc == 0, run.output[-2000:]
+    for name in ("dynamo", "onnx", "executorch", "smoke", "slow"):
+        (line,) = [ln for ln in run.output.splitlines() if ln.startswith(f"@pytest.mark.{name}:")]
+        assert len(line.split(":", 1)[1].strip()) > 10, line
+
+
+def test_markers_registered_in_this_session(pytestconfig):
+    lines = {ln.split(":", 1)[0]: ln.split(":", 1)[1] for ln in pytestconfig.getini("markers") if ":" in ln}
+    for name in ("dynamo", "onnx", "executorch", "smoke", "slow"):
+        assert lines.get(name, "").strip(), name
+
+
+# ── EXPORT_SKIPS entries become strict xfails (a fake list, injected in a pytester conftest) ──
+
+
+SKIP_CONFTEST = '''
+pytest_plugins = ["sweeps.plugin"]
+
+import skips
+from skips import ExportSkip
+
+ENTRIES = (
+    ExportSkip(classes=("BertModel",), backends=("onnx",), variants=("dynamic",), stage="export",
+               reason="attention mask built in a data-dependent Python loop; vectorize it in the model"),
+    ExportSkip(classes=("BertModel",), backends=("dynamo",), variants=("static",),
+               reason="stale entry for a model that exports fine now; remove it from the list",
+               upstream="https://github.com/huggingface/transformers/issues/12345"),
+)
+_original = skips.find_export_skip
+
+
+def _find(class_name, model_type, backend, variant, *, entries=ENTRIES):
+    return _original(class_name, model_type, backend, variant, entries=entries)
+
+
+skips.find_export_skip = _find
+'''
+
+SKIP_TEST = '''
+def test_export(sweep_case):
+    if sweep_case.id == "onnx-dynamic-BertModel":
+        raise RuntimeError("fails exactly as the entry says")
+'''
+
+
+@pytest.fixture
+def sweep_project(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    return pytester
+
+
+def test_export_skip_entry_is_a_strict_xfail_carrying_its_reason(sweep_project):
+    sweep_project.makeconftest(SKIP_CONFTEST)
+    sweep_project.makepyfile(test_export=SKIP_TEST)
+    result = sweep_project.runpytest_subprocess("--model", "BertModel", "-rxX", "-p", "no:cacheprovider")
+    # 4 clean items pass; the failing one is an expected failure; the passing one is XPASS(strict)
+    result.assert_outcomes(passed=4, xfailed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "XFAIL test_export.py::test_export[[]onnx-dynamic-BertModel[]] - attention mask built in a "
+        "data-dependent Python loop; vectorize it in the model (expected to fail at stage export)",
+    ])
+    result.stdout.fnmatch_lines([
+        "*_ test_export[[]dynamo-static-BertModel[]] _*",
+        "[[]XPASS(strict)[]] stale entry for a model that exports fine now; remove it from the list "
+        "(upstream: https://github.com/huggingface/transformers/issues/12345)",
+    ])
+
+
+def test_bad_export_skip_entry_stops_collection_naming_the_entry(sweep_project):
+    sweep_project.makeconftest('''
+pytest_plugins = ["sweeps.plugin"]
+
+import skips.export_skips
+from skips import ExportSkip
+
+skips.export_skips.EXPORT_SKIPS = (
+    ExportSkip(classes=("BertModle",), reason="router loops over experts with a data-dependent count"),
+)
+''')
+    sweep_project.makepyfile(test_export=SKIP_TEST)
+    result = sweep_project.runpytest_subprocess("--model", "BertModel", "-p", "no:cacheprovider")
+    assert result.ret in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.USAGE_ERROR), result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines([
+        "*skip list error: EXPORT_SKIPS[[]0[]] (BertModle): unknown model class 'BertModle'*BertModel*",
+    ])
+    outcomes = result.parseoutcomes()
+    assert not outcomes.get("passed") and not outcomes.get("failed")
+
+
+# ── the patch-leak guard (sweeps/conftest.py::export_patches) ─────────────────────────────────
+
+
+NLLB_TARGET = "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier"
+
+
+def test_leaked_patch_fails_the_item_naming_the_target(runs):
+    run = runs["leak"]
+    assert run.probe is not None, run.output[-3000:]
+    report = run.outcome("test_a_leak[dynamo-static-BertModel]", "teardown")
+    assert report["outcome"] == "failed", run.output[-3000:]
+    assert f"patches not restored after dynamo-static-BertModel: {NLLB_TARGET}" in report["text"]
+    assert run.outcome("test_a_leak[dynamo-static-BertModel]", "call")["outcome"] == "passed"
+
+
+def test_leaked_patch_is_restored_for_the_next_item(runs):
+    run = runs["leak"]
+    report = run.outcome("test_d_restored[dynamo-static-BertModel]", "call")
+    assert report["outcome"] == "passed", report["text"]
+
+
+def test_guard_passes_an_item_that_leaks_nothing(runs):
+    run = runs["leak"]
+    for backend in ("dynamo", "onnx"):
+        for when in ("setup", "call", "teardown"):
+            report = run.outcome(f"test_c_clean[{backend}-static-BertModel]", when)
+            assert report["outcome"] == "passed", report["text"]
+
+
+@pytest.mark.xfail(reason="export_patches snapshots only the patches registered when the fixture starts; the "
+                          "onnx/executorch exporter modules (and their @register_patch targets) are imported "
+                          "lazily by run_case, so the first onnx/executorch item of a process is not guarded",
+                   strict=True)
+def test_guard_covers_the_first_onnx_item_of_a_process(runs):
+    run = runs["leak"]
+    report = run.outcome("test_a_leak[onnx-static-BertModel]", "teardown")
+    assert report["outcome"] == "failed" and "patches not restored" in report["text"]
+
+
+@pytest.mark.xfail(reason="export_patches restores a leaked target with setattr(owner, name, snapshot[path]); "
+                          "for a target inherited by a class the snapshot is exporters.utils.NOTSET, so the "
+                          "sentinel is written onto the class instead of the attribute being deleted",
+                   strict=True)
+def test_leaked_inherited_target_is_restored_by_deleting_it(runs):
+    run = runs["leak"]
+    leak = run.outcome("test_b_leak_inherited[dynamo-static-BertModel]", "teardown")
+    assert leak["outcome"] == "failed" and "leak_targets.Child.method" in leak["text"]
+    report = run.outcome("test_e_inherited_restored[dynamo-static-BertModel]", "call")
+    assert report["outcome"] == "passed", report["text"]
