@@ -174,6 +174,8 @@ def _blocked_from(exc: BaseException) -> str | None:
     m = _BLOCK_RE.search(msg)
     if isinstance(exc, ImportError) and m:
         pkg = next(g for g in m.groups() if g)
+        if "timm" in msg.lower():  # "X requires the PIL library" raised by a timm-backed tower
+            pkg = "timm"
         return f"needs {pkg} (not installable here): {msg.strip().splitlines()[0][:200]}"
     return None
 

@@ -240,8 +240,13 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         if has("mm_token_type_ids"):
             out["mm_token_type_ids"] = torch.zeros((B, seq), dtype=torch.long)
         if has("token_type_ids"):
-            tv = getattr(config, "type_vocab_size", None) or 2
-            out["token_type_ids"] = torch.randint(0, max(int(tv), 1), (B, seq), generator=gen)
+            tvs = getattr(config, "type_vocab_sizes", None)
+            if isinstance(tvs, (list, tuple)) and tvs:  # TAPAS: one id per table-structure channel
+                out["token_type_ids"] = torch.stack(
+                    [torch.randint(0, max(int(t), 1), (B, seq), generator=gen) for t in tvs], dim=-1)
+            else:
+                tv = getattr(config, "type_vocab_size", None) or 2
+                out["token_type_ids"] = torch.randint(0, max(int(tv), 1), (B, seq), generator=gen)
     if has("pixel_values"):
         if has("image_grid_thw"):
             out["pixel_values"], out["image_grid_thw"] = patch_grid_pixels(gen, config)
@@ -410,7 +415,21 @@ def _with_image_sizes(inputs, config, model):
     return out
 
 
+def _patches_as_images(inputs, config, model):
+    x = inputs.get("pixel_values")
+    if x is None or x.dim() != 2 or "image_grid_thw" not in inputs:
+        return None
+    p = _patch(config)
+    c = x.shape[1] // (p * p)
+    if c * p * p != x.shape[1]:
+        return None
+    out = dict(inputs)
+    out["pixel_values"] = x.reshape(x.shape[0], c, p, p)
+    return out
+
+
 ALTERNATIVES = (
+    ("flattened patches as (N, C, p, p)", _patches_as_images),
     ("images with their sizes (image_sizes)", _with_image_sizes),
     ("images as patch sequences (B, N, C*p*p)", _images_as_patches),
     ("audio features (B, T, mel)", _transpose_features),

@@ -421,6 +421,14 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
     if staged and _is_int(d.get("window_size")) and _is_int(d.get("patch_size")) and _is_int(d.get("image_size")):
         d["window_size"] = min(orig.get("window_size", 2), 2)
         d["image_size"] = max(d["image_size"], d["patch_size"] * 2 ** (len(d["depths"]) - 1) * d["window_size"])
+    # --- taps into the vision tower's hidden states (it has LAYERS layers now) ---------------
+    for k in ("vision_feature_layer", "vision_feature_layers", "feature_layers"):
+        v = d.get(k)
+        wrap = lambda x: -(1 + (-x - 1) % LAYERS) if x < 0 else x % (LAYERS + 1)  # noqa: E731
+        if _is_int(v):
+            d[k] = wrap(v)
+        elif isinstance(v, list) and v and all(_is_int(x) for x in v):
+            d[k] = [wrap(x) for x in v]
     # --- any-resolution grids (LLaVA-NeXT): pinpoints in units of the tiny image size ----------
     if isinstance(d.get("image_grid_pinpoints"), list) and d["image_grid_pinpoints"]:
         d["image_grid_pinpoints"] = [[IMAGE, IMAGE], [IMAGE, 2 * IMAGE], [2 * IMAGE, IMAGE], [2 * IMAGE, 2 * IMAGE]]
