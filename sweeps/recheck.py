@@ -206,8 +206,11 @@ class WorkaroundCheck:
             return "fired for no item in these results: nothing to re-run"
         if not self.reruns:
             return "no passing item to re-run"
+        if self.removable and self.skipped:
+            return (f"not needed by the {len(self.reruns)} item(s) re-run ({len(self.skipped)} not re-run): "
+                    "re-run the others before removing it")
         if self.removable:
-            return "not needed by any item re-run: candidate for removal"
+            return "not needed by any item it fired for: candidate for removal"
         if self.pass_without:
             return f"needed by {len(self.needed_by)} class(es); {len(self.pass_without)} pass without it"
         return "needed by every item re-run"
@@ -293,8 +296,12 @@ def workarounds_markdown(checks: Sequence[WorkaroundCheck], source: str = "") ->
             lines.append(f"| {r.item.id} | {r.recorded} | {'pass' if r.passed else 'fail'} | {r.stage} | {error} |")
         for item, why in c.skipped:
             lines.append(f"| {item.id} | | not re-run ({why}) | | |")
-    removable = [c.name for c in checks if c.removable]
-    lines += ["", f"Candidates for removal: {', '.join(f'`{n}`' for n in removable) if removable else 'none'}.", ""]
+    removable = [c.name for c in checks if c.removable and not c.skipped]
+    partial = [c.name for c in checks if c.removable and c.skipped]
+    lines += ["", f"Candidates for removal: {', '.join(f'`{n}`' for n in removable) if removable else 'none'}."]
+    if partial:
+        lines.append(f"Not needed so far (some items not re-run): {', '.join(f'`{n}`' for n in partial)}.")
+    lines.append("")
     return "\n".join(lines)
 
 

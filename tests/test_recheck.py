@@ -151,6 +151,9 @@ def test_limit_caps_reruns_per_workaround(reg):
     (check,) = recheck_workarounds(results, only=[SHIFT], registry=reg, run=run, limit=2)
     assert [r.item.model_class for r in check.reruns] == ["A", "B"]
     assert [(i.model_class, why) for i, why in check.skipped] == [("C", "--limit 2")]
+    assert check.removable and "re-run the others" in check.verdict  # two of three say nothing of the third
+    text = recheck.workarounds_markdown([check])
+    assert "Candidates for removal: none." in text and f"some items not re-run): `{SHIFT}`" in text
 
 
 def test_workaround_that_fired_nowhere_has_nothing_to_rerun(reg):
