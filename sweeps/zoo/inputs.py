@@ -195,6 +195,17 @@ def time_series_inputs(gen, config, has) -> dict:
     return out
 
 
+def _num_patches(config) -> int:
+    vc = vision_config(config)
+    h, w = _as_hw(getattr(vc, "image_size", None) or getattr(config, "image_size", None))
+    p = _patch(config)
+    n = (h // p) * (w // p)
+    frames = num_frames(config)
+    if frames:
+        n *= frames // (getattr(vc, "tubelet_size", 1) or 1)
+    return n
+
+
 def _is_required(p) -> bool:
     return p.default is inspect.Parameter.empty
 
@@ -228,6 +239,8 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
               if key in getattr(config, "sub_configs", {}) and getattr(config, key, None) is None}
 
     def has(name):
+        if name in params and _is_required(params[name]):
+            return True
         if name in ("pixel_values", "pixel_values_videos") and "image" in absent:
             return False
         if name in ("input_features", "input_values") and "audio" in absent:
@@ -282,7 +295,8 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         out["grid_thw" if has("grid_thw") else "image_grid_thw"] = grid
     elif has("pixel_values") and has("grid_thw") and "grid_thw" not in out:
         out["pixel_values"], out["grid_thw"] = patch_grid_pixels(gen, config)
-    if has("input_features") and has("input_values"):
+    if has("input_features") and has("input_values") and not (
+            _is_required(params["input_features"]) or _is_required(params["input_values"])):
         # speech encoder-decoders accept both; the encoder decides (conv feature extractor -> waveform)
         enc = getattr(config, "encoder", None) or config
         if getattr(enc, "conv_dim", None):
@@ -335,6 +349,23 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
     if has("query_embeds"):
         nq = getattr(config, "num_query_tokens", None) or 8
         out["query_embeds"] = torch.randn((B, nq, getattr(config, "hidden_size", 32)), generator=gen)
+    if has("bool_masked_pos") and _is_required(params["bool_masked_pos"]):
+        n = _num_patches(config)
+        mask = torch.zeros((B, n), dtype=torch.bool)
+        mask[:, ::2] = True
+        out["bool_masked_pos"] = mask
+    if has("flattened_patches"):
+        vc = vision_config(config)
+        p = getattr(vc, "patch_embed_hidden_size", None) or 3 * 16 * 16
+        n = 12
+        rows = torch.arange(n) // 4 + 1
+        cols = torch.arange(n) % 4 + 1
+        ids = torch.stack([rows, cols], dim=-1).float().expand(B, n, 2)
+        out["flattened_patches"] = torch.cat([ids, torch.randn((B, n, p), generator=gen)], dim=-1)
+        if has("attention_mask") and "attention_mask" not in out:
+            out["attention_mask"] = torch.ones((B, n), dtype=torch.long)
+        if has("decoder_input_ids"):
+            out["decoder_input_ids"] = token_ids(gen, (B, T_DEC), vocab, avoid)
     if has("past_values"):
         out.update(time_series_inputs(gen, config, has))
     if has("bbox"):

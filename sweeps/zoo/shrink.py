@@ -291,6 +291,11 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                     "audio_soft_tokens_per_image"):
             if v > 4:
                 d[k] = 4
+        elif kl.startswith("num_first_") or kl.startswith("num_last_"):
+            if v > 1:
+                d[k] = 1  # e.g. full-attention layers at each end of a 2-layer stack
+        elif kl.endswith("channels") and kl not in ("num_channels", "in_channels", "input_channels", "num_input_channels"):
+            d[k] = scale_channels(v)  # same map as channel lists, so ints and lists stay coupled
         elif kl in ("num_queries", "num_query_tokens", "num_latents", "num_denoising", "two_stage_num_proposals"):
             if v > 8:
                 d[k] = 8
@@ -354,6 +359,19 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         for k, v in list(d.items()):
             if isinstance(v, list) and len(v) == n_orig and k not in ("eos_token_id", "depths", "hidden_sizes", "out_indices", "out_features", "stage_names"):
                 d[k] = _pick_layer_items(v, n_layers)
+    # --- backbones: out_indices must name existing stages; out_features is re-derived -------
+    oi = orig.get("out_indices")
+    if not staged and isinstance(oi, list) and oi and all(_is_int(x) for x in oi) and isinstance(d.get("stage_names"), list):
+        lk = next((k for k in ("num_hidden_layers", "num_layers") if _is_int(d.get(k))), None)
+        if lk is not None and max(oi) > d[lk]:
+            k_out = len(oi)
+            d[lk] = max(d[lk], min(k_out, orig[lk]))
+            d["out_indices"] = list(range(d[lk] - k_out + 1, d[lk] + 1))
+            d["out_features"] = None
+            d["stage_names"] = ["stem"] + [f"stage{i}" for i in range(1, d[lk] + 1)]
+            for k2, v2 in list(d.items()):  # per-layer lists follow the new count
+                if isinstance(v2, list) and isinstance(orig.get(k2), list) and len(orig[k2]) == orig[lk] and k2 not in ("out_indices", "stage_names"):
+                    d[k2] = _pick_layer_items(orig[k2], d[lk])
     # --- list-valued stage descriptions (hierarchical vision backbones) ------------------
     for k, v in list(d.items()):
         kl = k.lower()
@@ -372,6 +390,9 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             # 16 up; small values such as RGB stay): values that were equal stay equal, across lists
             # and sub-configs, so stage-to-stage and backbone-to-neck couplings survive
             d[k] = [scale_channels(x) for x in v]
+        elif "key_value_heads" in kl:  # per-layer kv heads: MHA layers follow the heads, GQA layers get KV_HEADS
+            hk = next((h for h in ("num_attention_heads", "num_heads") if _is_int(orig.get(h))), None)
+            d[k] = [d[hk] if hk and x == orig[hk] else min(x, KV_HEADS) for x in v]
         elif kl in ("num_heads", "num_attention_heads", "num_attention_heads_per_stage", "attention_heads"):
             d[k] = [min(x, 2) for x in v]
         elif kl in ("image_size", "img_size", "pretrain_image_size"):
@@ -384,19 +405,6 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             d[k] = [min(x, WINDOW) for x in v]
         elif kl in ("mrope_section",):
             pass  # handled with rope below
-    # --- backbones: out_indices must name existing stages; out_features is re-derived -------
-    oi = orig.get("out_indices")
-    if not staged and isinstance(oi, list) and oi and all(_is_int(x) for x in oi) and isinstance(d.get("stage_names"), list):
-        lk = next((k for k in ("num_hidden_layers", "num_layers") if _is_int(d.get(k))), None)
-        if lk is not None and max(oi) > d[lk]:
-            k_out = len(oi)
-            d[lk] = max(d[lk], min(k_out, orig[lk]))
-            d["out_indices"] = list(range(d[lk] - k_out + 1, d[lk] + 1))
-            d["out_features"] = None
-            d["stage_names"] = ["stem"] + [f"stage{i}" for i in range(1, d[lk] + 1)]
-            for k2, v2 in list(d.items()):  # per-layer lists follow the new count
-                if isinstance(v2, list) and isinstance(orig.get(k2), list) and len(orig[k2]) == orig[lk] and k2 not in ("out_indices", "stage_names"):
-                    d[k2] = _pick_layer_items(orig[k2], d[lk])
     # --- heterogeneous per-layer configs: keys are layer indices ---------------------------
     plc = d.get("per_layer_config")
     if isinstance(plc, dict) and plc and not all(str(k).lstrip("-").isdigit() for k in plc):
