@@ -33,7 +33,16 @@ PROBE = '''
 """Writes what the session collected (with markers) and every phase report to $SWEEP_PROBE_OUT."""
 import json, os, sys
 
+import pytest
+
 _STATE = {"deselected": [], "reports": [], "modules_built": 0}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """After every plugin configured: how xdist will distribute (in a side file: usage errors write none)."""
+    with open(os.environ["SWEEP_PROBE_OUT"] + ".configure", "w") as f:
+        json.dump({"dist": config.getoption("dist", None)}, f)
 
 
 def pytest_collection(session):
@@ -87,6 +96,7 @@ class Run:
     rc: int
     output: str
     probe: dict | None  # None when the session never started (usage error before collection)
+    configured: dict | None = None  # what the probe saw once every plugin was configured
 
     @property
     def items(self) -> list[str]:
@@ -109,7 +119,9 @@ def _pytest(args, *, cwd, probe_dir, out_name, extra_path=()):
     cmd = [sys.executable, "-m", "pytest", "-p", "_sweep_probe", "-p", "no:cacheprovider", "-q", *args]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     probe = json.loads(out.read_text()) if out.exists() else None
-    return Run(tuple(args), proc.returncode, proc.stdout + proc.stderr, probe)
+    configured = Path(f"{out}.configure")
+    configured = json.loads(configured.read_text()) if configured.exists() else None
+    return Run(tuple(args), proc.returncode, proc.stdout + proc.stderr, probe, configured)
 
 
 # ── a throw-away project whose tests use the sweep fixtures (for the patch guard) ─────────────
@@ -145,7 +157,9 @@ ORIGINAL = OWNER.__dict__[NAME]
 ONNX = {}
 
 
-def test_a_leak(sweep_case, export_patches):
+def test_a_leak(sweep_case, export_patches, record_property):
+    record_property("backend", sweep_case.backend)
+    record_property("variant", sweep_case.variant)
     if sweep_case.backend == "dynamo":
         setattr(OWNER, NAME, lambda self, *args, **kwargs: None)
     else:  # the first onnx item of the process: run_case imports the onnx exporter lazily, like this
@@ -157,7 +171,9 @@ def test_a_leak(sweep_case, export_patches):
         setattr(owner, name, lambda *args, **kwargs: None)
 
 
-def test_b_leak_inherited(sweep_case, export_patches):
+def test_b_leak_inherited(sweep_case, export_patches, record_property):
+    record_property("backend", sweep_case.backend)
+    record_property("variant", sweep_case.variant)
     if sweep_case.backend == "dynamo":
         leak_targets.Child.method = lambda self: "leaked"
 
@@ -204,7 +220,7 @@ RUNS = {
               "--variant", "dynamic"],
     **{f"shard_{i}": ["sweeps/test_export.py", "--collect-only", *SHARD_MODELS, f"--shard={i}/{SHARDS}"]
        for i in range(1, SHARDS + 1)},
-    "markers": ["--markers"],
+    "markers": ["-n", "2", "--markers"],  # -n: how xdist would distribute; --markers starts no worker
     "bad_backend": ["sweeps/test_export.py", "--collect-only", "--backend", "dynamo,onx"],
     "bad_variant": ["sweeps/test_export.py", "--collect-only", "--variant", "dynamc"],
     "bad_model": ["sweeps/test_export.py", "--collect-only", "--model", "lama_x"],
@@ -379,7 +395,7 @@ def test_bad_shard_is_a_usage_error(runs, k):
     run = runs[f"bad_shard_{k}"]
     assert run.rc == USAGE_ERROR, run.output[-2000:]
     assert "--shard" in run.output
-    assert run.probe is None  # the session never started: nothing collected, nothing ran
+    assert run.probe is None and run.configured is None  # configure failed: nothing collected, nothing ran
 
 
 # ── usage errors ──────────────────────────────────────────────────────────────────────────────
@@ -441,6 +457,15 @@ def test_markers_are_registered_with_help_text(runs):
         assert len(line.split(":", 1)[1].strip()) > 10, line
 
 
+@pytest.mark.xfail(reason="README says '--dist loadgroup is implied by the xdist_group marks' but nothing sets it: "
+                          "under -n xdist uses --dist load, ignores xdist_group, and spreads a class's six items "
+                          "over workers (each rebuilding the tiny model)", strict=True)
+def test_xdist_distributes_by_class_under_n(runs):
+    run = runs["markers"]
+    assert run.configured is not None, run.output[-2000:]
+    assert run.configured["dist"] == "loadgroup"
+
+
 def test_markers_registered_in_this_session(pytestconfig):
     lines = {ln.split(":", 1)[0]: ln.split(":", 1)[1] for ln in pytestconfig.getini("markers") if ":" in ln}
     for name in ("dynamo", "onnx", "executorch", "smoke", "slow"):
@@ -474,7 +499,9 @@ skips.find_export_skip = _find
 '''
 
 SKIP_TEST = '''
-def test_export(sweep_case):
+def test_export(sweep_case, record_property):
+    record_property("backend", sweep_case.backend)
+    record_property("variant", sweep_case.variant)
     if sweep_case.id == "onnx-dynamic-BertModel":
         raise RuntimeError("fails exactly as the entry says")
 '''
@@ -502,6 +529,16 @@ def test_export_skip_entry_is_a_strict_xfail_carrying_its_reason(sweep_project):
         "*_ test_export[[]dynamo-static-BertModel[]] _*",
         "[[]XPASS(strict)[]] stale entry for a model that exports fine now; remove it from the list "
         "(upstream: https://github.com/huggingface/transformers/issues/12345)",
+    ])
+    # the sweep summary counts outcomes per backend and variant
+    result.stdout.fnmatch_lines([
+        "*= export sweep =*",
+        "    dynamo dynamic      1 items: 1 passed",
+        "    dynamo static       1 items: 1 failed",
+        "executorch dynamic      1 items: 1 passed",
+        "executorch static       1 items: 1 passed",
+        "      onnx dynamic      1 items: 1 xfailed",
+        "      onnx static       1 items: 1 passed",
     ])
 
 
@@ -563,6 +600,16 @@ def test_guard_covers_the_first_onnx_item_of_a_process(runs):
     run = runs["leak"]
     report = run.outcome("test_a_leak[onnx-static-BertModel]", "teardown")
     assert report["outcome"] == "failed" and "patches not restored" in report["text"]
+
+
+@pytest.mark.xfail(reason="pytest_terminal_summary counts only setup and call reports, so an item failed by the "
+                          "patch-leak guard (an error at teardown) shows as passed in the export sweep summary",
+                   strict=True)
+def test_sweep_summary_counts_leak_guard_errors(runs):
+    run = runs["leak"]
+    section = run.output.split("export sweep", 1)[1]
+    (line,) = [ln for ln in section.splitlines() if "dynamo static" in ln]
+    assert "error" in line, line
 
 
 @pytest.mark.xfail(reason="export_patches restores a leaked target with setattr(owner, name, snapshot[path]); "
