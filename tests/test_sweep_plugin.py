@@ -231,7 +231,7 @@ RUNS = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, request):
     base = tmp_path_factory.mktemp("sweep_plugin")
     probe_dir = base / "probe"
     probe_dir.mkdir()
@@ -239,17 +239,26 @@ def runs(tmp_path_factory):
     leak_project = _leak_project(base)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=3)
     futures = {}
-    # the slowest first, so the pool's tail is short
-    for name in sorted(RUNS, key=lambda n: (n not in ("plain", "nllb_executorch", "full"), n)):
-        if name == "leak":
-            futures[name] = pool.submit(_pytest, RUNS[name], cwd=leak_project, probe_dir=probe_dir,
-                                        out_name=name, extra_path=(leak_project,))
-        else:
-            futures[name] = pool.submit(_pytest, RUNS[name], cwd=ROOT, probe_dir=probe_dir, out_name=name)
+
+    def start(name):
+        if name not in futures:
+            if name == "leak":
+                futures[name] = pool.submit(_pytest, RUNS[name], cwd=leak_project, probe_dir=probe_dir,
+                                            out_name=name, extra_path=(leak_project,))
+            else:
+                futures[name] = pool.submit(_pytest, RUNS[name], cwd=ROOT, probe_dir=probe_dir, out_name=name)
+        return futures[name]
+
+    # The whole module in one process: start every run now, the slowest first, so the pool's tail is
+    # short. Under xdist (tests spread over workers) or for a few selected tests: only the runs read.
+    selected = sum(1 for item in request.session.items if getattr(item, "module", None) is request.module)
+    if not os.environ.get("PYTEST_XDIST_WORKER") and selected >= 20:
+        for name in sorted(RUNS, key=lambda n: (n not in ("plain", "nllb_executorch", "full"), n)):
+            start(name)
 
     class Results:
         def __getitem__(self, name) -> Run:
-            return futures[name].result()
+            return start(name).result()
 
     yield Results()
     pool.shutdown(wait=True)
