@@ -31,6 +31,7 @@ class ExportStageError(RuntimeError):
 
     def __init__(self, stage: str, backend: str, cause: BaseException):
         self.stage = stage
+        self.export_stage = stage  # the name docs/CONTRACTS.md promises
         self.backend = backend
         super().__init__(f"[{backend}/{stage}] {type(cause).__name__}: {cause}")
 

@@ -295,6 +295,15 @@ def reset_model_state(model: torch.nn.Module, snapshot: dict[tuple[int, str], An
 # ── tracing: the five stages, shared by every exporter ───────────────────────
 
 
+def _finite(bound) -> bool:
+    """sympy bounds: torch's ``int_oo`` says ``is_finite`` but is not."""
+    from torch.utils._sympy.numbers import int_oo
+
+    if isinstance(bound, int):
+        return True
+    return bool(bound.is_finite) and bound != int_oo and bound != -int_oo
+
+
 def _dims_of(program: torch.export.ExportedProgram, value: Any) -> dict[int, dict]:
     dims = {}
     for d, size in enumerate(value.shape):
@@ -303,8 +312,8 @@ def _dims_of(program: torch.export.ExportedProgram, value: Any) -> dict[int, dic
             if expr.is_number:  # specialized while tracing: static in the artifact
                 continue
             vr = program.range_constraints.get(expr)
-            lower = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
-            upper = int(vr.upper) if vr is not None and vr.upper.is_finite else None
+            lower = int(vr.lower) if vr is not None and _finite(vr.lower) else 0
+            upper = int(vr.upper) if vr is not None and _finite(vr.upper) else None
             dims[d] = {"symbol": str(expr), "min": lower, "max": upper}
     return dims
 

@@ -10,9 +10,8 @@ from typing import Any
 import torch
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
-from .exporter_dynamo import trace
-from .utils import (FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, register_fx_program_fix,
-                    register_patch)
+from .exporter_dynamo import _finite, trace
+from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, register_patch
 
 # "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering);
 # the others are torch patches (stage 2, installed around torch.export).
@@ -54,6 +53,28 @@ def prepare_for_cuda(model: torch.nn.Module, inputs: dict[str, Any]):
 _BACKEND_PREPARE: dict[str, Callable] = {"xnnpack": prepare_for_xnnpack, "cuda": prepare_for_cuda}
 
 
+def bound_dynamic_shapes(spec: Any, max_dim: int) -> Any:
+    """ExecuTorch plans memory for each dynamic dim's upper bound, and bounds must be known when
+    torch.export runs (editing the program's range constraints afterwards does not reach memory
+    planning). Give every unbounded ``Dim`` / ``Dim.AUTO`` in an explicit ``dynamic_shapes`` the
+    upper bound ``max_dim``; derived dims follow their root.
+
+    before: {"x": {0: Dim("n", min=2)}}    after: {"x": {0: Dim("n", min=2, max=max_dim)}}
+    """
+    from torch.export import Dim
+    from torch.export.dynamic_shapes import _DimHint
+
+    if isinstance(spec, dict):
+        return {k: bound_dynamic_shapes(v, max_dim) for k, v in spec.items()}
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(bound_dynamic_shapes(v, max_dim) for v in spec)
+    if type(spec) is Dim and not _finite(spec.max):
+        return Dim(spec.__name__, min=spec.min, max=max(max_dim, spec.min))
+    if isinstance(spec, _DimHint) and spec.max is None:
+        return Dim.AUTO(min=spec.min, max=max_dim) if spec.min is not None else Dim.AUTO(max=max_dim)
+    return spec
+
+
 # ── Stage 2: Torch patches ───────────────────────────────────────────────────
 # Replace torch ops the backend rejects while torch.export traces: @register_patch("executorch", "torch.op").
 
@@ -83,23 +104,8 @@ def _patch_sdpa_contiguous_output(original):
 
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────
 # Fixes that need the whole program: @register_fx_program_fix("executorch"),
-# fn(program, *, config) -> (program, modified).
-
-
-@register_fx_program_fix("executorch")
-def _fix_unbounded_ranges(program, *, config):
-    """ExecuTorch plans memory for each dynamic dim's upper bound: bound the unbounded ones.
-
-    before: s0 in [2, int_oo]    after: s0 in [2, config.max_dim]
-    """
-    from torch.utils._sympy.value_ranges import ValueRanges
-
-    modified = False
-    for sym, vr in list(program.range_constraints.items()):
-        if not vr.upper.is_finite:
-            program.range_constraints[sym] = ValueRanges(vr.lower, max(config.max_dim, int(vr.lower)))
-            modified = True
-    return program, modified
+# fn(program, *, config) -> (program, modified). (Upper bounds for dynamic dims are set before
+# tracing, in bound_dynamic_shapes: range constraints edited after export do not reach memory planning.)
 
 
 # ── Stage 5: FX node fixes ───────────────────────────────────────────────────
@@ -140,6 +146,8 @@ class ExecutorchExporter(Exporter):
             raise ValueError(f"unknown ExecuTorch backend {config.backend!r}; registered: {sorted(_BACKEND_PREPARE)}")
         fired = FiredLog()
         model, inputs, partitioners = _BACKEND_PREPARE[config.backend](model, dict(inputs))
+        if config.dynamic_shapes is not None:
+            config = dataclasses.replace(config, dynamic_shapes=bound_dynamic_shapes(config.dynamic_shapes, config.max_dim))
         patches = self.registry.patches("dynamo", "executorch")
         torch_patches = [p for p in patches if not p.path.startswith(_EXECUTORCH_INTERNALS)]
         et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]

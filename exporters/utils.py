@@ -366,7 +366,7 @@ def apply_fx_node_fixes(entries: Iterable[FixEntry], gm: torch.fx.GraphModule, f
         changed_here = False
         for node in list(module.graph.nodes):
             for entry in entries:
-                if node.graph is not module.graph:  # an earlier fix erased it
+                if getattr(node, "_erased", False) or node.graph is not module.graph:  # an earlier fix erased it
                     break
                 result = entry.fn(module, node)
                 if not isinstance(result, bool):

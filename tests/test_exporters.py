@@ -381,11 +381,6 @@ def test_export_failure_carries_stage_and_cause_and_restores_patches():
     assert _targets.plain is before
 
 
-@pytest.mark.xfail(
-    reason="docs/CONTRACTS.md says export errors carry `exc.export_stage`; base.ExportStageError "
-    "stores it as `stage` only",
-    strict=True,
-)
 def test_export_failure_has_export_stage_attribute():
     with pytest.raises(ExportStageError) as info:
         exporters.DynamoExporter(registry=Registry()).export(_Boom(), {"x": torch.ones(2)})
@@ -421,12 +416,6 @@ def test_explicit_bounded_dynamic_shapes_reach_the_artifact():
         art(x=torch.ones(4, 5))
 
 
-@pytest.mark.xfail(
-    reason="exporter_dynamo._dims_of (line ~286) calls int(vr.upper) guarded by `vr.upper.is_finite`, which "
-    "is True for torch's int_oo, so an explicit unbounded Dim (no max) crashes every export with "
-    "AttributeError: 'Infinity' object has no attribute '_mpf_'",
-    strict=True,
-)
 def test_explicit_unbounded_dynamic_shapes_export():
     from torch.export import Dim
 
@@ -515,14 +504,6 @@ def test_saved_dynamo_program_round_trips(tiny_models, artifacts, tmp_path, name
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="ExecuTorch with an explicit unbounded Dim: (1) exporter_dynamo._dims_of crashes on int_oo; "
-    "(2) with that fixed, _fix_unbounded_ranges never fires (int_oo.is_finite is True); (3) with both fixed, "
-    "editing program.range_constraints after torch.export does not reach memory planning (the .pte then fails "
-    "'Error resizing tensor at input 0' for any size but the traced one) and the artifact's dynamic_dims, "
-    "computed in trace before the fix, still say max=None, so too-large inputs are not an InputError",
-    strict=True,
-)
 def test_executorch_bounds_an_explicit_unbounded_dim():
     from torch.export import Dim
 

@@ -109,11 +109,6 @@ def test_integer_and_bool_outputs_are_exact(dtype):
         assert compare({"ids": big}, {"ids": big + 1}, "onnx") != []
 
 
-@pytest.mark.xfail(
-    reason="parity.compare casts the actual tensor to the expected integer dtype before torch.equal "
-    "(a.to(e.dtype)), which truncates: a float artifact output 1.7 for an int64 eager 1 passes",
-    strict=True,
-)
 def test_integer_output_not_truncated_before_comparison():
     expected = torch.tensor([1, 2], dtype=torch.int64)
     actual = torch.tensor([1.7, 2.0])
@@ -130,11 +125,6 @@ def test_nan_handling():
     assert "[1]" in problem and "1/3" in problem
 
 
-@pytest.mark.xfail(
-    reason="parity._worst computes |a - e| = inf - inf = NaN for equal infinities and then treats "
-    "NaN excess as a mismatch, so an output with -inf where eager has -inf (masked scores) fails",
-    strict=True,
-)
 def test_equal_infinities_match():
     e = torch.tensor([float("-inf"), 0.0, float("inf")])
     assert compare({"scores": e}, {"scores": e.clone()}, "onnx") == []

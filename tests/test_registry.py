@@ -243,13 +243,6 @@ def test_inherited_method_is_deleted_again_on_restore(reg):
     assert Child().inherited(1) == ("inherited", 1)
 
 
-@pytest.mark.xfail(
-    reason="utils.PatchSet.install: for an inherited staticmethod/classmethod (not in cls.__dict__) it reads "
-    "the original with getattr() and installs the replacement as a plain function, so the patched attribute "
-    "becomes an instance method: Child().inherited_static(x) receives self as x, and Child().klass(x) gets "
-    "(self, x) instead of (cls, x)",
-    strict=True,
-)
 @pytest.mark.parametrize("attr,replacement,expected", [
     ("inherited_static", lambda original: lambda x: ("patched", original(x)), ("patched", ("inherited_static", 1))),
     ("klass", lambda original: lambda cls, x: ("patched", original(cls, x)), ("patched", ("Child", 1))),
@@ -409,12 +402,6 @@ def test_node_fix_must_return_bool(reg, bad):
         apply_fx_node_fixes(reg.fixes("executorch", "node"), _gm(), FiredLog())
 
 
-@pytest.mark.xfail(
-    reason="utils.apply_fx_node_fixes guards with `node.graph is not module.graph`, but torch.fx's "
-    "erase_node leaves node.graph set (it only sets node._erased), so fixes registered after one that "
-    "erased a node are still called on the erased node",
-    strict=True,
-)
 def test_node_fix_not_called_on_erased_node(reg):
     @register_fx_node_fix("onnx", registry=reg)
     def _fix_drop_neg(gm, node):

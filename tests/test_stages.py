@@ -251,46 +251,17 @@ def test_fix_dead_assertions_removes_unused_asserts():
     assert fired.names() == ["fix:onnx:_fix_dead_assertions"]
 
 
-def _unbounded_program():
+def test_executorch_bounds_unbounded_dims_before_tracing():
+    """Memory planning needs every dynamic dim bounded when torch.export runs."""
     from torch.export import Dim
 
-    class M(torch.nn.Module):
-        def forward(self, x):
-            return x * 2
-
-    return torch.export.export(M(), (torch.ones(4, 3),), dynamic_shapes=({0: Dim("n", min=2)},))
-
-
-def test_unbounded_program_really_is_unbounded():
-    from torch.utils._sympy.numbers import int_oo
-
-    program = _unbounded_program()
-    assert [vr.upper for vr in program.range_constraints.values()] == [int_oo]
-
-
-@pytest.mark.xfail(
-    reason="exporter_executorch._fix_unbounded_ranges tests `not vr.upper.is_finite`, but torch's int_oo "
-    "(IntInfinity) reports is_finite=True, so unbounded dims are never bounded and the fix never fires",
-    strict=True,
-)
-def test_executorch_program_fix_bounds_unbounded_ranges():
-    program = _unbounded_program()
-    program, modified = et._fix_unbounded_ranges(program, config=et.ExecutorchConfig(max_dim=64))
-    assert modified is True
-    assert [int(vr.upper) for vr in program.range_constraints.values()] == [64]
-
-
-def test_executorch_program_fix_leaves_bounded_ranges():
-    from torch.export import Dim
-
-    class M(torch.nn.Module):
-        def forward(self, x):
-            return x * 2
-
-    program = torch.export.export(M(), (torch.ones(4, 3),), dynamic_shapes=({0: Dim("n", min=2, max=10)},))
-    program, modified = et._fix_unbounded_ranges(program, config=et.ExecutorchConfig(max_dim=64))
-    assert modified is False
-    assert [int(vr.upper) for vr in program.range_constraints.values()] == [10]
+    spec = {"x": {0: Dim("n", min=2), 1: Dim("m", min=2, max=10), 2: Dim.AUTO}, "y": [None, {0: Dim.AUTO(max=5)}]}
+    bounded = et.bound_dynamic_shapes(spec, 64)
+    assert (bounded["x"][0].min, bounded["x"][0].max) == (2, 64)
+    assert bounded["x"][1].max == 10  # already bounded: kept
+    assert bounded["x"][2].max == 64
+    assert bounded["y"][0] is None and bounded["y"][1][0].max == 5
+    assert spec["x"][0].max != 64  # the caller's spec is not mutated
 
 
 def _topk_model(sorted_value: int, in_function: bool = False):
