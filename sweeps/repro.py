@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(keep, "error.txt"), "w") as f:
             f.write("".join(traceback.format_exception(cause)))
         print(f"FAIL at {failure.stage}: {error_signature(cause)}")
+        detail = [ln.strip() for ln in str(cause).splitlines()[1:4] if ln.strip()]
+        for line_ in detail:  # e.g. which output differs and by how much
+            print(f"  {line_}")
         print(f"artifacts: {keep}")
         print(f"repro: {line}")
         return 1

@@ -104,8 +104,9 @@ def export_config(case: Case, exporter) -> tuple[Any, dict[str, Any]]:
 
 
 def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | None = None,
-             sizes: dict[int, int] | None = None) -> Any:
-    """Run one item; raise StageFailure naming the stage. ``record(key, value)`` gets the properties."""
+             sizes: dict[int, int] | None = None, registry: Any = None) -> Any:
+    """Run one item; raise StageFailure naming the stage. ``record(key, value)`` gets the properties.
+    ``registry`` replaces the default workaround registry (``sweeps.recheck`` switches one off)."""
     from exporters import ExportStageError, get_exporter
     from exporters.parity import assert_close
     from sweeps.shapes import check_at, check_dynamic_shapes, format_sizes
@@ -118,7 +119,7 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
         model, inputs = ref.tiny.model, ref.tiny.inputs
         stage = "export"
         record("stage", stage)
-        exporter = get_exporter(case.backend)
+        exporter = get_exporter(case.backend, registry=registry)
         config, props = export_config(case, exporter)
         for k, v in props.items():
             record(k, v)
