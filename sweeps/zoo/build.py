@@ -393,6 +393,9 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
         _fix_hardcoded_rope_sections(cls_config)
     config = cls_config
     _ensure_pad_token(config)
+    if entry.class_name.endswith(("ForCausalLM", "LMHeadModel", "WithLMHead")) and hasattr(config, "is_decoder") \
+            and not getattr(config, "is_encoder_decoder", False):
+        config.is_decoder = True  # as users configure encoder families for causal LM heads
     attn = ov.get("attn", PREFERRED_ATTN)
     torch.manual_seed(seed)
     try:

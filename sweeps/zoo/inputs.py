@@ -321,7 +321,8 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         out["input_ids"][:, -1] = config.eos_token_id
     if seqcls_encdec and has("decoder_input_ids") and "input_ids" in out:
         out["decoder_input_ids"] = out["input_ids"].clone()
-    if has("decoder_input_ids") and getattr(config, "is_encoder_decoder", False) and not seqcls_encdec:
+    if has("decoder_input_ids") and not seqcls_encdec and "decoder_input_ids" not in out and (
+            getattr(config, "is_encoder_decoder", False) or "input_ids" in out or _is_required(params["decoder_input_ids"])):
         out["decoder_input_ids"] = token_ids(gen, (B, T_DEC), vocab, avoid)
     if has("target_sizes") and "pixel_values" in out and out["pixel_values"].dim() == 4:
         p = _patch(config)
@@ -379,6 +380,11 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
             if k in out:  # (B, S) -> (B, num_choices=3, S)
                 v = out[k]
                 out[k] = torch.stack([v, v.roll(1, dims=-1 if k != "bbox" else -2), v.roll(2, dims=-1 if k != "bbox" else -2)], dim=1)
+    for id_name, positions in (spec.get("place") or {}).items():
+        tok = getattr(config, id_name, None)  # put a special token at fixed positions (data from overrides)
+        if isinstance(tok, int) and "input_ids" in out:
+            for pos in positions:
+                out["input_ids"][..., pos] = tok
     # required parameters we could not fill: say which
     for name, p in params.items():
         if name in out or name in _NEVER or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):

@@ -81,7 +81,7 @@ _WIDTH = re.compile(
     r"hidden_channels|bottleneck_size|projection_size|^proj_size|^enc_dim|^decoder_dim|emb_dim|^d_rel|^text_config_dim)$"
 )
 _EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_experts_total|n_experts)$")
-_EXPERTS_TOK = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|top_k|moe_top_k|num_selected_experts)$")
+_EXPERTS_TOK = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|top_k|moe_top_k|moe_k|num_selected_experts)$")
 _MAX_POS = re.compile(r"(max_position_embeddings|^n_positions|^n_ctx|max_target_positions|"
                       r"max_text_positions|max_speech_positions|max_(encoder|decoder)_position_embeddings)$")
 _LORA = re.compile(r"(_lora_rank|^q_lora_rank|^kv_lora_rank|^o_lora_rank)$")
@@ -324,6 +324,11 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             for k2, v2 in list(d.items()):
                 if k2.endswith("groups") and _is_int(v2) and v2 == orig[wk]:
                     d[k2] = d[wk]
+    lt = d.get("layer_types")
+    if "sliding_window" in d and d["sliding_window"] is None and isinstance(lt, list) and "sliding_attention" in lt:
+        d["sliding_window"] = WINDOW  # sliding layers need a window
+    if _is_int(d.get("num_kv_shared_layers")) and _is_int(n_layers) and d["num_kv_shared_layers"] >= n_layers:
+        d["num_kv_shared_layers"] = 0  # KV sharing needs more layers than a 2-layer stack has
     # fields left None whose modeling code then reads them anyway (getattr(config, "head_dim", ...) sees None)
     heads_key = next((hk for hk in ("num_attention_heads", "n_head", "num_heads") if _is_int(d.get(hk))), None)
     width_key = next((wk for wk in ("hidden_size", "d_model", "n_embd", "embed_dim") if _is_int(d.get(wk))), None)
@@ -453,7 +458,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                 hd = d["hidden_size"] // d["num_attention_heads"]
             ms = rp.get("mrope_section")
             if isinstance(ms, list) and ms and hd:
-                rp["mrope_section"] = _split_sum(hd // 2, len(ms))
+                prf = rp.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0
+                rp["mrope_section"] = _split_sum(int(hd * prf) // 2, len(ms))
             for key in ("original_max_position_embeddings",):
                 if _is_int(rp.get(key)) and rp[key] > MAX_POS:
                     rp[key] = MAX_POS

@@ -17,6 +17,14 @@ def _emu3_vocab() -> dict:
 
 
 OVERRIDES: dict[str, dict] = {
+    "glm4v_moe": {
+        "reason": "modeling rotates half of head_dim (hard-coded) with mrope sections [2, 1, 1]: head_dim 16 fits",
+        "config": {"text_config.head_dim": 16, "text_config.rope_parameters.mrope_section": [2, 1, 1]},
+    },
+    "glm4v_moe_text": {
+        "reason": "modeling rotates half of head_dim (hard-coded) with mrope sections [2, 1, 1]: head_dim 16 fits",
+        "config": {"head_dim": 16, "rope_parameters.mrope_section": [2, 1, 1]},
+    },
     "chameleon": {
         "reason": "vocabulary_map (VQ code -> BPE id) defaults to None; the model needs one covering the tiny codebook",
         "config": {"vocabulary_map": _chameleon_vocab(), "image_token_id": 120},

@@ -18,6 +18,18 @@ OVERRIDES: dict[str, dict] = {
         "reason": "default layer_types are all linear-attention; the cache needs one attention layer",
         "config": {"layer_types": ["linear_attention", "full_attention"]},
     },
+    "longformer": {
+        "reason": "QA/multiple-choice heads find the question end from exactly three separator tokens",
+        "inputs": {"place": {"sep_token_id": [2, 3, -1]}},
+    },
+    "splinter": {
+        "reason": "the QA head needs at least one question token per sample",
+        "inputs": {"place": {"question_token_id": [1]}},
+    },
+    "deepseek_v2": {
+        "reason": "routing sizes default to None (dense checkpoint defaults) but the MoE layers read them",
+        "config": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1},
+    },
     "dbrx": {
         "reason": "modeling reads attn_config.rope_theta and clamps with clip_qkv, both unset in the nested default",
         "config": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},

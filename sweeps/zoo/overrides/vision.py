@@ -1,6 +1,13 @@
 """Overrides for vision models (data only; see sweeps/zoo/overrides/__init__.py for the format)."""
 
+_FOUR_TAPS = {
+    "reason": "the semantic-segmentation head requires exactly 4 out_indices (feature taps) into the encoder",
+    "config": {"num_hidden_layers": 4, "out_indices": [1, 2, 3, 4], "out_features": "<delete>", "stage_names": "<delete>"},
+}
+
 OVERRIDES: dict[str, dict] = {
+    "beit": _FOUR_TAPS,
+    "data2vec-vision": _FOUR_TAPS,
     "efficientnet": {
         "reason": "top conv width is hard-coded as round_filters(1280) (x width_coefficient); hidden_dim must match it",
         "config": {"width_coefficient": 0.25, "depth_coefficient": 1.0, "hidden_dim": 320},
