@@ -315,7 +315,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
     if "vocab_size" in d and d["vocab_size"] is None and depth >= 0 and ("hidden_size" in d or "d_model" in d):
         d["vocab_size"] = VOCAB  # None vocab: the embedding cannot be built
     # a multimodal config with a tower but no placeholder id: give it a fresh one
-    for key, tower in (("image_token_index", "vision_config"), ("image_token_id", "vision_config")):
+    for key, tower in (("image_token_index", "vision_config"), ("image_token_id", "vision_config"),
+                       ("audio_token_index", "audio_config"), ("audio_token_id", "audio_config")):
         if key in d and d[key] is None and isinstance(d.get(tower), dict):
             d[key] = tm.fresh()
     # group counts that equalled the width (depthwise convs) follow it
