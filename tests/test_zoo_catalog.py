@@ -82,3 +82,25 @@ def test_unknown_name_lists_close_matches():
         resolve_models(["nothing_like_this_*"])
     with pytest.raises(UnknownModelError):
         resolve_models([""])
+
+
+def test_source_parsing_matches_the_imported_mappings():
+    from sweeps.zoo._names import import_name_mappings, read_name_mappings
+
+    parsed_maps, parsed_cfg = read_name_mappings()
+    imported_maps, imported_cfg = import_name_mappings()
+    assert parsed_cfg == imported_cfg
+    assert {k: dict(v) for k, v in parsed_maps.items()} == {k: dict(v) for k, v in imported_maps.items()}
+
+
+def test_catalog_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, time; t = time.perf_counter(); from sweeps.zoo import catalog; n = len(catalog()); "
+            "print(n, 'torch' in sys.modules, time.perf_counter() - t)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=__import__("os").path.dirname(__import__("os").path.dirname(__file__))).stdout.split()
+    assert int(out[0]) > 1000
+    assert out[1] == "False"
+    assert float(out[2]) < 1.0

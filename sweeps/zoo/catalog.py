@@ -1,8 +1,9 @@
 """Catalog of every model class in the installed transformers' auto mappings.
 
 Cheap by design: it reads only the *name* mappings (``*_MAPPING_NAMES``) of
-``transformers.models.auto.modeling_auto`` and ``CONFIG_MAPPING_NAMES``; it builds no
-model and imports no modeling module.  The result is cached.
+``transformers.models.auto.modeling_auto`` and ``CONFIG_MAPPING_NAMES`` -- parsed from the
+installed sources (see ``_names.py``, no torch import), with an import fallback; it builds
+no model and imports no modeling module.  The result is cached.
 """
 
 from __future__ import annotations
@@ -40,17 +41,13 @@ def _task_name(mapping_name: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _catalog() -> tuple[CatalogEntry, ...]:
-    from transformers.models.auto import configuration_auto, modeling_auto
+    from ._names import name_mappings
 
-    config_names = configuration_auto.CONFIG_MAPPING_NAMES
+    mappings, config_names = name_mappings()
     # class name -> {model_type: [tasks]} ; a class can appear under several model types
     seen: dict[str, dict[str, list[str]]] = {}
-    for attr in sorted(dir(modeling_auto)):
-        if not attr.endswith("_MAPPING_NAMES") or attr == "CONFIG_MAPPING_NAMES":
-            continue
-        mapping = getattr(modeling_auto, attr)
-        if not isinstance(mapping, dict):
-            continue
+    for attr in sorted(mappings):
+        mapping = mappings[attr]
         task = _task_name(attr)
         for model_type, value in mapping.items():
             for cls_name in value if isinstance(value, (tuple, list)) else (value,):
