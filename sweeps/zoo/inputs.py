@@ -123,7 +123,8 @@ def input_features(gen, config) -> torch.Tensor:
     mel = getattr(ac, "num_mel_bins", None)
     if mel:
         msp = getattr(ac, "max_source_positions", None)
-        frames = 2 * msp if msp else 64
+        nw = getattr(ac, "n_window", None)
+        frames = 2 * msp if msp else (2 * nw if isinstance(nw, int) and nw > 0 else 64)
         return torch.randn((B, mel, frames), generator=gen)  # (B, mel, T); see ALTERNATIVES for (B, T, mel)
     feat = getattr(ac, "feature_projection_input_dim", None) or getattr(ac, "input_dim", None) or getattr(ac, "feature_size", None) or getattr(ac, "input_feat_per_channel", None) or getattr(ac, "input_feat_size", None) or 16
     chans = getattr(ac, "input_channels", 1) or 1
@@ -324,6 +325,16 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
     if has("decoder_input_ids") and not seqcls_encdec and "decoder_input_ids" not in out and (
             getattr(config, "is_encoder_decoder", False) or "input_ids" in out or _is_required(params["decoder_input_ids"])):
         out["decoder_input_ids"] = token_ids(gen, (B, T_DEC), vocab, avoid)
+    if has("aspect_ratio_ids") and "pixel_values" in out and out["pixel_values"].dim() == 4:
+        # Mllama: (B, num_images, num_tiles, C, H, W) with one aspect-ratio id per image
+        tiles = getattr(vision_config(config), "max_num_tiles", None) or 4
+        x = out["pixel_values"]
+        out["pixel_values"] = x[:, None, None].expand(B, 1, tiles, *x.shape[1:]).contiguous()
+        out["aspect_ratio_ids"] = torch.ones((B, 1), dtype=torch.long)
+        if has("aspect_ratio_mask"):
+            out["aspect_ratio_mask"] = torch.ones((B, 1, tiles), dtype=torch.long)
+        if has("cross_attention_mask") and "input_ids" in out:
+            out["cross_attention_mask"] = torch.ones((B, out["input_ids"].shape[1], 1, tiles), dtype=torch.long)
     if has("target_sizes") and "pixel_values" in out and out["pixel_values"].dim() == 4:
         p = _patch(config)
         h, w = out["pixel_values"].shape[-2:]

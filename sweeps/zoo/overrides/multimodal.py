@@ -17,6 +17,10 @@ def _emu3_vocab() -> dict:
 
 
 OVERRIDES: dict[str, dict] = {
+    "mllama": {
+        "reason": "vision_output_dim = hidden * (1 + number of intermediate layers) (32 * 6); not a free width",
+        "config": {"vision_config.vision_output_dim": 192},
+    },
     "glm4v_moe": {
         "reason": "modeling rotates half of head_dim (hard-coded) with mrope sections [2, 1, 1]: head_dim 16 fits",
         "config": {"text_config.head_dim": 16, "text_config.rope_parameters.mrope_section": [2, 1, 1]},

@@ -30,6 +30,16 @@ OVERRIDES: dict[str, dict] = {
         "reason": "routing sizes default to None (dense checkpoint defaults) but the MoE layers read them",
         "config": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1},
     },
+    "recurrent_gemma": {
+        "reason": "block_types cycle by layer index; with 2 layers the default pattern has no attention block",
+        "config": {"block_types": ["recurrent", "attention"]},
+    },
+    "zamba": {
+        "reason": "the shared transformer is tied across hybrid layers: needs two hybrid layers (4-layer stack)",
+        "config": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1,
+                   "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"],
+                   "attention_hidden_size": 64},  # the shared block attends over concat(hidden, embeddings)
+    },
     "dbrx": {
         "reason": "modeling reads attn_config.rope_theta and clamps with clip_qkv, both unset in the nested default",
         "config": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},

@@ -7,6 +7,10 @@ _FOUR_TAPS = {
 
 OVERRIDES: dict[str, dict] = {
     "beit": _FOUR_TAPS,
+    "mobilevit": {
+        "reason": "transformer widths come from the hidden_sizes list (144/192/240 -> 18/24/30): 2 heads divide them",
+        "config": {"num_attention_heads": 2},
+    },
     "data2vec-vision": _FOUR_TAPS,
     "efficientnet": {
         "reason": "top conv width is hard-coded as round_filters(1280) (x width_coefficient); hidden_dim must match it",
