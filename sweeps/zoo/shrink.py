@@ -256,7 +256,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         elif _LORA.search(kl):
             if v > 16:
                 d[k] = 16
-        elif kl in ("image_size", "img_size", "pretrain_image_size", "crop_size", "resolution"):
+        elif kl in ("image_size", "img_size", "pretrain_image_size", "crop_size", "resolution") or (
+                kl == "input_size" and "patch_size" in d and v >= 64):
             if v > IMAGE:
                 d[k] = IMAGE
         elif kl in ("patch_size",):
@@ -319,6 +320,10 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                        ("audio_token_index", "audio_config"), ("audio_token_id", "audio_config")):
         if key in d and d[key] is None and isinstance(d.get(tower), dict):
             d[key] = tm.fresh()
+    # 2-D layout embeddings: 4 * coordinate_size + 2 * shape_size == hidden (LayoutLMv2/3, LiLT, Bros ...)
+    if _is_int(d.get("coordinate_size")) and _is_int(d.get("shape_size")) and _is_int(d.get("hidden_size")) and \
+            4 * orig["coordinate_size"] + 2 * orig["shape_size"] == orig.get("hidden_size"):
+        d["coordinate_size"], d["shape_size"] = d["hidden_size"] // 8, d["hidden_size"] // 4
     # group counts that equalled the width (depthwise convs) follow it
     for wk in ("hidden_size", "d_model"):
         if _is_int(orig.get(wk)) and _is_int(d.get(wk)) and orig[wk] != d[wk]:
