@@ -265,7 +265,7 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         if has("image_grid_thw"):
             out["pixel_values"], out["image_grid_thw"] = patch_grid_pixels(gen, config)
         else:
-            frames = spec.get("images_per_sample") or num_frames(config)
+            frames = None if spec.get("pixel_rank") == 4 else (spec.get("images_per_sample") or num_frames(config))
             out["pixel_values"] = pixel_values(gen, config, frames)
             pinpoints = getattr(config, "image_grid_pinpoints", None)
             if pinpoints and out["pixel_values"].dim() == 4:

@@ -5,7 +5,8 @@ can add entries in parallel.  Each entry::
         "reason": "one line: why the generic rules cannot know this",
         "config": {"dotted.path": value, ...},   # applied to the shrunk config dict;
                                                   # value "<delete>" removes the key (derived fields)
-        "inputs": {...},                          # see sweeps.zoo.build (seq_len, drop, extra ...)
+        "inputs": {...},                          # seq_len, pixel_rank (4: no frames axis),
+                                                  # images_per_sample, place {token_id_name: [positions]}
     }
 
 Merged here; a model type defined in two modules is an error.  Prefer a better generic

@@ -17,6 +17,11 @@ def _emu3_vocab() -> dict:
 
 
 OVERRIDES: dict[str, dict] = {
+    "perceiver": {
+        "reason": "cross-attention qk width defaults to the preprocessor's channel count (e.g. 322); one head divides any",
+        "config": {"num_cross_attention_heads": 1},
+        "inputs": {"pixel_rank": 4},  # num_frames in the config is for the video autoencoder only
+    },
     "mllama": {
         "reason": "vision_output_dim = hidden * (1 + number of intermediate layers) (32 * 6); not a free width",
         "config": {"vision_config.vision_output_dim": 192},
