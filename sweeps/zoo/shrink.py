@@ -180,6 +180,12 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
     heads_orig = None
     for k, v in list(d.items()):
         kl = k.lower()
+        if isinstance(v, dict) and v.get("model_type") == "timm_backbone" and str(v.get("backbone", "")).startswith("resnet"):
+            # timm cannot be installed here; transformers' own ResNet is the same architecture, so a
+            # timm ResNet backbone is swapped for it (then shrunk like any backbone)
+            v = d[k] = {"model_type": "resnet", "layer_type": "bottleneck", "embedding_size": 64,
+                        "hidden_sizes": [256, 512, 1024, 2048], "depths": [3, 4, 6, 3],
+                        "out_indices": list(v.get("out_indices") or [4]), "num_channels": v.get("num_channels", 3)}
         if isinstance(v, dict):
             if _looks_like_config(v) or _SUBCONFIG_HINT.search(kl):
                 _shrink_level(v, tm, depth + 1)

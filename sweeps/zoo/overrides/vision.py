@@ -7,6 +7,10 @@ _FOUR_TAPS = {
 
 OVERRIDES: dict[str, dict] = {
     "beit": _FOUR_TAPS,
+    "detr": {
+        "reason": "the panoptic mask head concatenates hidden + attention-head channels into GroupNorm(8): 32 + 8 heads",
+        "config": {"encoder_attention_heads": 8, "decoder_attention_heads": 8},
+    },
     "mobilevit": {
         "reason": "transformer widths come from the hidden_sizes list (144/192/240 -> 18/24/30): 2 heads divide them",
         "config": {"num_attention_heads": 2},
