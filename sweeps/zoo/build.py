@@ -374,7 +374,14 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
         reason = _blocked_from(exc) if isinstance(exc, ImportError) else None
         if reason:
             raise BlockedByPackage(f"{entry.class_name}: {reason}") from exc
+        if isinstance(exc, AttributeError):
+            raise AttributeError(
+                f"{entry.class_name} is listed in transformers' auto mappings (model type {entry.model_type!r}) but "
+                f"transformers {transformers.__version__} does not export it; nothing to build") from exc
         raise
+    if getattr(cls.forward, "__name__", "") == "_forward_unimplemented":
+        raise NotImplementedError(
+            f"{entry.class_name} defines no forward() (a generate-only wrapper); there is no eager forward to run")
     ov = get_override(entry.model_type)
     try:
         config = tiny_config(entry.model_type)
