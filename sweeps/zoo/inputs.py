@@ -133,6 +133,9 @@ def input_features(gen, config) -> torch.Tensor:
 
 def input_values(gen, config) -> torch.Tensor:
     ac = _audio_cfg(config)
+    mel, frames = getattr(ac, "num_mel_bins", None), getattr(ac, "max_length", None)
+    if isinstance(mel, int) and isinstance(frames, int) and not getattr(ac, "conv_dim", None):
+        return torch.randn((B, frames, mel), generator=gen)  # spectrogram models (AST): (B, time, mel)
     strides = getattr(ac, "conv_stride", None)
     total = math.prod(strides) if strides else 320
     length = max(total * 40, 1600)  # enough frames for TDNN / x-vector kernels
@@ -313,7 +316,8 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
                 break
     if has("input_values"):
         out["input_values"] = input_values(gen, config)
-        if has("attention_mask") and "attention_mask" not in out and getattr(config, "feat_extract_norm", "layer") == "layer":
+        if has("attention_mask") and "attention_mask" not in out and out["input_values"].dim() == 2 and \
+                getattr(config, "feat_extract_norm", "layer") == "layer":
             out["attention_mask"] = torch.ones(out["input_values"].shape, dtype=torch.long)
     seqcls_encdec = type(model).__name__.endswith("ForSequenceClassification") and getattr(config, "is_encoder_decoder", False)
     if seqcls_encdec and "input_ids" in out and isinstance(getattr(config, "eos_token_id", None), int):

@@ -17,6 +17,11 @@ def _emu3_vocab() -> dict:
 
 
 OVERRIDES: dict[str, dict] = {
+    "qwen4_exp": {
+        "reason": "QSA indexer fields are optional in the config but the full-attention layers always build the indexer",
+        "config": {"text_config.indexer_n_heads": 2, "text_config.indexer_kv_heads": 1, "text_config.indexer_head_dim": 8,
+                   "text_config.indexer_budget": 4, "text_config.indexer_compress_ratio": 2},
+    },
     "perceiver": {
         "reason": "cross-attention qk width defaults to the preprocessor's channel count (e.g. 322); one head divides any",
         "config": {"num_cross_attention_heads": 1},

@@ -40,6 +40,11 @@ OVERRIDES: dict[str, dict] = {
                    "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"],
                    "attention_hidden_size": 64},  # the shared block attends over concat(hidden, embeddings)
     },
+    "qwen4_exp_text": {
+        "reason": "QSA indexer fields are optional in the config but the full-attention layers always build the indexer",
+        "config": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 8, "indexer_budget": 4,
+                   "indexer_compress_ratio": 2},
+    },
     "dbrx": {
         "reason": "modeling reads attn_config.rope_theta and clamps with clip_qkv, both unset in the nested default",
         "config": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},

@@ -7,6 +7,10 @@ _FOUR_TAPS = {
 
 OVERRIDES: dict[str, dict] = {
     "beit": _FOUR_TAPS,
+    "mobilevitv2": {
+        "reason": "32x downsampling before the 2x2 unfold of the last stage: 32 px leaves 1x1, 64 px leaves 2x2",
+        "config": {"image_size": 64},
+    },
     "detr": {
         "reason": "the panoptic mask head concatenates hidden + attention-head channels into GroupNorm(8): 32 + 8 heads",
         "config": {"encoder_attention_heads": 8, "decoder_attention_heads": 8},
