@@ -326,28 +326,41 @@ def place_multimodal_tokens(model, config, inputs, seed: int) -> dict:
     return inputs
 
 
-def _first_layout_that_runs(model, config, inputs, seed):
-    """Try the generic inputs; if the forward raises, try the layout alternatives (each on its
-    own, then with the multimodal placeholder count redone) and keep the first that runs."""
+def _run_probing(model, config, inputs, seed):
+    """One eager forward; when the model reports a placeholder/feature count mismatch, put that
+    many placeholder tokens in input_ids and retry (the count comes from the model itself)."""
+    for _ in range(4):
+        try:
+            return inputs, run_forward(model, inputs)
+        except Exception as exc:  # noqa: BLE001
+            m = _PLACEHOLDER_RE.search(str(exc))
+            if not m or "input_ids" not in inputs:
+                raise
+            new = _place_tokens(inputs, config, m.group(1).lower(), int(m.group(2)), seed)
+            if new is inputs:
+                raise
+            inputs = new
+    raise RuntimeError("could not match multimodal placeholder tokens to the features the towers produce")
+
+
+def _run_first_layout(model, config, inputs, seed):
+    """Run the generic inputs; if the forward raises, try the layout alternatives in order
+    (placeholders recounted for each) and keep the first that runs.  Re-raises the first error."""
     from .inputs import ALTERNATIVES
 
     try:
-        run_forward(model, inputs)
-        return inputs
+        return _run_probing(model, config, inputs, seed)
     except Exception as first:  # noqa: BLE001
-        if _PLACEHOLDER_RE.search(str(first)):
-            return inputs
         for _name, transform in ALTERNATIVES:
             alt = transform(inputs, config, model)
             if alt is None:
                 continue
             alt = place_multimodal_tokens(model, config, alt, seed)
             try:
-                run_forward(model, alt)
-                return alt
+                return _run_probing(model, config, alt, seed)
             except Exception:  # noqa: BLE001
                 continue
-        return inputs
+        raise first
 
 
 def run_forward(model, inputs):
@@ -426,21 +439,7 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
     inputs = place_multimodal_tokens(model, config, inputs, seed)
     tiny = TinyModel(model=model, inputs=inputs, config=config, entry=entry, attn_implementation=attn)
     if check:
-        tiny.inputs = _first_layout_that_runs(model, config, tiny.inputs, seed)
-        for _ in range(4):
-            try:
-                out = run_forward(model, tiny.inputs)
-                break
-            except Exception as exc:
-                m = _PLACEHOLDER_RE.search(str(exc))
-                if not m or "input_ids" not in tiny.inputs:
-                    raise
-                new = _place_tokens(tiny.inputs, config, m.group(1).lower(), int(m.group(2)), seed)
-                if new is tiny.inputs:
-                    raise
-                tiny.inputs = new
-        else:
-            raise RuntimeError(f"{entry.class_name}: could not match multimodal placeholder tokens to features")
+        tiny.inputs, out = _run_first_layout(model, config, tiny.inputs, seed)
         bad = _first_nonfinite(out)
         if bad:
             raise NonFiniteOutputError(f"{entry.class_name}: eager output {bad} has NaN/inf")

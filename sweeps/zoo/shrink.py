@@ -323,7 +323,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         d["vocab_size"] = VOCAB  # None vocab: the embedding cannot be built
     # a multimodal config with a tower but no placeholder id: give it a fresh one
     for key, tower in (("image_token_index", "vision_config"), ("image_token_id", "vision_config"),
-                       ("audio_token_index", "audio_config"), ("audio_token_id", "audio_config")):
+                       ("audio_token_index", "audio_config"), ("audio_token_id", "audio_config"),
+                       ("video_token_index", "vision_config"), ("video_token_id", "vision_config")):
         if key in d and d[key] is None and isinstance(d.get(tower), dict):
             d[key] = tm.fresh()
     # 2-D layout embeddings: 4 * coordinate_size + 2 * shape_size == hidden (LayoutLMv2/3, LiLT, Bros ...)
