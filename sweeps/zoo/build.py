@@ -210,7 +210,8 @@ def _first_nonfinite(obj, prefix="out") -> str | None:
     return None
 
 
-_PLACEHOLDER_RE = re.compile(r"(image|video|audio)s? (?:features|embeddings?) and \1s? tokens do not match.*?features:? ?(\d+)", re.I | re.S)
+_PLACEHOLDER_RE = re.compile(
+    r"(image|video|audio|multimodal)s? (?:features|embeddings?) and (?:\1s? )?tokens do not match.*?features:? ?(\d+)", re.I | re.S)
 
 
 def _placeholder_ids(config, modality: str) -> int | None:
@@ -336,7 +337,8 @@ def _run_probing(model, config, inputs, seed):
             m = _PLACEHOLDER_RE.search(str(exc))
             if not m or "input_ids" not in inputs:
                 raise
-            new = _place_tokens(inputs, config, m.group(1).lower(), int(m.group(2)), seed)
+            modality = m.group(1).lower()
+            new = _place_tokens(inputs, config, "image" if modality == "multimodal" else modality, int(m.group(2)), seed)
             if new is inputs:
                 raise
             inputs = new

@@ -480,7 +480,23 @@ def _patches_as_images(inputs, config, model):
     return out
 
 
+def _packed_patches(inputs, config, model):
+    """MiniCPM-V style: all images' patches packed side by side in one (1, C, p, N*p) strip,
+    with target_sizes giving each image's patch grid."""
+    x = inputs.get("pixel_values")
+    if x is None or x.dim() != 4 or "target_sizes" not in inputs:
+        return None
+    p = _patch(config)
+    b, c, h, w = x.shape
+    gh, gw = h // p, w // p
+    patches = x[:, :, : gh * p, : gw * p].reshape(b, c, gh, p, gw, p).permute(1, 3, 0, 2, 4, 5)  # c, p, b, gh, gw, p
+    out = dict(inputs)
+    out["pixel_values"] = patches.reshape(1, c, p, b * gh * gw * p).contiguous()
+    return out
+
+
 ALTERNATIVES = (
+    ("patches packed in one strip (MiniCPM-V)", _packed_patches),
     ("flattened patches as (N, C, p, p)", _patches_as_images),
     ("images with their sizes (image_sizes)", _with_image_sizes),
     ("images as patch sequences (B, N, C*p*p)", _images_as_patches),
