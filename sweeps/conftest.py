@@ -8,15 +8,20 @@ def export_patches(sweep_case):
     """Guard the patch registry around one item: the exporter installs the registered patches of
     the item's backend and must restore them, pass or fail. A target left patched fails this item,
     naming the target, and is put back so the next item starts clean."""
-    from exporters.utils import find_leaked_patches, patch_targets_snapshot, resolve_path
+    import exporters
+    from exporters.utils import NOTSET, find_leaked_patches, patch_targets_snapshot, resolve_path
 
+    exporters.get_exporter(sweep_case.backend)  # its module registers its patches: snapshot them too
     backends = ("dynamo", sweep_case.backend) if sweep_case.backend != "dynamo" else ("dynamo",)
     snapshot = patch_targets_snapshot(*backends)
     yield snapshot
     leaked = find_leaked_patches(snapshot)
     for path in leaked:
         owner, name = resolve_path(path)
-        setattr(owner, name, snapshot[path])
+        if snapshot[path] is NOTSET:  # inherited before: remove the leaked override
+            delattr(owner, name)
+        else:
+            setattr(owner, name, snapshot[path])
     if leaked:
         pytest.fail(f"patches not restored after {sweep_case.id}: {', '.join(leaked)}")
 

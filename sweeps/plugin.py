@@ -67,6 +67,15 @@ def pytest_addoption(parser):
                     help="save each item's exported artifact and metadata.json under DIR/<item id>/")
 
 
+def _group_by_class_under_xdist(config) -> None:
+    """Under -n, keep a class's items on one worker (its tiny model is built once there), unless the
+    user chose --dist. xdist reads the mode when it schedules, after every pytest_configure."""
+    opt = config.option
+    explicit = any(a == "-d" or a.startswith("--dist") for a in config.invocation_params.args)
+    if getattr(opt, "dist", None) == "load" and not explicit:
+        opt.dist = "loadgroup"
+
+
 def _split(values: list[str]) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
@@ -100,6 +109,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds (ExecuTorch lowering, big tests)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    _group_by_class_under_xdist(config)
 
     opt = config.option
     config._sweep = {
@@ -116,16 +126,33 @@ def pytest_configure(config):
             config._sweep["models"] = resolve_models(_split(opt.model))
         except UnknownModelError as exc:
             raise pytest.UsageError(str(exc)) from None
-    _register_hypothesis_profiles(config)
+    _configure_hypothesis(config)
 
 
-def _register_hypothesis_profiles(config):
+def register_hypothesis_profiles() -> None:
+    """Register the ci/dev/nightly profiles (idempotent). Imports hypothesis: done only when needed."""
     from hypothesis import settings
 
     for name, kwargs in HYPOTHESIS_PROFILES.items():
         settings.register_profile(name, deadline=None, database=None, print_blob=True, **kwargs)
-    if getattr(config.option, "hypothesis_profile", None) is None:
-        settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def hypothesis_profile():
+    """The settings profile for dynamic-shape draws: --hypothesis-profile, else $HYPOTHESIS_PROFILE, else ci."""
+    from hypothesis import settings
+
+    register_hypothesis_profiles()
+    return settings.get_profile(os.environ.get("SWEEP_HYPOTHESIS_PROFILE", "ci"))
+
+
+def _configure_hypothesis(config):
+    chosen = getattr(config.option, "hypothesis_profile", None)
+    if chosen is not None:
+        register_hypothesis_profiles()  # hypothesis' own plugin loads it; it must exist by then
+    name = chosen or os.environ.get("HYPOTHESIS_PROFILE") or "ci"
+    if chosen is None and name not in HYPOTHESIS_PROFILES:
+        raise pytest.UsageError(f"HYPOTHESIS_PROFILE={name!r}: expected one of {', '.join(HYPOTHESIS_PROFILES)}")
+    os.environ["SWEEP_HYPOTHESIS_PROFILE"] = name
 
 
 def _sweep_mode(config) -> str:
@@ -161,9 +188,14 @@ def _validate_lists():
     global _VALIDATED
     if _VALIDATED:
         return
-    from skips import SkipListError, installed_names, validate_lists
+    from skips import SkipListError, validate_lists
+    from sweeps.zoo._names import name_mappings
 
-    classes, types = installed_names()
+    families: dict[str, set[str]] = {}
+    for mapping in name_mappings()[0].values():  # parsed, not imported: no torch at collection
+        for model_type, names in mapping.items():
+            families.setdefault(model_type, set()).update((names,) if isinstance(names, str) else names)
+    classes, types = set().union(*families.values()), families
     try:
         validate_lists(classes, types)
     except SkipListError as exc:
@@ -216,9 +248,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for outcome in ("passed", "failed", "xfailed", "xpassed", "skipped", "error"):
         for report in terminalreporter.stats.get(outcome, []):
             props = dict(getattr(report, "user_properties", []) or [])
-            if "backend" not in props or getattr(report, "when", "call") not in ("call", "setup"):
+            when = getattr(report, "when", "call")
+            if "backend" not in props or (when == "teardown" and outcome != "error" and report.passed):
                 continue
-            if outcome == "passed" and report.when == "setup":
+            if when != "call" and report.passed:
                 continue
             key = (props["backend"], props["variant"])
             counts.setdefault(key, {}).setdefault(outcome, 0)

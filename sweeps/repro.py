@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import traceback
 
@@ -20,7 +21,8 @@ from sweeps.runner import BACKENDS, VARIANTS, Case, StageFailure, run_case
 def parse_item(text: str) -> Case:
     from sweeps.zoo import resolve_models
 
-    parts = text.split("[")[-1].rstrip("]").split("-", 2)
+    match = re.search(r"\[([^\[\]]+)\]", text)  # a node id, possibly with an xdist "@group" suffix
+    parts = (match.group(1) if match else text).split("-", 2)
     if len(parts) != 3 or parts[0] not in BACKENDS or parts[1] not in VARIANTS:
         raise SystemExit(
             f"item id must look like 'onnx-dynamic-LlamaForCausalLM' (backend: {', '.join(BACKENDS)}; "

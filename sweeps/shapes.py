@@ -106,7 +106,9 @@ def check_dynamic_shapes(artifact, model, inputs, backend: str, repro: str) -> i
         parts = {k: st.integers(lo, hi) for k, (lo, hi) in groups.items()}
         return st.fixed_dictionaries(parts).filter(lambda s: any(s[k] != k for k in s))
 
-    @settings(deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    from sweeps.plugin import hypothesis_profile
+
+    @settings(parent=hypothesis_profile(), deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(sizes=sizes_strategy())
     def draw(sizes):
         try:

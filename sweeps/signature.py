@@ -13,13 +13,13 @@ from __future__ import annotations
 import re
 
 # operator names are the cause itself (aten.histc, transformers.grouped_mm_fallback): kept
-_OPERATOR = re.compile(r"'(aten|prims|quantized|transformers|torchvision|executorch|llama)[.:]")
+_OPERATOR = re.compile(r"'(torch\.ops\.)?(aten|prims|quantized|transformers|torchvision|executorch\w*|llama)[.:]")
 
 _PATTERNS = (
     (re.compile(r"\x1b\[[0-9;]*m"), ""),  # terminal colours (torch.onnx prints them)
     (re.compile(r"0x[0-9a-fA-F]+"), "0xN"),
     (re.compile(r"(/[\w.\-]+)+\.(py|so|cpp|h)(:\d+)?"), "<path>"),
-    (re.compile(r"'[^'\n]{1,120}'"), lambda m: m.group(0) if _OPERATOR.match(m.group(0)) else "'X'"),
+    (re.compile(r"(?<!\w)'[^'\n]{1,120}'"), lambda m: m.group(0) if _OPERATOR.match(m.group(0)) else "'X'"),
     (re.compile(r'"[^"\n]{1,120}"'), '"X"'),
     (re.compile(r"\bs\d+\b"), "sN"),  # torch symbols
     (re.compile(r"\bu\d+\b"), "uN"),  # unbacked symbols

@@ -91,10 +91,6 @@ def test_main_rejects_a_bad_item_before_exporting(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []  # nothing kept: no artifact folder for a bad id
 
 
-@pytest.mark.xfail(reason="repro: parse_item takes everything after the last '[' minus a trailing ']', so a node "
-                          "id as pytest-xdist --dist loadgroup reports it ('...[onnx-dynamic-BertModel]@BertModel') "
-                          "reaches resolve_models as 'BertModel]@BertModel' (UnknownModelError traceback)",
-                   strict=True)
 def test_parse_item_accepts_a_node_id_with_an_xdist_group_suffix():
     case = parse_item("sweeps/test_export.py::test_export[onnx-dynamic-BertModel]@BertModel")
     assert case == Case("onnx", "dynamic", _entry("BertModel"))

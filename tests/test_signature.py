@@ -67,10 +67,6 @@ def test_different_operators_give_different_signatures():
     assert a != b
 
 
-@pytest.mark.xfail(reason="signature: _OPERATOR matches only names starting with 'aten.', 'prims.', "
-                          "'executorch.', ... followed by [.:], so quoted 'torch.ops.aten.histc.default' and "
-                          "'executorch_prim::add.Scalar' become 'X' and distinct ops share one signature",
-                   strict=True)
 @pytest.mark.parametrize("prefix", ["torch.ops.aten.", "executorch_prim::"])
 def test_quoted_operator_names_with_namespace_prefixes_are_kept(prefix):
     a = error_signature(RuntimeError(f"no lowering for '{prefix}histc.default'"))
@@ -137,9 +133,6 @@ def test_unwrapping_stops_at_the_first_non_wrapper():
     assert root_cause(_chain(ConversionError("generic"), middle)) is middle
 
 
-@pytest.mark.xfail(reason="signature: the quoted-name pattern takes the apostrophe of \"doesn't\"/\"can't\" as an "
-                          "opening quote, so the quoted name after it is kept verbatim and one cause gets one "
-                          "signature per input name", strict=True)
 def test_apostrophes_do_not_defeat_quoted_name_normalization():
     a = error_signature(RuntimeError("ORT doesn't support input 'input_ids' of rank 2"))
     b = error_signature(RuntimeError("ORT doesn't support input 'pixel_values' of rank 4"))

@@ -466,9 +466,6 @@ def test_markers_are_registered_with_help_text(runs):
         assert len(line.split(":", 1)[1].strip()) > 10, line
 
 
-@pytest.mark.xfail(reason="README says '--dist loadgroup is implied by the xdist_group marks' but nothing sets it: "
-                          "under -n xdist uses --dist load, ignores xdist_group, and spreads a class's six items "
-                          "over workers (each rebuilding the tiny model)", strict=True)
 def test_xdist_distributes_by_class_under_n(runs):
     run = runs["markers"]
     assert run.configured is not None, run.output[-2000:]
@@ -601,19 +598,12 @@ def test_guard_passes_an_item_that_leaks_nothing(runs):
             assert report["outcome"] == "passed", report["text"]
 
 
-@pytest.mark.xfail(reason="export_patches snapshots only the patches registered when the fixture starts; the "
-                          "onnx/executorch exporter modules (and their @register_patch targets) are imported "
-                          "lazily by run_case, so the first onnx/executorch item of a process is not guarded",
-                   strict=True)
 def test_guard_covers_the_first_onnx_item_of_a_process(runs):
     run = runs["leak"]
     report = run.outcome("test_a_leak[onnx-static-BertModel]", "teardown")
     assert report["outcome"] == "failed" and "patches not restored" in report["text"]
 
 
-@pytest.mark.xfail(reason="pytest_terminal_summary counts only setup and call reports, so an item failed by the "
-                          "patch-leak guard (an error at teardown) shows as passed in the export sweep summary",
-                   strict=True)
 def test_sweep_summary_counts_leak_guard_errors(runs):
     run = runs["leak"]
     section = run.output.split("export sweep", 1)[1]
@@ -621,10 +611,6 @@ def test_sweep_summary_counts_leak_guard_errors(runs):
     assert "error" in line, line
 
 
-@pytest.mark.xfail(reason="export_patches restores a leaked target with setattr(owner, name, snapshot[path]); "
-                          "for a target inherited by a class the snapshot is exporters.utils.NOTSET, so the "
-                          "sentinel is written onto the class instead of the attribute being deleted",
-                   strict=True)
 def test_leaked_inherited_target_is_restored_by_deleting_it(runs):
     run = runs["leak"]
     leak = run.outcome("test_b_leak_inherited[dynamo-static-BertModel]", "teardown")

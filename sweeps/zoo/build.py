@@ -216,7 +216,7 @@ _PLACEHOLDER_RE = re.compile(
 
 def _placeholder_ids(config, modality: str) -> int | None:
     names = [f"{modality}_token_id", f"{modality}_token_index"]
-    for src in (config, getattr(config, "text_config", None)):
+    for src in [config, getattr(config, "text_config", None), *_iter_configs(config)]:
         if src is None:
             continue
         for n in names:
