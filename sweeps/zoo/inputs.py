@@ -495,7 +495,21 @@ def _packed_patches(inputs, config, model):
     return out
 
 
+def _with_pixel_mask(inputs, config, model, five_d=False):
+    x = inputs.get("pixel_values")
+    if x is None or x.dim() != 4 or "pixel_attention_mask" in inputs or \
+            "pixel_attention_mask" not in inspect.signature(model.forward).parameters:
+        return None
+    out = dict(inputs)
+    if five_d:
+        x = out["pixel_values"] = x.unsqueeze(1)
+    out["pixel_attention_mask"] = torch.ones((*x.shape[:-3], *x.shape[-2:]), dtype=torch.bool)
+    return out
+
+
 ALTERNATIVES = (
+    ("images with a pixel mask", _with_pixel_mask),
+    ("images (B, num_images, C, H, W) with a pixel mask", lambda i, c, m: _with_pixel_mask(i, c, m, five_d=True)),
     ("patches packed in one strip (MiniCPM-V)", _packed_patches),
     ("flattened patches as (N, C, p, p)", _patches_as_images),
     ("images with their sizes (image_sizes)", _with_image_sizes),
