@@ -507,6 +507,15 @@ def _with_pixel_mask(inputs, config, model, five_d=False):
     return out
 
 
+def _image_pairs(inputs, config, model):
+    x = inputs.get("pixel_values")
+    if x is None or x.dim() != 4:
+        return None
+    out = dict(inputs)
+    out["pixel_values"] = torch.stack([x, x.flip(-1)], dim=1)  # keypoint matching: (B, 2, C, H, W)
+    return out
+
+
 ALTERNATIVES = (
     ("images with a pixel mask", _with_pixel_mask),
     ("images (B, num_images, C, H, W) with a pixel mask", lambda i, c, m: _with_pixel_mask(i, c, m, five_d=True)),
@@ -517,4 +526,5 @@ ALTERNATIVES = (
     ("audio features (B, T, mel)", _transpose_features),
     ("images (B, num_images, C, H, W)", _images_5d),
     ("waveform (B, channels, samples)", _waveform_3d),
+    ("image pairs (B, 2, C, H, W)", _image_pairs),
 )

@@ -393,6 +393,10 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
     # --- list-valued stage descriptions (hierarchical vision backbones) ------------------
     for k, v in list(d.items()):
         kl = k.lower()
+        if kl.endswith("channels") and isinstance(v, list) and v and all(
+                isinstance(x, list) and all(_is_int(y) for y in x) for x in v):
+            d[k] = [[scale_channels(y) for y in x] for x in v]  # per-block channel tables
+            continue
         if not (isinstance(v, list) and v and all(_is_int(x) for x in v)):
             continue
         if kl == "depths" or kl.endswith("_depths") or kl in ("blocks_per_stage", "stage_num_blocks", "num_block_repeats", "block_repeats", "stage_numb_of_layers"):
@@ -401,7 +405,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                     "stage_out_channels", "stage_in_channels", "stage_mid_channels", "backbone_channel_list",
                     "conv_dim", "tdnn_dim", "convstream_hidden_sizes", "fusion_hidden_sizes", "embedding_dimension",
                     "embed_dim", "hidden_size", "decoder_in_channels", "encoder_in_channels", "in_channels", "out_channels") \
-                or kl.endswith("channels") or kl.endswith("hidden_sizes"):
+                or kl.endswith("channels") or kl.endswith("hidden_sizes") or kl.endswith("fusion_dims") \
+                or (kl == "out_features" and min(v) >= 16):
             # scale every channel list by the same factor so lists that must agree across
             # sub-configs (backbone hidden_sizes == encoder_in_channels ...) still agree
             # one fixed map for every entry of every channel list (x -> ceil(x / CHANNEL_DIV) from

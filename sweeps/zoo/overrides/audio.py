@@ -1,6 +1,10 @@
 """Overrides for audio models (data only; see sweeps/zoo/overrides/__init__.py for the format)."""
 
 OVERRIDES: dict[str, dict] = {
+    "fun_asr_nano": {
+        "reason": "validator: adaptor_config.intermediate_size must equal text_config.hidden_size // 4",
+        "config": {"adaptor_config.intermediate_size": 8},
+    },
     "audio-spectrogram-transformer": {
         "reason": "input_values are (B, max_length, mel) spectrograms; 1024 frames make ~1200 patches, 128 is enough",
         "config": {"max_length": 128},
