@@ -516,6 +516,15 @@ def _image_pairs(inputs, config, model):
     return out
 
 
+def _text_line_images(inputs, config, model):
+    x = inputs.get("pixel_values")
+    if x is None or x.dim() != 4:
+        return None
+    out = dict(inputs)  # OCR recognizers / deep CNNs: a 64x128 text-line image survives 32x downsampling
+    out["pixel_values"] = torch.nn.functional.interpolate(x, size=(64, 128), mode="bilinear", align_corners=False)
+    return out
+
+
 ALTERNATIVES = (
     ("images with a pixel mask", _with_pixel_mask),
     ("images (B, num_images, C, H, W) with a pixel mask", lambda i, c, m: _with_pixel_mask(i, c, m, five_d=True)),
@@ -527,4 +536,5 @@ ALTERNATIVES = (
     ("images (B, num_images, C, H, W)", _images_5d),
     ("waveform (B, channels, samples)", _waveform_3d),
     ("image pairs (B, 2, C, H, W)", _image_pairs),
+    ("larger text-line images (64x128)", _text_line_images),
 )

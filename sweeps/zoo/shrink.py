@@ -428,6 +428,16 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             d[k] = [min(x, WINDOW) for x in v]
         elif kl in ("mrope_section",):
             pass  # handled with rope below
+    # --- PaddlePaddle-style stage tables: block_configs[stage][block] = [kernel, in, out, stride, se]
+    bc = d.get("block_configs")
+    if isinstance(bc, list) and bc and all(isinstance(st, list) for st in bc):
+        deps = d.get("depths") if isinstance(d.get("depths"), list) else None
+        new_bc = []
+        for i, stage in enumerate(bc):
+            keep = stage[: max(1, deps[i])] if deps and i < len(deps) and _is_int(deps[i]) else stage
+            new_bc.append([[b[0], scale_channels(b[1]), scale_channels(b[2]), *b[3:]]
+                           if isinstance(b, list) and len(b) >= 3 and _is_int(b[1]) and _is_int(b[2]) else b for b in keep])
+        d["block_configs"] = new_bc
     # --- heterogeneous per-layer configs: keys are layer indices ---------------------------
     plc = d.get("per_layer_config")
     if isinstance(plc, dict) and plc and not all(str(k).lstrip("-").isdigit() for k in plc):

@@ -16,7 +16,14 @@ def _emu3_vocab() -> dict:
     return {"<image>": 120, **names}
 
 
+_THINKER = {
+    "reason": "the thinker model reads vision_start_token_id, which only the top-level Omni config defines",
+    "config": {"vision_start_token_id": 100},
+}
+
 OVERRIDES: dict[str, dict] = {
+    "qwen2_5_omni_thinker": _THINKER,
+    "qwen3_omni_moe_thinker": _THINKER,
     "qwen4_exp": {
         "reason": "QSA indexer fields are optional in the config but the full-attention layers always build the indexer",
         "config": {"text_config.indexer_n_heads": 2, "text_config.indexer_kv_heads": 1, "text_config.indexer_head_dim": 8,
