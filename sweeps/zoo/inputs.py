@@ -220,8 +220,8 @@ def patch_grid_pixels(gen, config):
     vc = vision_config(config)
     p = getattr(vc, "patch_size", 14) or 14
     p = p[0] if isinstance(p, (list, tuple)) else p
-    tp = getattr(vc, "temporal_patch_size", 1) or 1
-    m = getattr(vc, "spatial_merge_size", 1) or 1
+    tp = getattr(vc, "temporal_patch_size", None) or getattr(vc, "patch_temporal", None) or 1
+    m = getattr(vc, "spatial_merge_size", None) or getattr(vc, "merge_size", None) or 1
     c = getattr(vc, "in_channels", None) or getattr(vc, "num_channels", None) or getattr(vc, "in_chans", None) or 3
     gh, gw = 2 * m, 3 * m if m > 1 else 3
     grid = torch.tensor([[1, gh, gw]] * B, dtype=torch.long)
