@@ -7,6 +7,12 @@ _FOUR_TAPS = {
 
 OVERRIDES: dict[str, dict] = {
     "beit": _FOUR_TAPS,
+    "sapiens2": {
+        "reason": "dense-prediction head layout (upsample/conv stacks) is left None in the default head_config",
+        "config": {"head_config.upsample_out_channels": [32, 16], "head_config.upsample_kernel_sizes": [4, 4],
+                   "head_config.use_pixel_shuffle": False, "head_config.conv_out_channels": [16],
+                   "head_config.conv_kernel_sizes": [1]},
+    },
     "mobilevitv2": {
         "reason": "32x downsampling before the 2x2 unfold of the last stage: 32 px leaves 1x1, 64 px leaves 2x2",
         "config": {"image_size": 64},
