@@ -63,6 +63,7 @@ class Artifact:
         self.workarounds_fired: list[str] = list(fired)
         self.config = config
         self.extra_metadata = dict(extra_metadata or {})
+        self.guards: Callable[..., Any] | None = None  # the traced program's guard function, if any
 
     @property
     def dynamic_dims(self) -> dict[str, dict[int, dict]]:
@@ -128,7 +129,23 @@ class Artifact:
                     )
             ordered.append(value)
         self._check_shared_symbols(inputs)
+        self._check_guards(ordered)
         return ordered
+
+    def _check_guards(self, ordered: list[torch.Tensor]) -> None:
+        """The conditions torch.export recorded on input shapes (``s0 // 16 != 1``, ``s1 == s2``...),
+        checked for every backend: an ONNX or ExecuTorch artifact would otherwise compute garbage."""
+        if self.guards is None:
+            return
+        try:
+            self.guards(*ordered)
+        except AssertionError as exc:
+            guard = str(exc).replace("Guard failed: ", "")
+            raise InputError(
+                f"these input shapes are outside what the {self.backend} artifact was exported for: "
+                f"torch.export recorded the condition {guard} (inputs: "
+                + ", ".join(f"{n}{tuple(t.shape)}" for n, t in zip(self.input_names, ordered)) + ")"
+            ) from None
 
     def _check_shared_symbols(self, inputs: Mapping[str, Any]) -> None:
         seen: dict[str, tuple[str, int, int]] = {}

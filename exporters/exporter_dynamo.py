@@ -33,6 +33,11 @@ class Traced:
     output_names: list[str]
     input_specs: dict[str, tuple[tuple[int, ...], torch.dtype, dict[int, dict]]]
     constants: dict[str, Any]
+    guards: Any = None  # callable(*tensors) raising AssertionError("Guard failed: ...")
+
+    def artifact_kwargs(self, fired: FiredLog, config: ExportConfig) -> dict[str, Any]:
+        return dict(input_names=self.input_names, output_names=self.output_names, input_specs=self.input_specs,
+                    constants=self.constants, fired=fired.names(), config=config)
 
 
 # ── Stage 1: Forward-signature patch ─────────────────────────────────────────
@@ -360,7 +365,8 @@ def trace(
     for name, ph_name in zip(names, user_inputs):
         val = placeholders[ph_name].meta["val"]
         specs[name] = (tuple(tensors[name].shape), tensors[name].dtype, _dims_of(program, val))
-    return Traced(program, names, output_names_of(program), specs, constants)
+    guards = getattr(program.module(), "_guards_fn", None) if any(d for _, _, d in specs.values()) else None
+    return Traced(program, names, output_names_of(program), specs, constants, guards)
 
 
 # ── the exporter ─────────────────────────────────────────────────────────────
@@ -391,12 +397,6 @@ class DynamoExporter(Exporter):
         config = config or DynamoConfig()
         fired = FiredLog()
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, self.registry.patches("dynamo"), fired))
-        return DynamoArtifact(
-            traced.program,
-            input_names=traced.input_names,
-            output_names=traced.output_names,
-            input_specs=traced.input_specs,
-            constants=traced.constants,
-            fired=fired.names(),
-            config=config,
-        )
+        artifact = DynamoArtifact(traced.program, **traced.artifact_kwargs(fired, config))
+        artifact.guards = traced.guards
+        return artifact

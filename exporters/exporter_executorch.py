@@ -153,20 +153,12 @@ class ExecutorchExporter(Exporter):
         et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired))
         buffer = run_stage("lower", self.backend, lambda: self._lower(traced.program, config, partitioners, et_patches, fired))
-        return run_stage(
-            "run",
-            self.backend,
-            lambda: ExecutorchArtifact(
-                buffer,
-                input_names=traced.input_names,
-                output_names=traced.output_names,
-                input_specs=traced.input_specs,
-                constants=traced.constants,
-                fired=fired.names(),
-                config=config,
-                extra_metadata={"executorch_backend": config.backend},
-            ),
+        artifact = run_stage(
+            "run", self.backend,
+            lambda: ExecutorchArtifact(buffer, **traced.artifact_kwargs(fired, config), extra_metadata={"executorch_backend": config.backend}),
         )
+        artifact.guards = traced.guards
+        return artifact
 
     def _lower(self, program, config, partitioners, et_patches, fired) -> bytes:
         from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower

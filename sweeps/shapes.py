@@ -70,8 +70,15 @@ def parse_sizes(text: str) -> dict[int, int]:
     return out
 
 
-def check_at(artifact, model, inputs, sizes, backend: str) -> bool:
-    """Compare artifact and eager at ``sizes``; False when eager rejects the shape."""
+EAGER_REJECTS, ARTIFACT_REJECTS, COMPARED = "eager rejects", "artifact rejects", "compared"
+
+
+def check_at(artifact, model, inputs, sizes, backend: str) -> tuple[str, str]:
+    """Compare artifact and eager at ``sizes``. Returns ``(verdict, detail)``: COMPARED, or
+    EAGER_REJECTS when the model itself does not take the shape, or ARTIFACT_REJECTS when the
+    artifact's recorded guards refuse it (detail: the InputError naming the condition).
+    Raises ShapeMismatch when the outputs differ."""
+    from exporters import InputError
     from exporters.parity import compare
     from exporters.utils import flatten_outputs
 
@@ -80,13 +87,17 @@ def check_at(artifact, model, inputs, sizes, backend: str) -> bool:
         with torch.no_grad():
             expected = flatten_outputs(model(**new_inputs))
     except Exception:  # noqa: BLE001 - the model itself does not accept this shape
-        return False
+        return EAGER_REJECTS, ""
     if not all(torch.isfinite(t).all() for t in expected.values() if t.is_floating_point()):
-        return False
-    problems = compare(expected, artifact(**new_inputs), backend)
+        return EAGER_REJECTS, ""
+    try:
+        actual = artifact(**new_inputs)
+    except InputError as exc:
+        return ARTIFACT_REJECTS, str(exc)
+    problems = compare(expected, actual, backend)
     if problems:
         raise ShapeMismatch("; ".join(problems))
-    return True
+    return COMPARED, ""
 
 
 def check_dynamic_shapes(artifact, model, inputs, backend: str, repro: str) -> int:
@@ -101,6 +112,7 @@ def check_dynamic_shapes(artifact, model, inputs, backend: str, repro: str) -> i
     if not groups:
         return 0
     checked = []
+    refused: list[tuple[dict, str]] = []  # shapes eager takes but the artifact's guards refuse
 
     def sizes_strategy():
         parts = {k: st.integers(lo, hi) for k, (lo, hi) in groups.items()}
@@ -112,13 +124,15 @@ def check_dynamic_shapes(artifact, model, inputs, backend: str, repro: str) -> i
     @given(sizes=sizes_strategy())
     def draw(sizes):
         try:
-            accepted = check_at(artifact, model, inputs, sizes, backend)
+            accepted, detail = check_at(artifact, model, inputs, sizes, backend)
         except Exception as exc:  # noqa: BLE001 - re-raised with the repro
             raise ShapeMismatch(
                 f"at sizes {format_sizes(sizes)} (traced=new): {type(exc).__name__}: {exc}\n"
                 f"repro: {repro} --sizes {format_sizes(sizes)}"
             ) from exc
-        if not accepted:
+        if accepted == ARTIFACT_REJECTS:
+            refused.append((sizes, detail))
+        if accepted != COMPARED:
             reject()
         checked.append(sizes)
 
@@ -127,7 +141,12 @@ def check_dynamic_shapes(artifact, model, inputs, backend: str, repro: str) -> i
     except Exception as exc:
         from hypothesis.errors import Unsatisfiable
 
-        if isinstance(exc, Unsatisfiable):
-            return 0
-        raise
+        if not isinstance(exc, Unsatisfiable):
+            raise
+    if not checked and refused:
+        sizes, why = refused[0]
+        raise ShapeMismatch(
+            f"the artifact's guards refuse every drawn shape that eager accepts ({len(refused)} drawn), "
+            f"e.g. sizes {format_sizes(sizes)}: {why}\nrepro: {repro} --sizes {format_sizes(sizes)}"
+        )
     return len(checked)

@@ -78,7 +78,7 @@ _FFN = re.compile(
 _WIDTH = re.compile(
     r"(hidden_size|^d_model|n_embd|embed_dim|embedding_dim|embedding_size|hidden_dim|projection_dim|proj_dim|"
     r"^dim$|model_dim|^width$|_width$|output_dim|^d_latents|latent_dim|codebook_dim|codevector_dim|"
-    r"hidden_channels|bottleneck_size|projection_size|^proj_size|^enc_dim|^decoder_dim|emb_dim|^d_rel|^text_config_dim)$"
+    r"hidden_channels|bottleneck_size|projection_size|^proj_size|^(adapter|projector)_(in|out|input|output)_(dim|size)|^enc_dim|^decoder_dim|emb_dim|^d_rel|^text_config_dim)$"
 )
 _EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_experts_total|n_experts)$")
 _EXPERTS_TOK = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|top_k|moe_top_k|moe_k|num_selected_experts)$")
@@ -443,7 +443,9 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
     if isinstance(plc, dict) and plc and not all(str(k).lstrip("-").isdigit() for k in plc):
         for v in plc.values():  # keyed by layer type: keep the keys, shrink the sizes
             if isinstance(v, dict):
+                v0 = dict(v)
                 _shrink_level(v, tm, depth + 1)
+                _mla_head_dim(v, v0, d, orig)
     elif isinstance(plc, dict) and plc and _is_int(n_layers):
         items = sorted(((int(k), v) for k, v in plc.items()), key=lambda kv: kv[0])
         distinct, seen = [], []
@@ -454,8 +456,9 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         distinct = distinct[: n_layers]
         shrunk = []
         for v in distinct:  # per-layer overrides hold sizes too (head_dim, kv heads ...): same rules
-            v = dict(v)
+            v0, v = v, dict(v)
             _shrink_level(v, tm, depth + 1)
+            _mla_head_dim(v, v0, d, orig)
             shrunk.append(v)
         d["per_layer_config"] = {str(n_layers - len(shrunk) + i): v for i, v in enumerate(shrunk)}
     # --- windowed hierarchical backbones (Swin family): last stage must hold one window ---
@@ -522,6 +525,18 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             d["merge_index"] = min(d["merge_index"], min(d["intermediate_hidden_state_indices"]))
         if "attn_layer_indices" in orig and orig["attn_layer_indices"] is None and "mamba_d_state" in d:
             d["attn_layer_indices"] = [n_layers - 1]  # hybrid SSMs: keep one attention layer
+
+
+def _mla_head_dim(v: dict, v0: dict, parent: dict, parent0: dict) -> None:
+    """A per-layer override whose head_dim was qk_nope + qk_rope (inheriting either from the
+    parent) keeps that relation after shrinking."""
+    if not any(k in v for k in ("head_dim", "qk_nope_head_dim", "qk_rope_head_dim")):
+        return
+    get = lambda dd, dd_parent, k: dd.get(k, dd_parent.get(k))  # noqa: E731
+    n0, r0 = get(v0, parent0, "qk_nope_head_dim"), get(v0, parent0, "qk_rope_head_dim")
+    n1, r1 = get(v, parent, "qk_nope_head_dim"), get(v, parent, "qk_rope_head_dim")
+    if all(_is_int(x) for x in (n0, r0, n1, r1)) and get(v0, parent0, "head_dim") == n0 + r0:
+        v["head_dim"] = n1 + r1
 
 
 def _split_sum(total: int, parts: int) -> list[int]:
