@@ -331,6 +331,11 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
     if _is_int(d.get("coordinate_size")) and _is_int(d.get("shape_size")) and _is_int(d.get("hidden_size")) and \
             4 * orig["coordinate_size"] + 2 * orig["shape_size"] == orig.get("hidden_size"):
         d["coordinate_size"], d["shape_size"] = d["hidden_size"] // 8, d["hidden_size"] // 4
+    # pixel-shuffle adapters (Llama 4 vision): the adapter MLP input is hidden / ratio**2
+    psr = d.get("pixel_shuffle_ratio")
+    if isinstance(psr, float) and 0 < psr < 1 and _is_int(d.get("hidden_size")) and _is_int(d.get("intermediate_size")) \
+            and _is_int(orig.get("hidden_size")) and orig.get("intermediate_size") == int(orig["hidden_size"] / psr ** 2):
+        d["intermediate_size"] = int(d["hidden_size"] / psr ** 2)
     # group counts that equalled the width (depthwise convs) follow it
     for wk in ("hidden_size", "d_model"):
         if _is_int(orig.get(wk)) and _is_int(d.get(wk)) and orig[wk] != d[wk]:
