@@ -292,6 +292,11 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
     if has("pixel_values_videos") and not has("video_grid_thw") and (
             _is_required(params["pixel_values_videos"]) or not has("pixel_values")):
         out["pixel_values_videos"] = pixel_values(gen, config, num_frames(config) or 4)
+    for mk in ("merge_sizes", "image_merge_sizes"):
+        grid = out.get("image_grid_thw", out.get("grid_thw"))
+        if has(mk) and mk not in out and (grid is not None or _is_required(params[mk])):
+            m = getattr(vision_config(config), "spatial_merge_size", None) or 1
+            out[mk] = torch.full((B,), int(m), dtype=torch.long)
     if has("hidden_states") and (has("grid_thw") or has("image_grid_thw")) and "pixel_values" not in out:
         # Qwen-VL style vision towers take the flattened patches directly
         pv, grid = patch_grid_pixels(gen, config)

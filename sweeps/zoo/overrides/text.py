@@ -45,6 +45,14 @@ OVERRIDES: dict[str, dict] = {
         "config": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 8, "indexer_budget": 4,
                    "indexer_compress_ratio": 2},
     },
+    "neomme": {
+        "reason": "validator: partial_rotary_factor 0.25 must rotate a multiple of 4 dims (M-RoPE axes): head_dim 16",
+        "config": {"head_dim": 16},
+    },
+    "gemma4_assistant": {
+        "reason": "validator: hidden_size_per_layer_input must be 0 for the assistant (its own default says 256)",
+        "config": {"hidden_size_per_layer_input": 0},
+    },
     "dbrx": {
         "reason": "modeling reads attn_config.rope_theta and clamps with clip_qkv, both unset in the nested default",
         "config": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
