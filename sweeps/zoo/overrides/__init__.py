@@ -5,6 +5,7 @@ can add entries in parallel.  Each entry::
         "reason": "one line: why the generic rules cannot know this",
         "config": {"dotted.path": value, ...},   # applied to the shrunk config dict;
                                                   # value "<delete>" removes the key (derived fields)
+        "base": {kwarg: value},                   # passed to ConfigClass() when even the default is invalid
         "inputs": {...},                          # seq_len, pixel_rank (4: no frames axis),
                                                   # images_per_sample, place {token_id_name: [positions]}
     }

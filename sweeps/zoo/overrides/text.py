@@ -51,7 +51,7 @@ OVERRIDES: dict[str, dict] = {
     },
     "gemma4_assistant": {
         "reason": "validator: hidden_size_per_layer_input must be 0 for the assistant (its own default says 256)",
-        "config": {"hidden_size_per_layer_input": 0},
+        "base": {"hidden_size_per_layer_input": 0},  # needed to construct the default config at all
     },
     "dbrx": {
         "reason": "modeling reads attn_config.rope_theta and clamps with clip_qkv, both unset in the nested default",
