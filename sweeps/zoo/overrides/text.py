@@ -50,8 +50,8 @@ OVERRIDES: dict[str, dict] = {
         "config": {"head_dim": 16},
     },
     "gemma4_assistant": {
-        "reason": "validator: hidden_size_per_layer_input must be 0 for the assistant (its own default says 256)",
-        "base": {"hidden_size_per_layer_input": 0},  # needed to construct the default config at all
+        "reason": "validator: per-layer-input sizes must be 0 for the assistant (its own default text config has 256 / 262144)",
+        "base": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},  # default fails otherwise
     },
     "dbrx": {
         "reason": "modeling reads attn_config.rope_theta and clamps with clip_qkv, both unset in the nested default",
