@@ -398,8 +398,12 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
         raise NotImplementedError(
             f"{entry.class_name} defines no forward() (a generate-only wrapper); there is no eager forward to run")
     ov = get_override(entry.model_type)
+    ov_cls = get_override(entry.class_name)  # rare class-specific entries (keyed by class name)
+    if ov_cls:
+        ov = {**ov, **{k: v for k, v in ov_cls.items() if k != "config"},
+              "inputs": {**ov.get("inputs", {}), **ov_cls.get("inputs", {})}}
     try:
-        config = tiny_config(entry.model_type)
+        config = tiny_config(entry.model_type, config_overrides=ov_cls.get("config"))
     except ImportError as exc:
         reason = _blocked_from(exc)
         if reason:

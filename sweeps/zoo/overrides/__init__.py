@@ -1,7 +1,7 @@
 """Per-model-type overrides, kept as DATA, one family per module so that several people
 can add entries in parallel.  Each entry::
 
-    "model_type": {
+    "model_type": {        # or a class name (CamelCase) for a class-specific entry
         "reason": "one line: why the generic rules cannot know this",
         "config": {"dotted.path": value, ...},   # applied to the shrunk config dict;
                                                   # value "<delete>" removes the key (derived fields)

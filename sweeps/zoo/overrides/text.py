@@ -53,6 +53,10 @@ OVERRIDES: dict[str, dict] = {
         "reason": "validator: per-layer-input sizes must be 0 for the assistant (its own default text config has 256 / 262144)",
         "base": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},  # default fails otherwise
     },
+    "T5GemmaEncoderModel": {
+        "reason": "the encoder-only class refuses a config flagged is_encoder_decoder (the t5gemma default)",
+        "config": {"is_encoder_decoder": False},
+    },
     "dbrx": {
         "reason": "modeling reads attn_config.rope_theta and clamps with clip_qkv, both unset in the nested default",
         "config": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
