@@ -336,6 +336,12 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
     # (the default Llama 4 vision config itself breaks this: 768 / 0.25 != 5632, its checkpoints use 1408)
     if isinstance(psr, float) and 0 < psr < 1 and _is_int(d.get("hidden_size")) and _is_int(d.get("intermediate_size")):
         d["intermediate_size"] = int(d["hidden_size"] / psr ** 2)
+    # widths that were a multiple of hidden_size (concat of two streams ...) stay that multiple
+    if _is_int(orig.get("hidden_size")) and _is_int(d.get("hidden_size")) and orig["hidden_size"] != d["hidden_size"]:
+        for k2 in ("attention_hidden_size",):
+            o = orig.get(k2)
+            if _is_int(o) and o != orig["hidden_size"] and o % orig["hidden_size"] == 0:
+                d[k2] = d["hidden_size"] * (o // orig["hidden_size"])
     # group counts that equalled the width (depthwise convs) follow it
     for wk in ("hidden_size", "d_model"):
         if _is_int(orig.get(wk)) and _is_int(d.get(wk)) and orig[wk] != d[wk]:
