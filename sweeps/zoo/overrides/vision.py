@@ -7,6 +7,10 @@ _FOUR_TAPS = {
 
 OVERRIDES: dict[str, dict] = {
     "beit": _FOUR_TAPS,
+    "levit": {
+        "reason": "the patch embedding is a fixed stack of four stride-2 convs (16x); patch_size must stay 16",
+        "config": {"patch_size": 16, "image_size": 64},
+    },
     "sapiens2": {
         "reason": "dense-prediction head layout (upsample/conv stacks) is left None in the default head_config",
         "config": {"head_config.upsample_out_channels": [32, 16], "head_config.upsample_kernel_sizes": [4, 4],
