@@ -22,6 +22,10 @@ _THINKER = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "lilt": {
+        "reason": "layout embeddings use hidden_size // 6 per box coordinate; 48 divides by 6, heads and shrink ratio 4",
+        "config": {"hidden_size": 48},
+    },
     "qwen2_5_omni_thinker": _THINKER,
     "qwen3_omni_moe_thinker": _THINKER,
     "qwen4_exp": {
