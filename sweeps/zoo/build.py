@@ -58,7 +58,7 @@ def _set_path(d: dict, path: str, value: Any) -> None:
     if value is DELETE or value == "<delete>":
         cur.pop(keys[-1], None)
     else:
-        cur[keys[-1]] = value
+        cur[keys[-1]] = copy.deepcopy(value)  # override data is shared: never let a config mutate it
 
 
 class _Delete:

@@ -21,7 +21,17 @@ _THINKER = {
     "config": {"vision_start_token_id": 100},
 }
 
+_COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+
 OVERRIDES: dict[str, dict] = {
+    "cohere_compass_text": {
+        "reason": "default rope_parameters is empty but the rotary embedding looks it up per layer type",
+        "config": {"rope_parameters": _COMPASS_ROPE},
+    },
+    "cohere_compass": {
+        "reason": "default rope_parameters is empty but the rotary embedding looks it up per layer type",
+        "config": {"text_config.rope_parameters": _COMPASS_ROPE},
+    },
     "lilt": {
         "reason": "layout embeddings use hidden_size // 6 per box coordinate; 48 divides by 6, heads and shrink ratio 4",
         "config": {"hidden_size": 48},
