@@ -24,6 +24,10 @@ _THINKER = {
 _COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
 
 OVERRIDES: dict[str, dict] = {
+    "step3p7": {
+        "reason": "sliding-window heads (num_sliding_attention_heads) need sliding_window, which defaults to None",
+        "config": {"text_config.sliding_window": 4},
+    },
     "cohere_compass_text": {
         "reason": "default rope_parameters is empty but the rotary embedding looks it up per layer type",
         "config": {"rope_parameters": _COMPASS_ROPE},
