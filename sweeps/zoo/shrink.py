@@ -364,7 +364,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                 d[kvk] = d[heads_key]
     # SSM (mamba-style) blocks: heads * head_dim must equal expand * hidden
     for nh, hdk, exk in (("num_heads", "head_dim", "expand"), ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
-                         ("mamba_num_heads", "mamba_head_dim", "mamba_expand"), ("n_mamba_heads", "mamba_headdim", "mamba_expand")):
+                         ("mamba_num_heads", "mamba_head_dim", "mamba_expand"), ("n_mamba_heads", "mamba_headdim", "mamba_expand"),
+                         ("mamba_num_heads", "mamba_head_dim", "expand")):
         if all(_is_int(d.get(x)) for x in (nh, hdk)) and isinstance(d.get(exk), (int, float)) and _is_int(d.get("hidden_size")):
             inner = int(d[exk] * d["hidden_size"])
             if _is_int(d.get("mamba_d_ssm")):
