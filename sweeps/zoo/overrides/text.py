@@ -57,6 +57,10 @@ OVERRIDES: dict[str, dict] = {
         "reason": "the encoder-only class refuses a config flagged is_encoder_decoder (the t5gemma default)",
         "config": {"is_encoder_decoder": False},
     },
+    "hrm_text": {
+        "reason": "cache slots: num_hidden_layers == num_layers_per_stack * H_cycles * (L_cycles + 1)",
+        "config": {"num_layers_per_stack": 1, "H_cycles": 2, "L_cycles": 1, "L_bp_cycles": [1], "num_hidden_layers": 4},
+    },
     "dbrx": {
         "reason": "modeling reads attn_config.rope_theta and clamps with clip_qkv, both unset in the nested default",
         "config": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
