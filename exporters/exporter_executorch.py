@@ -11,7 +11,7 @@ import torch
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import _finite, trace
-from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, register_patch
+from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 
 # "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering);
 # the others are torch patches (stage 2, installed around torch.export).
@@ -77,24 +77,6 @@ def bound_dynamic_shapes(spec: Any, max_dim: int) -> Any:
 
 # ── Stage 2: Torch patches ───────────────────────────────────────────────────
 # Replace torch ops the backend rejects while torch.export traces: @register_patch("executorch", "torch.op").
-
-
-@register_patch("executorch", "torch.nn.functional.scaled_dot_product_attention")
-def _patch_sdpa_contiguous_output(original):
-    """The CPU SDPA kernel returns its output laid out as (batch, seq, heads, dim), so the model's
-    ``transpose(1, 2).reshape(...)`` traces as a free ``view`` and its ``.contiguous()`` vanishes.
-    Lowering decomposes SDPA into matmuls whose output is (batch, heads, seq, dim)-contiguous,
-    and that recorded ``view`` then fails ("Cannot view a tensor with shape ... and strides ...").
-    Make the traced output contiguous, so the reshape is traced as the copy it is after lowering.
-
-    before: sdpa(q, k, v) -> strides of (b, s, h, d)   after: sdpa(q, k, v).contiguous-copy
-    """
-
-    def sdpa(*args, **kwargs):
-        out = original(*args, **kwargs)
-        return out if out.is_contiguous() else out.clone(memory_format=torch.contiguous_format)
-
-    return sdpa
 
 
 # ── Stage 3: ExecuTorch patches ──────────────────────────────────────────────
