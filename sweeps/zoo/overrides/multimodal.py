@@ -24,6 +24,10 @@ _THINKER = {
 _COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
 
 OVERRIDES: dict[str, dict] = {
+    "diffusion_gemma": {
+        "reason": "text layers always build the MoE router but num_experts / top_k / moe width default to None",
+        "config": {"text_config.num_experts": 4, "text_config.top_k_experts": 2, "text_config.moe_intermediate_size": 64},
+    },
     "step3p7": {
         "reason": "sliding-window heads (num_sliding_attention_heads) need sliding_window, which defaults to None",
         "config": {"text_config.sliding_window": 4},
