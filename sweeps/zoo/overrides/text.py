@@ -61,6 +61,10 @@ OVERRIDES: dict[str, dict] = {
         "reason": "cache slots: num_hidden_layers == num_layers_per_stack * H_cycles * (L_cycles + 1)",
         "config": {"num_layers_per_stack": 1, "H_cycles": 2, "L_cycles": 1, "L_bp_cycles": [1], "num_hidden_layers": 4},
     },
+    "dots1": {
+        "reason": "expert counts (routed, shared, per token) default to None but the MoE layers allocate them",
+        "config": {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+    },
     "dbrx": {
         "reason": "modeling reads attn_config.rope_theta and clamps with clip_qkv, both unset in the nested default",
         "config": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
