@@ -309,8 +309,9 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
     # --- kv heads ----------------------------------------------------------------------
     for k, v in list(d.items()):
         if _is_int(v) and _KV_HEADS.search(k.lower()):
-            heads_key = next((hk for hk in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
-                              if _is_int(d.get(hk))), None)
+            sibling = k.replace("key_value_heads", "attention_heads")  # encoder_num_key_value_heads -> ..._attention_heads
+            heads_key = next((hk for hk in (sibling, "num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
+                              if hk != k and _is_int(d.get(hk))), None)
             new_heads = d[heads_key] if heads_key else HEADS
             old_heads = orig.get(heads_key) if heads_key else None
             if old_heads is not None and v == old_heads:
