@@ -344,6 +344,17 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
             out["aspect_ratio_mask"] = torch.ones((B, 1, tiles), dtype=torch.long)
         if has("cross_attention_mask") and "input_ids" in out:
             out["cross_attention_mask"] = torch.ones((B, out["input_ids"].shape[1], 1, tiles), dtype=torch.long)
+    if has("image_embeds_position_mask") and "pixel_values" in out and "input_ids" in out:
+        # Kosmos-2: latent_query_num image slots right after the first token, flagged by the mask
+        n = int(getattr(config, "latent_query_num", 64) or 64)
+        ids = out["input_ids"]
+        slots = token_ids(gen, (B, n), vocab, avoid)
+        out["input_ids"] = torch.cat([ids[:, :1], slots, ids[:, 1:]], dim=1)
+        mask = torch.zeros_like(out["input_ids"], dtype=torch.bool)
+        mask[:, 1:1 + n] = True
+        out["image_embeds_position_mask"] = mask
+        if "attention_mask" in out:
+            out["attention_mask"] = torch.ones_like(out["input_ids"])
     if has("target_sizes") and "pixel_values" in out and out["pixel_values"].dim() == 4:
         p = _patch(config)
         h, w = out["pixel_values"].shape[-2:]
