@@ -24,6 +24,10 @@ _THINKER = {
 _COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
 
 OVERRIDES: dict[str, dict] = {
+    "aria": {
+        "reason": "the projector maps a patch count to a query count; the tiny 32 px / patch 8 tower has 16 patches",
+        "config": {"projector_patch_to_query_dict": {16: 4}, "max_value_projector_patch_to_query_dict": 4},
+    },
     "diffusion_gemma": {
         "reason": "text layers always build the MoE router but num_experts / top_k / moe width default to None",
         "config": {"text_config.num_experts": 4, "text_config.top_k_experts": 2, "text_config.moe_intermediate_size": 64},
