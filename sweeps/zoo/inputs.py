@@ -398,6 +398,9 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
             out["attention_mask"] = torch.ones((B, n), dtype=torch.long)
         if has("decoder_input_ids"):
             out["decoder_input_ids"] = token_ids(gen, (B, T_DEC), vocab, avoid)
+    if has("decoder_input_values"):  # speech decoders (SpeechT5 TTS): mel frames
+        mel = getattr(config, "num_mel_bins", None) or 80
+        out["decoder_input_values"] = torch.randn((B, T_DEC, mel), generator=gen)
     if has("past_values"):
         out.update(time_series_inputs(gen, config, has))
     if has("bbox"):
@@ -411,6 +414,8 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
             if k in out:  # (B, S) -> (B, num_choices=3, S)
                 v = out[k]
                 out[k] = torch.stack([v, v.roll(1, dims=-1 if k != "bbox" else -2), v.roll(2, dims=-1 if k != "bbox" else -2)], dim=1)
+    for name in spec.get("drop") or ():  # inputs the forward takes but must not get together (data from overrides)
+        out.pop(name, None)
     for id_name, positions in (spec.get("place") or {}).items():
         tok = getattr(config, id_name, None)  # put a special token at fixed positions (data from overrides)
         if isinstance(tok, int) and "input_ids" in out:

@@ -7,7 +7,8 @@ can add entries in parallel.  Each entry::
                                                   # value "<delete>" removes the key (derived fields)
         "base": {kwarg: value},                   # passed to ConfigClass() when even the default is invalid
         "inputs": {...},                          # seq_len, pixel_rank (4: no frames axis),
-                                                  # images_per_sample, place {token_id_name: [positions]}
+                                                  # images_per_sample, place {token_id_name: [positions]},
+                                                  # drop [input names]
     }
 
 Merged here; a model type defined in two modules is an error.  Prefer a better generic

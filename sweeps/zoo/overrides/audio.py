@@ -1,6 +1,10 @@
 """Overrides for audio models (data only; see sweeps/zoo/overrides/__init__.py for the format)."""
 
 OVERRIDES: dict[str, dict] = {
+    "qwen2_audio": {
+        "reason": "legacy merge: one audio_token_index per sample in input_ids, expanded by the model itself",
+        "inputs": {"place": {"audio_token_index": [1]}},
+    },
     "fun_asr_nano": {
         "reason": "validator: adaptor_config.intermediate_size must equal text_config.hidden_size // 4",
         "config": {"adaptor_config.intermediate_size": 8},
