@@ -1,0 +1,573 @@
+"""Peer comparison: our sweep results against ``transformers.exporters`` on the same tiny models.
+
+    python benchmarks/peer_compare.py --results results/dynamo-static.jsonl \\
+        [--model PATTERN ...] [--limit N] [--backend B ...] [--variant V ...] \\
+        [--jobs 1] [--timeout 600] [--json OUT] [--markdown OUT] [--match-onnx-optimize]
+
+Our side is read from a sweep log (pytest-reportlog JSONL, or the report's results.json), loaded
+with ``sweeps.report.load.load_any``: our exporters are not re-run. Our outcome ``pass`` and
+``xpass`` (the item passed) count as a pass; ``fail``, ``xfail`` (a known failure) and ``crash``
+as a failure; ``skipped`` items are not compared.
+
+The peer side is run now, one child process per (class, backend, variant), so a crash or a hang
+loses that item only (``--timeout`` seconds each, ``--jobs`` at a time). In the child:
+
+1. build:   ``sweeps.zoo.build_tiny(entry, seed=0)``: the same tiny model and inputs as our sweep
+            (``sweeps.runner.reference`` builds exactly this);
+2. eager:   the model's own outputs at those inputs, computed before the export, as our sweep does;
+3. export:  the peer's public API only: ``AutoHfExporter.from_config(cfg).export(model, inputs, cfg)``
+            with ``DynamoConfig`` / ``OnnxConfig`` / ``ExecutorchConfig(dynamic=...)``. "dynamic" is
+            the peer's own definition, ``dynamic=True`` with no ``dynamic_shapes``: every input axis
+            ``Dim.AUTO``. ONNX keeps the peer's default ``optimize=True`` (``--match-onnx-optimize``
+            turns it off where our sweep did, as recorded in our results);
+4. run:     the returned ``ExportedModel`` called like the model (``exported(**inputs)``), i.e. the
+            peer's runner: the ExportedProgram's ``.module()`` for dynamo, an ONNX Runtime session
+            (CPU, ``intra_op_num_threads=1`` like ours) for onnx, the ExecuTorch runtime for executorch;
+5. compare: both sides flattened with OUR ``exporters.utils.flatten_outputs`` and compared with OUR
+            ``exporters.parity.compare(expected, actual, backend)``: the same rule and tolerance as
+            our sweep. The peer's runners rebuild the model's own output type (a ModelOutput), so
+            names line up; if a peer ever returns a flat list/tuple of tensors instead, its tensors
+            are mapped positionally onto our eager output names (``list(expected)``) when the counts
+            match. Both sides are flattened after the peer export, so both use the same pytree
+            registration for cache objects (the peer registers its own cache nodes first).
+6. shapes (dynamic only): the peer's dynamic input dims are read from its program (the
+            ExportedProgram's symbolic placeholder shapes and range constraints for dynamo and
+            ExecuTorch, the ONNX graph's symbolic input dims for onnx, which carry no bounds) and
+            grouped by traced size with ``sweeps.shapes.size_groups``; inputs are resized with
+            ``sweeps.shapes.resize_inputs``. A few fixed candidate shapes are tried (every dynamic
+            group +1, every group doubled, each group +1 alone) until one is compared: eager
+            rejecting a shape skips it, the artifact raising on a shape eager takes counts as a
+            refusal, a mismatch fails, and a peer that refuses every shape eager takes fails (our
+            rule). ASYMMETRY: our sweep compares at several Hypothesis-drawn shapes (any mismatch
+            fails; only our InputError counts as a refusal), the peer at ONE shape, and any peer
+            error at a new shape is a refusal, not a failure: this favours the peer.
+
+Buckets per backend/variant: both pass, ours only (we pass, the peer fails), peer only (the peer
+passes, we fail), both fail. Failures show an error signature (``sweeps.signature.error_signature``
+for the peer; our record's normalized error for ours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+BUCKETS = ("both pass", "ours only", "peer only", "both fail")
+OURS_PASS = frozenset({"pass", "xpass"})
+OURS_FAIL = frozenset({"fail", "xfail", "crash"})
+SEED = 0
+PEER_CONFIGS = {"dynamo": "DynamoConfig", "onnx": "OnnxConfig", "executorch": "ExecutorchConfig"}
+MAX_SHAPE_CANDIDATES = 5
+ASYMMETRY_NOTE = (
+    "dynamic: the peer is compared at its traced shape and at ONE other shape (the first of a few fixed "
+    "candidates that eager accepts and the peer runs); ours at several Hypothesis-drawn shapes, and a peer "
+    "error at a new shape counts as a refusal, not a failure. This asymmetry favours the peer."
+)
+
+
+# ── our side ──────────────────────────────────────────────────────────────────
+
+def ours_status(outcome: str) -> str | None:
+    """``"pass"``, ``"fail"``, or None for an item that is not compared (skipped)."""
+    if outcome in OURS_PASS:
+        return "pass"
+    if outcome in OURS_FAIL:
+        return "fail"
+    return None
+
+
+def load_ours(path: str) -> dict[tuple[str, str, str], Any]:
+    """``{(class, backend, variant): Result}`` of the sweep's main test; a later record wins."""
+    from sweeps.report.load import MAIN_TEST, load_any
+
+    ours = {}
+    for r in load_any(path):
+        if r.test not in (MAIN_TEST, "") or not (r.model_class and r.backend and r.variant):
+            continue
+        ours[(r.model_class, r.backend, r.variant)] = r
+    return ours
+
+
+def select_items(ours: Mapping[tuple[str, str, str], Any], *, models: list[str] | None = None,
+                 limit: int | None = None, backends: list[str] | None = None,
+                 variants: list[str] | None = None) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """The (class, backend, variant) items to compare, and notes on classes left out.
+
+    Classes come from ``--model`` patterns (``sweeps.zoo.resolve_models``) or, without any, from our
+    results; ``limit`` keeps the first N classes in name order. Combos are the backend/variant
+    pairs present in our results (filtered by ``backends``/``variants``)."""
+    combos = sorted({(b, v) for (_, b, v) in ours
+                     if (not backends or b in backends) and (not variants or v in variants)})
+    notes: list[str] = []
+    if models:
+        from sweeps.zoo import resolve_models
+
+        classes = sorted({e.class_name for e in resolve_models(models)})
+    else:
+        classes = sorted({c for (c, b, v) in ours if (b, v) in combos})
+    if limit is not None:
+        classes = classes[:limit]
+    items = []
+    for backend, variant in combos:
+        for cls in classes:
+            record = ours.get((cls, backend, variant))
+            if record is None:
+                notes.append(f"{backend}/{variant} {cls}: no result on our side, not compared")
+            elif ours_status(record.outcome) is None:
+                notes.append(f"{backend}/{variant} {cls}: ours {record.outcome}, not compared")
+            else:
+                items.append((cls, backend, variant))
+    return items, notes
+
+
+# ── bucketing ─────────────────────────────────────────────────────────────────
+
+def bucket_of(ours_pass: bool, peer_pass: bool) -> str:
+    if ours_pass and peer_pass:
+        return "both pass"
+    if ours_pass:
+        return "ours only"
+    if peer_pass:
+        return "peer only"
+    return "both fail"
+
+
+def tabulate(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Rows ``{class, backend, variant, ours, peer, ours_error, peer_error, ...}`` (ours/peer: "pass",
+    "fail", or anything else for not compared) -> ``{"backend/variant": {bucket: [classes], ...}}``
+    with ``"not compared"`` and per-class error signatures."""
+    tables: dict[str, dict[str, Any]] = {}
+    for row in sorted(rows, key=lambda r: (r["backend"], r["variant"], r["class"])):
+        key = f"{row['backend']}/{row['variant']}"
+        table = tables.setdefault(key, {**{b: [] for b in BUCKETS}, "not compared": [],
+                                        "peer_errors": {}, "ours_errors": {}})
+        if row["ours"] not in ("pass", "fail") or row["peer"] not in ("pass", "fail"):
+            table["not compared"].append(row["class"])
+            continue
+        bucket = bucket_of(row["ours"] == "pass", row["peer"] == "pass")
+        table[bucket].append(row["class"])
+        if row["peer"] == "fail":
+            table["peer_errors"][row["class"]] = row.get("peer_error") or "?"
+        if row["ours"] == "fail":
+            table["ours_errors"][row["class"]] = row.get("ours_error") or "?"
+    return tables
+
+
+def render_text(tables: Mapping[str, Mapping[str, Any]], rows: list[Mapping[str, Any]] | None = None) -> str:
+    by_key = {(r["class"], f"{r['backend']}/{r['variant']}"): r for r in rows or []}
+    out = []
+    for key, table in tables.items():
+        n = sum(len(table[b]) for b in BUCKETS)
+        out.append(f"== {key}: {n} classes compared ==")
+        out.append(f"  {'bucket':<10} {'count':>5}  classes")
+        for b in BUCKETS:
+            out.append(f"  {b:<10} {len(table[b]):>5}  {', '.join(table[b]) or '-'}")
+        if table["not compared"]:
+            out.append(f"  not compared ({len(table['not compared'])}): "
+                       + ", ".join(f"{c} [{_why_not(by_key.get((c, key)))}]" for c in table["not compared"]))
+        for title, bucket, side in (("ours only: the peer's error", "ours only", "peer_errors"),
+                                    ("both fail: the peer's error", "both fail", "peer_errors"),
+                                    ("peer only: our error", "peer only", "ours_errors")):
+            if table[bucket]:
+                out.append(f"  {title}:")
+                for c in table[bucket]:
+                    stage = (by_key.get((c, key)) or {}).get("peer_stage" if side == "peer_errors" else "ours_stage")
+                    out.append(f"    {c}: {'[' + stage + '] ' if stage else ''}{table[side].get(c, '?')}")
+        if key.endswith("/dynamic"):
+            out.append(f"  note: {ASYMMETRY_NOTE}")
+        out.append("")
+    return "\n".join(out)
+
+
+def _why_not(row: Mapping[str, Any] | None) -> str:
+    if not row:
+        return "?"
+    if row["peer"] not in ("pass", "fail"):
+        return f"peer {row['peer']}: {row.get('peer_error') or ''}".strip()
+    return f"ours {row['ours']}"
+
+
+def render_markdown(tables: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
+    out = ["# Ours vs transformers.exporters (peer)", "",
+           f"Our results: `{meta.get('results')}`; peer: transformers {meta.get('transformers')}; "
+           "parity: our `exporters.parity.compare` for both.", ""]
+    for key, table in tables.items():
+        out += [f"## {key}", "", "| bucket | count | classes |", "|---|---:|---|"]
+        for b in BUCKETS:
+            out.append(f"| {b} | {len(table[b])} | {', '.join(table[b]) or '-'} |")
+        if table["not compared"]:
+            out.append(f"| not compared | {len(table['not compared'])} | {', '.join(table['not compared'])} |")
+        out.append("")
+        failing = [(c, "peer", table["peer_errors"][c]) for c in table["ours only"] + table["both fail"]]
+        failing += [(c, "ours", table["ours_errors"][c]) for c in table["peer only"]]
+        if failing:
+            out += ["| class | failing side | error signature |", "|---|---|---|"]
+            out += [f"| {c} | {side} | `{str(err).replace('|', '/')}` |" for c, side, err in failing]
+            out.append("")
+        if key.endswith("/dynamic"):
+            out += [f"> {ASYMMETRY_NOTE}", ""]
+    return "\n".join(out)
+
+
+# ── the peer, in a child process ──────────────────────────────────────────────
+
+def _flatten_actual(actual: Any, expected: Mapping[str, Any]) -> dict[str, Any]:
+    """The peer's outputs under our names: ``flatten_outputs`` on what it returns (a ModelOutput),
+    or, for a flat list/tuple of tensors, positionally onto ``list(expected)`` when counts match."""
+    import torch
+
+    from exporters.utils import flatten_outputs
+
+    if isinstance(actual, (list, tuple)) and not hasattr(actual, "keys") \
+            and all(isinstance(t, torch.Tensor) for t in actual) and len(actual) == len(expected):
+        return dict(zip(list(expected), actual))
+    return flatten_outputs(actual)
+
+
+def _ep_dynamic_dims(ep, inputs: Mapping[str, Any]) -> dict[str, dict[int, dict[str, int | None]]]:
+    """``{input name: {dim: {"min", "max"}}}`` of a torch ExportedProgram's symbolic user inputs."""
+    import sympy
+    import torch
+    import torch.fx._pytree as fx_pytree
+    from torch.export.graph_signature import InputKind
+
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    user = [placeholders.get(s.arg.name) for s in ep.graph_signature.input_specs
+            if s.kind == InputKind.USER_INPUT]
+    tensor_names = {id(v): k for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    try:
+        leaves = fx_pytree.tree_flatten_spec(((), dict(inputs)), ep.call_spec.in_spec)
+        names = [tensor_names.get(id(leaf)) for leaf in leaves]
+        if len(names) != len(user):
+            raise ValueError("leaf count")
+    except Exception:  # noqa: BLE001 - fall back on placeholder names (torch names them after the kwargs)
+        names = [n.name if n is not None and n.name in tensor_names.values() else None for n in user]
+    dims: dict[str, dict[int, dict[str, int | None]]] = {}
+    for name, node in zip(names, user):
+        val = node.meta.get("val") if node is not None else None
+        if name is None or not isinstance(val, torch.Tensor):
+            continue
+        for d, size in enumerate(val.shape):
+            if not isinstance(size, torch.SymInt):
+                continue
+            expr = size.node.expr
+            low = high = None
+            if isinstance(expr, sympy.Symbol) and expr in ep.range_constraints:
+                vr = ep.range_constraints[expr]
+                low, high = _finite_int(vr.lower), _finite_int(vr.upper)
+            dims.setdefault(name, {})[d] = {"min": low, "max": high}
+    return dims
+
+
+def _finite_int(bound) -> int | None:
+    """A range bound as an int; None for an infinite one (torch's ``int_oo``)."""
+    try:
+        value = int(bound)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
+    return value if abs(value) < 2**62 else None
+
+
+def _onnx_dynamic_dims(model, inputs: Mapping[str, Any]) -> dict[str, dict[int, dict[str, int | None]]]:
+    dims: dict[str, dict[int, dict[str, int | None]]] = {}
+    for value in model.graph.inputs:
+        name = value.name[len("input."):] if value.name.startswith("input.") else value.name
+        if name not in inputs or value.shape is None:
+            continue
+        for d, size in enumerate(value.shape):
+            if not isinstance(size, int):
+                dims.setdefault(name, {})[d] = {"min": None, "max": None}
+    return dims
+
+
+def peer_dynamic_dims(backend: str, program: Any, inputs: Mapping[str, Any]) -> dict:
+    """The dynamic input dims of the peer's program (see the module docstring)."""
+    if backend == "onnx":
+        return _onnx_dynamic_dims(program, inputs)
+    if backend == "executorch":
+        program = program.exported_program()
+    return _ep_dynamic_dims(program, inputs)
+
+
+class _ShapeView:
+    """What ``sweeps.shapes.size_groups`` / ``resize_inputs`` read off one of our artifacts."""
+
+    def __init__(self, dynamic_dims, inputs):
+        self.dynamic_dims = dynamic_dims
+        self.input_specs = {k: (tuple(v.shape), v.dtype) for k, v in inputs.items() if hasattr(v, "shape")}
+
+
+def shape_candidates(groups: Mapping[int, tuple[int, int]], limit: int = MAX_SHAPE_CANDIDATES) -> list[dict]:
+    """A few deterministic ``{traced size: new size}`` choices within the groups' bounds."""
+    def step(k, lo, hi, new):
+        return new if lo <= new <= hi else k
+
+    raw = [
+        {k: step(k, lo, hi, k + 1) if k + 1 <= hi else step(k, lo, hi, k - 1) for k, (lo, hi) in groups.items()},
+        {k: step(k, lo, hi, min(2 * k, hi)) for k, (lo, hi) in groups.items()},
+    ]
+    for g in groups:
+        lo, hi = groups[g]
+        raw.append({k: (step(k, lo, hi, k + 1) if k == g else k) for k in groups})
+    out: list[dict] = []
+    for sizes in raw:
+        if any(sizes[k] != k for k in sizes) and sizes not in out:
+            out.append(sizes)
+    return out[:limit]
+
+
+def _check_other_shape(backend, exported, program, model, inputs) -> tuple[int, str]:
+    """Compare at one other shape. Returns (shapes compared, note); raises on a mismatch or when the
+    peer refuses every candidate that eager takes."""
+    import torch
+
+    from exporters.parity import compare
+    from exporters.utils import flatten_outputs
+    from sweeps.shapes import format_sizes, resize_inputs, size_groups
+
+    view = _ShapeView(peer_dynamic_dims(backend, program, inputs), inputs)
+    groups = size_groups(view)
+    if not groups:
+        return 0, "no dynamic dims in the peer's program"
+    refused = []
+    for sizes in shape_candidates(groups):
+        new_inputs = resize_inputs(inputs, view, sizes)
+        try:
+            with torch.no_grad():
+                expected = flatten_outputs(model(**new_inputs))
+        except Exception:  # noqa: BLE001 - the model does not take this shape
+            continue
+        if not all(bool(torch.isfinite(t).all()) for t in expected.values() if t.is_floating_point()):
+            continue
+        try:
+            actual = _flatten_actual(exported(**new_inputs), expected)
+        except Exception as exc:  # noqa: BLE001 - counted as a refusal (lenient: see ASYMMETRY_NOTE)
+            from sweeps.signature import error_signature
+
+            refused.append(f"{format_sizes(sizes)}: {error_signature(exc)}")
+            continue
+        problems = compare(expected, actual, backend)
+        if problems:
+            raise AssertionError(f"at sizes {format_sizes(sizes)} (traced=new): " + "; ".join(problems))
+        return 1, f"compared at sizes {format_sizes(sizes)}"
+    if refused:
+        raise AssertionError(f"the peer refuses every shape eager takes ({len(refused)}), e.g. {refused[0]}")
+    return 0, "eager takes none of the candidate shapes"
+
+
+def peer_item(class_name: str, backend: str, variant: str, onnx_optimize: bool | None = None) -> dict[str, Any]:
+    """Export one item with the peer and compare it to eager with our rule. Runs in a child process."""
+    warnings.filterwarnings("ignore")
+    stage = "build"
+    row: dict[str, Any] = {"class": class_name, "backend": backend, "variant": variant}
+    start = time.perf_counter()
+    try:
+        import torch
+
+        from sweeps.zoo import build_tiny, resolve_models
+
+        (entry,) = [e for e in resolve_models([class_name]) if e.class_name == class_name]
+        tiny = build_tiny(entry, seed=SEED, check=False)
+        model, inputs = tiny.model, tiny.inputs
+        stage = "eager"
+        with torch.no_grad():
+            eager_raw = model(**inputs)
+        stage = "export"
+        from transformers import exporters as peer
+
+        kwargs: dict[str, Any] = {"dynamic": variant == "dynamic"}
+        if backend == "onnx" and onnx_optimize is not None:
+            kwargs["optimize"] = onnx_optimize
+        config = getattr(peer, PEER_CONFIGS[backend])(**kwargs)
+        exporter = peer.AutoHfExporter.from_config(config)
+        exported = exporter.export(model, dict(inputs), config)
+        stage = "run"
+        if backend == "onnx":
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = 1
+            exported.to("cpu", session_options=options)
+        else:
+            exported.to("cpu")  # ExecuTorch ignores the device: the program runs where it was lowered for
+        actual_raw = exported(**inputs)
+        stage = "compare"
+        from exporters.parity import compare
+        from exporters.utils import flatten_outputs
+
+        # flattened after the peer export: both sides see the same pytree registration
+        expected = flatten_outputs(eager_raw)
+        bad = [k for k, t in expected.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        if bad:
+            stage = "eager"
+            raise ValueError(f"eager outputs {bad} are not finite: the tiny model is useless for parity")
+        problems = compare(expected, _flatten_actual(actual_raw, expected), backend)
+        if problems:
+            raise AssertionError(f"{backend} peer artifact does not match eager:\n  " + "\n  ".join(problems))
+        if variant == "dynamic":
+            stage = "shapes"
+            checked, note = _check_other_shape(backend, exported, exported.program, model, inputs)
+            row.update(shapes_checked=checked, shapes_note=note)
+        stage = "done"
+        row.update(peer="pass", peer_stage=stage)
+    except BaseException as exc:  # noqa: BLE001 - the item's verdict
+        from sweeps.signature import error_signature
+
+        not_compared = stage in ("build", "eager")  # no export to judge: our side fails there too
+        row.update(peer="not compared" if not_compared else "fail", peer_stage=stage,
+                   peer_error=error_signature(exc), peer_detail=str(exc)[:2000])
+    row["peer_duration_s"] = round(time.perf_counter() - start, 3)
+    return row
+
+
+def _child(conn, log_path, args):
+    if log_path:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    else:
+        fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    try:
+        conn.send(peer_item(*args))
+    finally:
+        conn.close()
+
+
+def run_items(items: list[tuple], *, jobs: int = 1, timeout: float = 600, log_dir: str | None = None,
+              progress=None) -> list[dict[str, Any]]:
+    """``peer_item(*item)`` for each item, each in its own (spawned) child process, ``jobs`` at a time;
+    a child that dies or runs past ``timeout`` seconds gives a "crash" / "timeout" row."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    pending = list(items)
+    running: list[tuple] = []  # (process, conn, item, started)
+    rows = []
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+
+    def finish(item, row):
+        rows.append(row)
+        if progress:
+            progress(len(rows), len(items), row)
+
+    while pending or running:
+        while pending and len(running) < max(jobs, 1):
+            item = pending.pop(0)
+            parent, child = ctx.Pipe(duplex=False)
+            log = os.path.join(log_dir, f"{item[1]}-{item[2]}-{item[0]}.log") if log_dir else None
+            proc = ctx.Process(target=_child, args=(child, log, item), daemon=True)
+            proc.start()
+            child.close()
+            running.append((proc, parent, item, time.monotonic()))
+        time.sleep(0.2)
+        for entry in list(running):
+            proc, conn, item, started = entry
+            row = None
+            if conn.poll():
+                try:
+                    row = conn.recv()
+                except EOFError:
+                    row = None
+                proc.join(30)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+                if row is None:
+                    row = _dead_row(item, "crash", f"child exited with code {proc.exitcode}", started)
+            elif not proc.is_alive():
+                row = _dead_row(item, "crash", f"child exited with code {proc.exitcode}", started)
+            elif time.monotonic() - started > timeout:
+                proc.kill()
+                proc.join()
+                row = _dead_row(item, "timeout", f"timed out after {timeout:g}s", started)
+            else:
+                continue
+            conn.close()
+            running.remove(entry)
+            finish(item, row)
+    return rows
+
+
+def _dead_row(item, stage, message, started) -> dict[str, Any]:
+    cls, backend, variant = item[:3]
+    return {"class": cls, "backend": backend, "variant": variant, "peer": "fail", "peer_stage": stage,
+            "peer_error": f"{stage}: {message}", "peer_duration_s": round(time.monotonic() - started, 3)}
+
+
+# ── main ──────────────────────────────────────────────────────────────────────
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--results", required=True, help="our sweep log: reportlog JSONL or results.json")
+    parser.add_argument("--model", action="append", default=[], help="class/family pattern (repeatable)")
+    parser.add_argument("--limit", type=int, help="keep the first N classes (name order)")
+    parser.add_argument("--backend", action="append", choices=sorted(PEER_CONFIGS), help="repeatable")
+    parser.add_argument("--variant", action="append", choices=("static", "dynamic"), help="repeatable")
+    parser.add_argument("--jobs", type=int, default=1, help="peer children at a time (default 1)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per peer item (default 600)")
+    parser.add_argument("--match-onnx-optimize", action="store_true",
+                        help="run the peer's ONNX export with optimize=False where our sweep did")
+    parser.add_argument("--log-dir", help="keep each peer child's stdout/stderr here")
+    parser.add_argument("--json", dest="json_out", help="write tables and per-item rows as JSON")
+    parser.add_argument("--markdown", help="write the tables as Markdown")
+    args = parser.parse_args(argv)
+
+    ours = load_ours(args.results)
+    items, notes = select_items(ours, models=args.model or None, limit=args.limit,
+                                backends=args.backend, variants=args.variant)
+    if not items:
+        print("nothing to compare" + ("".join(f"\n  {n}" for n in notes)), file=sys.stderr)
+        return 1
+    print(f"comparing {len(items)} items against transformers.exporters ({args.jobs} at a time)", file=sys.stderr)
+
+    def progress(done, total, row):
+        extra = f" {row.get('peer_error')}" if row["peer"] != "pass" else ""
+        print(f"[{done}/{total}] {row['backend']}/{row['variant']} {row['class']}: peer {row['peer']} "
+              f"({row.get('peer_duration_s', 0):.0f}s){extra}", file=sys.stderr, flush=True)
+
+    peer_args = []
+    for cls, backend, variant in items:
+        optimize = None
+        if args.match_onnx_optimize and backend == "onnx":
+            optimize = ours[(cls, backend, variant)].onnx_optimize
+        peer_args.append((cls, backend, variant, optimize))
+    rows = run_items(peer_args, jobs=args.jobs, timeout=args.timeout, log_dir=args.log_dir, progress=progress)
+    for row in rows:
+        record = ours[(row["class"], row["backend"], row["variant"])]
+        row.update(ours=ours_status(record.outcome), ours_outcome=record.outcome, ours_stage=record.stage,
+                   ours_error=record.error or record.reason)
+    rows.sort(key=lambda r: (r["backend"], r["variant"], r["class"]))
+    tables = tabulate(rows)
+
+    import transformers
+
+    meta = {"results": args.results, "transformers": transformers.__version__, "items": len(rows),
+            "peer_dynamic": "dynamic=True, no dynamic_shapes (Dim.AUTO on every input axis)",
+            "peer_onnx_optimize": "as ours" if args.match_onnx_optimize else "peer default (True)",
+            "dynamic_note": ASYMMETRY_NOTE, "notes": notes}
+    print(render_text(tables, rows))
+    for note in notes:
+        print(f"note: {note}")
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as handle:
+            json.dump({"meta": meta, "tables": tables, "items": rows}, handle, indent=2, default=str)
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as handle:
+            handle.write(render_markdown(tables, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Tests for benchmarks/peer_compare.py: the bucketing on synthetic data, and one real peer run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import peer_compare as pc  # noqa: E402
+
+from sweeps.report.load import Result  # noqa: E402
+
+
+def _result(cls, backend, variant, outcome, error=None, test="test_export"):
+    return Result(nodeid=f"sweeps/test_export.py::{test}[{backend}-{variant}-{cls}]", outcome=outcome,
+                  model_class=cls, backend=backend, variant=variant, error=error)
+
+
+def _row(cls, ours, peer, backend="dynamo", variant="static", **extra):
+    return {"class": cls, "backend": backend, "variant": variant, "ours": ours, "peer": peer, **extra}
+
+
+def test_bucket_of():
+    assert pc.bucket_of(True, True) == "both pass"
+    assert pc.bucket_of(True, False) == "ours only"
+    assert pc.bucket_of(False, True) == "peer only"
+    assert pc.bucket_of(False, False) == "both fail"
+
+
+@pytest.mark.parametrize("outcome,status", [("pass", "pass"), ("xpass", "pass"), ("fail", "fail"),
+                                            ("xfail", "fail"), ("crash", "fail"), ("skipped", None)])
+def test_ours_status(outcome, status):
+    assert pc.ours_status(outcome) == status
+
+
+def test_tabulate_buckets_and_signatures():
+    rows = [
+        _row("BertModel", "pass", "pass"),
+        _row("GPT2Model", "pass", "fail", peer_error="RuntimeError: boom N", peer_stage="export"),
+        _row("T5Model", "fail", "pass", ours_error="ValueError: ours broke"),
+        _row("DetrModel", "fail", "fail", peer_error="TypeError: X", ours_error="KeyError: 'X'"),
+        _row("AlbertModel", "pass", "pass"),
+        _row("BrokenModel", "fail", "not compared", peer_error="ValueError: eager outputs"),
+        _row("BertModel", "pass", "fail", variant="dynamic", peer_error="AssertionError: at sizes N=N"),
+    ]
+    tables = pc.tabulate(rows)
+    assert list(tables) == ["dynamo/dynamic", "dynamo/static"]
+    static = tables["dynamo/static"]
+    assert static["both pass"] == ["AlbertModel", "BertModel"]  # sorted
+    assert static["ours only"] == ["GPT2Model"]
+    assert static["peer only"] == ["T5Model"]
+    assert static["both fail"] == ["DetrModel"]
+    assert static["not compared"] == ["BrokenModel"]
+    assert static["peer_errors"] == {"GPT2Model": "RuntimeError: boom N", "DetrModel": "TypeError: X"}
+    assert static["ours_errors"] == {"T5Model": "ValueError: ours broke", "DetrModel": "KeyError: 'X'"}
+    assert tables["dynamo/dynamic"]["ours only"] == ["BertModel"]
+
+    text = pc.render_text(tables, rows)
+    assert "== dynamo/static: 5 classes compared ==" in text
+    assert "both pass      2  AlbertModel, BertModel" in text
+    assert "ours only      1  GPT2Model" in text
+    assert "GPT2Model: [export] RuntimeError: boom N" in text  # the peer's error for a peer failure
+    assert "T5Model: ValueError: ours broke" in text  # our error for peer-only
+    assert "BrokenModel [peer not compared" in text
+    assert pc.ASYMMETRY_NOTE in text.split("== dynamo/static")[0]  # the dynamic table says so
+    md = pc.render_markdown(tables, {"results": "r.jsonl", "transformers": "x"})
+    assert "| ours only | 1 | GPT2Model |" in md and "| GPT2Model | peer | `RuntimeError: boom N` |" in md
+    json.dumps(tables)  # serialisable as written by --json
+
+
+def test_select_items_from_results():
+    ours = {(r.model_class, r.backend, r.variant): r for r in [
+        _result("BertModel", "dynamo", "static", "pass"),
+        _result("GPT2Model", "dynamo", "static", "xfail"),
+        _result("T5Model", "dynamo", "static", "skipped"),
+        _result("BertModel", "onnx", "static", "fail"),
+        _result("AlbertModel", "dynamo", "dynamic", "pass"),
+    ]}
+    items, notes = pc.select_items(ours, backends=["dynamo"], variants=["static"])
+    assert items == [("BertModel", "dynamo", "static"), ("GPT2Model", "dynamo", "static")]
+    assert notes == ["dynamo/static T5Model: ours skipped, not compared"]
+    items, _ = pc.select_items(ours, limit=1, variants=["static"])
+    assert items == [("BertModel", "dynamo", "static"), ("BertModel", "onnx", "static")]
+    items, notes = pc.select_items(ours, models=["BertModel"], backends=["onnx", "dynamo"])
+    assert ("BertModel", "onnx", "static") in items and ("BertModel", "dynamo", "static") in items
+    assert "dynamo/dynamic BertModel: no result on our side, not compared" in notes
+
+
+def test_load_ours_keeps_the_main_test_only(tmp_path):
+    path = tmp_path / "results.json"
+    records = [_result("BertModel", "dynamo", "static", "fail"),
+               _result("BertModel", "dynamo", "static", "pass", test="test_shapes"),
+               _result("BertModel", "dynamo", "static", "pass")]  # a later record wins
+    path.write_text(json.dumps({"results": [r.to_dict() for r in records]}))
+    ours = pc.load_ours(str(path))
+    assert list(ours) == [("BertModel", "dynamo", "static")]
+    assert ours[("BertModel", "dynamo", "static")].outcome == "pass"
+
+
+def test_shape_candidates_stay_in_bounds():
+    groups = {2: (2, 10), 7: (1, 7)}
+    candidates = pc.shape_candidates(groups)
+    assert candidates[0] == {2: 3, 7: 6}  # +1, or -1 where +1 is out of bounds
+    for sizes in candidates:
+        assert any(sizes[k] != k for k in sizes)
+        assert all(groups[k][0] <= v <= groups[k][1] for k, v in sizes.items())
+    assert len(candidates) == len({json.dumps(c, sort_keys=True) for c in candidates})
+
+
+def test_flat_peer_outputs_map_onto_our_names():
+    import torch
+
+    expected = {"last_hidden_state": torch.zeros(1), "pooler_output": torch.ones(1)}
+    actual = pc._flatten_actual([torch.zeros(1), torch.ones(1)], expected)
+    assert list(actual) == ["last_hidden_state", "pooler_output"]
+
+
+def test_dead_child_is_a_failure_of_that_item_only():
+    row = pc._dead_row(("BertModel", "dynamo", "static", None), "timeout", "timed out after 5s", 0.0)
+    assert row["peer"] == "fail" and row["peer_stage"] == "timeout"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_real_run_bert_dynamo_static(tmp_path):
+    """One real peer export (BertModel, dynamo, static) in a child process, end to end (~25 s; under a minute)."""
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"results": [_result("BertModel", "dynamo", "static", "pass").to_dict()]}))
+    out = tmp_path / "out.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "peer_compare.py"), "--results", str(results),
+         "--model", "BertModel", "--backend", "dynamo", "--variant", "static", "--timeout", "50",
+         "--json", str(out), "--markdown", str(tmp_path / "out.md")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=58)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    (item,) = data["items"]
+    assert item["peer"] == "pass", item
+    assert data["tables"]["dynamo/static"]["both pass"] == ["BertModel"]
+    assert "both pass      1  BertModel" in proc.stdout
