@@ -121,6 +121,9 @@ def _audio_cfg(config):
 def input_features(gen, config) -> torch.Tensor:
     ac = _audio_cfg(config)
     mel = getattr(ac, "num_mel_bins", None)
+    stacked = getattr(ac, "num_stacked_frames", None)
+    if mel and isinstance(stacked, int) and stacked > 1:  # low-frame-rate stacking (FunASR): (B, T, mel * k)
+        return torch.randn((B, 64, mel * stacked), generator=gen)
     if mel:
         msp = getattr(ac, "max_source_positions", None)
         nw = getattr(ac, "n_window", None)
