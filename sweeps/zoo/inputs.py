@@ -317,7 +317,8 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
             params = {k: v for k, v in params.items() if k != "input_values"}
     if has("input_features"):
         out["input_features"] = input_features(gen, config)
-        frames_dim = -1 if getattr(_audio_cfg(config), "num_mel_bins", None) else -2
+        _ac = _audio_cfg(config)
+        frames_dim = -1 if getattr(_ac, "num_mel_bins", None) and not (getattr(_ac, "num_stacked_frames", 1) or 1) > 1 else -2
         for mk in ("feature_attention_mask", "input_features_mask", "audio_attention_mask"):
             if has(mk):
                 out[mk] = torch.ones((B, out["input_features"].shape[frames_dim]), dtype=torch.long)
