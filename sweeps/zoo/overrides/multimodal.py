@@ -23,7 +23,14 @@ _THINKER = {
 
 _COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
 
+_GDINO = {
+    "reason": "class logits are padded with -inf up to max_text_len; equal to the zoo's text length (7) they are finite",
+    "config": {"max_text_len": 7},
+}
+
 OVERRIDES: dict[str, dict] = {
+    "grounding-dino": _GDINO,
+    "mm-grounding-dino": _GDINO,
     "aria": {
         "reason": "the projector maps a patch count to a query count; the tiny 32 px / patch 8 tower has 16 patches",
         "config": {"projector_patch_to_query_dict": {16: 4}, "max_value_projector_patch_to_query_dict": 4},
