@@ -157,6 +157,19 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
         raise StageFailure(stage, exc) from exc
     finally:
         record("duration_s", round(time.perf_counter() - start, 3))
+        rss = _rss_mb()
+        if rss is not None:
+            record("rss_mb", rss)  # benchmarks/throughput.py reads the growth per worker from these
+
+
+def _rss_mb() -> float | None:
+    """Resident memory of this process now (Linux), for the memory benchmark."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
 def _is_pytest_outcome(exc: BaseException) -> bool:

@@ -9,11 +9,22 @@ model_type, backend, variant, stage (the last reached), error (normalized signat
 import pytest
 
 
-def test_export(sweep_case, record_property, export_patches, keep_artifacts):
+def test_export(sweep_case, request, export_patches, keep_artifacts):
     from sweeps.runner import StageFailure, keep_dir_for, run_case
     from sweeps.signature import error_signature, root_cause
 
     case = sweep_case
+    properties = request.node.user_properties
+
+    def record_property(key, value):
+        """Like pytest's record_property, but a key recorded again (the stage, as it advances) is
+        updated in place, so the report carries one value per key, the last one."""
+        for i, (k, _) in enumerate(properties):
+            if k == key:
+                properties[i] = (key, value)
+                return
+        properties.append((key, value))
+
     for key, value in (("model_class", case.entry.class_name), ("model_type", case.entry.model_type),
                        ("backend", case.backend), ("variant", case.variant), ("repro", case.repro)):
         record_property(key, value)
