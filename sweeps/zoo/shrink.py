@@ -474,6 +474,12 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             _mla_head_dim(v, v0, d, orig)
             shrunk.append(v)
         d["per_layer_config"] = {str(n_layers - len(shrunk) + i): v for i, v in enumerate(shrunk)}
+    # a width that equalled the first stage of a channel list follows that list (Hiera: hidden == stage 1)
+    for lk in ("embed_dim_per_stage", "hidden_sizes", "embed_dims"):
+        lo, ln = orig.get(lk), d.get(lk)
+        if isinstance(lo, list) and isinstance(ln, list) and lo and ln and _is_int(orig.get("hidden_size")) \
+                and orig["hidden_size"] == lo[0] and _is_int(d.get("hidden_size")):
+            d["hidden_size"] = ln[0]
     # --- windowed hierarchical backbones (Swin family): last stage must hold one window ---
     if staged and _is_int(d.get("window_size")) and _is_int(d.get("patch_size")) and _is_int(d.get("image_size")):
         d["window_size"] = min(orig.get("window_size", 2), 2)
