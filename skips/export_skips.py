@@ -29,4 +29,14 @@ from __future__ import annotations
 
 from skips.records import ExportSkip
 
-EXPORT_SKIPS: tuple[ExportSkip, ...] = ()
+EXPORT_SKIPS: tuple[ExportSkip, ...] = (
+    ExportSkip(
+        classes=("Aimv2Model",),
+        stage="compare",
+        reason="eager is wrong, not the export: with sdpa and an attention_mask without padding, "
+               "create_causal_mask skips the mask and Aimv2Attention has is_causal=False, so the eager "
+               "text tower attends bidirectionally while every export (mask kept) is causal; eager sdpa vs "
+               "eager 'eager' attention differ by 1.29 on the tiny model. Remove when Aimv2's text "
+               "attention sets is_causal=True (or the mask skip is disabled for it) in transformers",
+    ),
+)
