@@ -43,7 +43,9 @@ loses that item only (``--timeout`` seconds each, ``--jobs`` at a time). In the 
             error at a new shape is a refusal, not a failure: this favours the peer.
 
 Buckets per backend/variant: both pass, ours only (we pass, the peer fails), peer only (the peer
-passes, we fail), both fail. Failures show an error signature (``sweeps.signature.error_signature``
+passes, we fail), both fail. An item that fails before the export on either side (build, eager:
+the tiny model, not an exporter; or our results predate a zoo fix) is listed as not compared.
+Failures show an error signature (``sweeps.signature.error_signature``
 for the peer; our record's normalized error for ours).
 """
 
@@ -52,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -66,6 +69,7 @@ BUCKETS = ("both pass", "ours only", "peer only", "both fail")
 OURS_PASS = frozenset({"pass", "xpass"})
 OURS_FAIL = frozenset({"fail", "xfail", "crash"})
 SEED = 0
+PRE_EXPORT_STAGES = ("build", "eager")
 PEER_CONFIGS = {"dynamo": "DynamoConfig", "onnx": "OnnxConfig", "executorch": "ExecutorchConfig"}
 MAX_SHAPE_CANDIDATES = 5
 ASYMMETRY_NOTE = (
@@ -84,6 +88,16 @@ def ours_status(outcome: str) -> str | None:
     if outcome in OURS_FAIL:
         return "fail"
     return None
+
+
+def ours_row(record) -> dict[str, Any]:
+    """Our side of a row. A failure before the export (build, eager) is not an exporter's verdict, and
+    the peer's child rebuilds the model with today's zoo: such items are not compared."""
+    status = ours_status(record.outcome)
+    if status == "fail" and record.stage in PRE_EXPORT_STAGES:
+        status = "not compared"
+    return {"ours": status, "ours_outcome": record.outcome, "ours_stage": record.stage,
+            "ours_error": _clean(record.error or record.reason)}
 
 
 def load_ours(path: str) -> dict[tuple[str, str, str], Any]:
@@ -123,8 +137,9 @@ def select_items(ours: Mapping[tuple[str, str, str], Any], *, models: list[str] 
             record = ours.get((cls, backend, variant))
             if record is None:
                 notes.append(f"{backend}/{variant} {cls}: no result on our side, not compared")
-            elif ours_status(record.outcome) is None:
-                notes.append(f"{backend}/{variant} {cls}: ours {record.outcome}, not compared")
+            elif ours_row(record)["ours"] not in ("pass", "fail"):
+                where = f" at {record.stage}" if record.outcome != "skipped" else ""
+                notes.append(f"{backend}/{variant} {cls}: ours {record.outcome}{where}, not compared")
             else:
                 items.append((cls, backend, variant))
     return items, notes
@@ -194,7 +209,7 @@ def _why_not(row: Mapping[str, Any] | None) -> str:
         return "?"
     if row["peer"] not in ("pass", "fail"):
         return f"peer {row['peer']}: {row.get('peer_error') or ''}".strip()
-    return f"ours {row['ours']}"
+    return f"ours {row.get('ours_outcome') or row['ours']} at {row.get('ours_stage') or '?'}: {row.get('ours_error') or ''}"
 
 
 def render_markdown(tables: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
@@ -333,7 +348,7 @@ def _check_other_shape(backend, exported, program, model, inputs) -> tuple[int, 
 
     from exporters.parity import compare
     from exporters.utils import flatten_outputs
-    from sweeps.shapes import format_sizes, resize_inputs, size_groups
+    from sweeps.shapes import ShapeMismatch, format_sizes, resize_inputs, size_groups
 
     view = _ShapeView(peer_dynamic_dims(backend, program, inputs), inputs)
     groups = size_groups(view)
@@ -358,10 +373,10 @@ def _check_other_shape(backend, exported, program, model, inputs) -> tuple[int, 
             continue
         problems = compare(expected, actual, backend)
         if problems:
-            raise AssertionError(f"at sizes {format_sizes(sizes)} (traced=new): " + "; ".join(problems))
+            raise ShapeMismatch(f"at sizes {format_sizes(sizes)} (traced=new): " + "; ".join(problems))
         return 1, f"compared at sizes {format_sizes(sizes)}"
     if refused:
-        raise AssertionError(f"the peer refuses every shape eager takes ({len(refused)}), e.g. {refused[0]}")
+        raise ShapeMismatch(f"the peer refuses every shape eager takes ({len(refused)}), e.g. {refused[0]}")
     return 0, "eager takes none of the candidate shapes"
 
 
@@ -413,7 +428,12 @@ def peer_item(class_name: str, backend: str, variant: str, onnx_optimize: bool |
             raise ValueError(f"eager outputs {bad} are not finite: the tiny model is useless for parity")
         problems = compare(expected, _flatten_actual(actual_raw, expected), backend)
         if problems:
-            raise AssertionError(f"{backend} peer artifact does not match eager:\n  " + "\n  ".join(problems))
+            from exporters.parity import ParityError
+
+            more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+            # the first problem on the first line: that line is the error signature
+            raise ParityError(f"{backend} peer artifact does not match eager: {problems[0]}{more}\n  "
+                              + "\n  ".join(problems))
         if variant == "dynamic":
             stage = "shapes"
             checked, note = _check_other_shape(backend, exported, exported.program, model, inputs)
@@ -423,7 +443,7 @@ def peer_item(class_name: str, backend: str, variant: str, onnx_optimize: bool |
     except BaseException as exc:  # noqa: BLE001 - the item's verdict
         from sweeps.signature import error_signature
 
-        not_compared = stage in ("build", "eager")  # no export to judge: our side fails there too
+        not_compared = stage in PRE_EXPORT_STAGES  # no export to judge: our side fails there too
         row.update(peer="not compared" if not_compared else "fail", peer_stage=stage,
                    peer_error=error_signature(exc), peer_detail=str(exc)[:2000])
     row["peer_duration_s"] = round(time.perf_counter() - start, 3)
@@ -499,6 +519,14 @@ def run_items(items: list[tuple], *, jobs: int = 1, timeout: float = 600, log_di
     return rows
 
 
+_ANSI = re.compile(r"(\x1b)?\[[0-9;]*m")
+
+
+def _clean(text: str | None) -> str | None:
+    """A recorded error without terminal colours (torch.onnx prints them; a log may keep their remains)."""
+    return _ANSI.sub("", text) if text else text
+
+
 def _dead_row(item, stage, message, started) -> dict[str, Any]:
     cls, backend, variant = item[:3]
     return {"class": cls, "backend": backend, "variant": variant, "peer": "fail", "peer_stage": stage,
@@ -546,8 +574,7 @@ def main(argv=None) -> int:
     rows = run_items(peer_args, jobs=args.jobs, timeout=args.timeout, log_dir=args.log_dir, progress=progress)
     for row in rows:
         record = ours[(row["class"], row["backend"], row["variant"])]
-        row.update(ours=ours_status(record.outcome), ours_outcome=record.outcome, ours_stage=record.stage,
-                   ours_error=record.error or record.reason)
+        row.update(ours_row(record))
     rows.sort(key=lambda r: (r["backend"], r["variant"], r["class"]))
     tables = tabulate(rows)
 

@@ -18,9 +18,9 @@ import peer_compare as pc  # noqa: E402
 from sweeps.report.load import Result  # noqa: E402
 
 
-def _result(cls, backend, variant, outcome, error=None, test="test_export"):
+def _result(cls, backend, variant, outcome, error=None, test="test_export", stage=None):
     return Result(nodeid=f"sweeps/test_export.py::{test}[{backend}-{variant}-{cls}]", outcome=outcome,
-                  model_class=cls, backend=backend, variant=variant, error=error)
+                  model_class=cls, backend=backend, variant=variant, error=error, stage=stage)
 
 
 def _row(cls, ours, peer, backend="dynamo", variant="static", **extra):
@@ -38,6 +38,13 @@ def test_bucket_of():
                                             ("xfail", "fail"), ("crash", "fail"), ("skipped", None)])
 def test_ours_status(outcome, status):
     assert pc.ours_status(outcome) == status
+
+
+def test_ours_row_leaves_pre_export_failures_out():
+    assert pc.ours_row(_result("A", "onnx", "static", "fail", stage="eager"))["ours"] == "not compared"
+    assert pc.ours_row(_result("A", "onnx", "static", "fail", stage="lower"))["ours"] == "fail"
+    row = pc.ours_row(_result("A", "onnx", "static", "fail", error="ConversionError: x [96mstep N[0m", stage="lower"))
+    assert row["ours_error"] == "ConversionError: x step N"  # terminal colour remains dropped
 
 
 def test_tabulate_buckets_and_signatures():
@@ -82,12 +89,14 @@ def test_select_items_from_results():
         _result("T5Model", "dynamo", "static", "skipped"),
         _result("BertModel", "onnx", "static", "fail"),
         _result("AlbertModel", "dynamo", "dynamic", "pass"),
+        _result("AltCLIPModel", "dynamo", "static", "fail", stage="eager"),  # not an exporter failure
     ]}
     items, notes = pc.select_items(ours, backends=["dynamo"], variants=["static"])
     assert items == [("BertModel", "dynamo", "static"), ("GPT2Model", "dynamo", "static")]
-    assert notes == ["dynamo/static T5Model: ours skipped, not compared"]
-    items, _ = pc.select_items(ours, limit=1, variants=["static"])
-    assert items == [("BertModel", "dynamo", "static"), ("BertModel", "onnx", "static")]
+    assert notes == ["dynamo/static AltCLIPModel: ours fail at eager, not compared",
+                     "dynamo/static T5Model: ours skipped, not compared"]
+    items, _ = pc.select_items(ours, limit=2, variants=["static"])
+    assert items == [("BertModel", "dynamo", "static"), ("BertModel", "onnx", "static")]  # AltCLIP left out
     items, notes = pc.select_items(ours, models=["BertModel"], backends=["onnx", "dynamo"])
     assert ("BertModel", "onnx", "static") in items and ("BertModel", "dynamo", "static") in items
     assert "dynamo/dynamic BertModel: no result on our side, not compared" in notes
@@ -146,3 +155,34 @@ def test_real_run_bert_dynamo_static(tmp_path):
     assert item["peer"] == "pass", item
     assert data["tables"]["dynamo/static"]["both pass"] == ["BertModel"]
     assert "both pass      1  BertModel" in proc.stdout
+
+
+def test_dynamic_dims_of_an_exported_program():
+    """The peer's dynamic dims are read off its program: symbolic placeholder dims and their bounds."""
+    import torch
+    from torch.export import Dim
+
+    class Tiny(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            return input_ids * attention_mask
+
+    inputs = {"input_ids": torch.ones(2, 7, dtype=torch.long), "attention_mask": torch.ones(2, 7, dtype=torch.long)}
+    shapes = {"input_ids": {1: Dim("seq", min=2, max=64)}, "attention_mask": {1: Dim("seq", min=2, max=64)}}
+    ep = torch.export.export(Tiny(), (), inputs, dynamic_shapes=shapes)
+    dims = pc.peer_dynamic_dims("dynamo", ep, inputs)
+    assert dims == {"input_ids": {1: {"min": 2, "max": 64}}, "attention_mask": {1: {"min": 2, "max": 64}}}
+    from sweeps.shapes import resize_inputs, size_groups
+
+    view = pc._ShapeView(dims, inputs)
+    assert size_groups(view) == {7: (2, 20)}  # our draw window: traced * 2 + 6
+    (first, *_) = pc.shape_candidates(size_groups(view))
+    assert resize_inputs(inputs, view, first)["input_ids"].shape == (2, 8)
+
+
+def test_dynamic_dims_of_an_onnx_graph():
+    from types import SimpleNamespace
+
+    graph = SimpleNamespace(inputs=[SimpleNamespace(name="input_ids", shape=[2, "s41"]),
+                                    SimpleNamespace(name="pixel_values", shape=[2, 3, 30, 30])])
+    dims = pc.peer_dynamic_dims("onnx", SimpleNamespace(graph=graph), {"input_ids": None, "pixel_values": None})
+    assert dims == {"input_ids": {1: {"min": None, "max": None}}}
