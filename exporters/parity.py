@@ -74,4 +74,5 @@ def compare(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor], 
 def assert_close(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor], backend: str) -> None:
     problems = compare(expected, actual, backend)
     if problems:
-        raise ParityError(f"{backend} artifact does not match eager:\n  " + "\n  ".join(problems))
+        # the first problem on the first line: it is what reports group failures by
+        raise ParityError(f"{backend} artifact does not match eager: " + "\n  ".join(problems))
