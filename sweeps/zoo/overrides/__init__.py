@@ -17,9 +17,9 @@ rule in ``sweeps/zoo/shrink.py`` / ``inputs.py`` to ten overrides.
 
 from __future__ import annotations
 
-from . import audio, multimodal, text, vision
+from . import audio, multimodal, multimodal2, text, vision
 
-_MODULES = (text, vision, audio, multimodal)
+_MODULES = (text, vision, audio, multimodal, multimodal2)
 
 
 def _merge() -> dict[str, dict]:

@@ -1,0 +1,3 @@
+"""Overrides for multimodal models, second half of the alphabet (data only; format in __init__)."""
+
+OVERRIDES: dict[str, dict] = {}
