@@ -1,3 +1,18 @@
 """Overrides for multimodal models, second half of the alphabet (data only; format in __init__)."""
 
-OVERRIDES: dict[str, dict] = {}
+OVERRIDES: dict[str, dict] = {
+    "inkling_mm_model": {
+        "reason": "vision tower takes channels-last patch clips (N, temporal_patch, P, P, C): a 3x3 RGB patch x 2 frames makes the generic (B, frames, C, H, W) clip that exact shape",
+        "config": {"vision_config.patch_size": 3, "vision_config.image_size": 3, "vision_config.temporal_patch_size": 2,
+                   "vision_config.num_channels": 3},
+        "inputs": {"images_per_sample": 2},
+    },
+    "kimi_k25": {
+        "reason": "square learned pos grid (pos_emb_width is shrunk as a width, height is not) and a (2, 2) merge kernel that the generic grid rule only sees as spatial_merge_size",
+        "config": {"vision_config.spatial_merge_size": 2, "vision_config.pos_emb_height": 8, "vision_config.pos_emb_width": 8},
+    },
+    "kimi_k25_vision": {
+        "reason": "square learned pos grid (pos_emb_width is shrunk as a width, height is not) and a (2, 2) merge kernel that the generic grid rule only sees as spatial_merge_size",
+        "config": {"spatial_merge_size": 2, "pos_emb_height": 8, "pos_emb_width": 8},
+    },
+}
