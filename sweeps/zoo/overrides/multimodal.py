@@ -29,6 +29,32 @@ _GDINO = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "align": {
+        "reason": "EfficientNet stem is hard-coded round_filters(32): first 3 default stages, unscaled, narrowed by width_coefficient",
+        "config": {"vision_config.in_channels": [32, 16, 24], "vision_config.out_channels": [16, 24, 40],
+                   "vision_config.strides": [1, 2, 2], "vision_config.kernel_sizes": [3, 3, 5],
+                   "vision_config.expand_ratios": [1, 6, 6], "vision_config.num_block_repeats": [1, 1, 1],
+                   "vision_config.width_coefficient": 0.25, "vision_config.depth_coefficient": 1.0,
+                   "projection_dim": 16},  # image embeds are round_filters(40) = 16 wide; text is projected to match
+    },
+    "altclip": {
+        "reason": "the text tower's type_vocab_size is 1 but the zoo feeds token types 0/1; project_dim is an unshrunk width",
+        "config": {"text_config.type_vocab_size": 2, "text_config.project_dim": 32},
+    },
+    "Blip2ForImageTextRetrieval": {
+        "reason": "with image_token_index set, forward strips num_query_tokens (8) leading image tokens off input_ids",
+        "config": {"qformer_config.use_qformer_text_input": True},  # the ITM/ITC head runs text through the Q-Former
+        "inputs": {"seq_len": 15, "place": {"image_token_index": [0, 1, 2, 3, 4, 5, 6, 7]}},
+    },
+    "bridgetower": {
+        "reason": "the CLIP vision tower hard-codes heads = hidden_size // 64; 64 gives one head",
+        "config": {"vision_config.hidden_size": 64},
+    },
+    "bros": {
+        "reason": "bbox sinusoid dims are hidden // 4 // dim_bbox(8), must be even: hidden 64; derived dims are recomputed",
+        "config": {"hidden_size": 64, "dim_bbox_sinusoid_emb_2d": "<delete>", "dim_bbox_sinusoid_emb_1d": "<delete>",
+                   "dim_bbox_projection": "<delete>"},
+    },
     "grounding-dino": _GDINO,
     "mm-grounding-dino": _GDINO,
     "aria": {
