@@ -5,7 +5,25 @@ _SEAMLESS_TEXT = {
     "inputs": {"drop": ["input_features"]},
 }
 
+_GRANITE_SPEECH = {
+    "reason": "Q-Former projector has window_size // downsample_rate queries (generic window 4 < rate 5 gives none); "
+              "input_features_mask masks projected features, not frames; no LoRA adapter (peft absent); "
+              "64 frames -> 5 windows x 3 queries = 15 audio tokens per sample",
+    "config": {"window_size": 15, "has_lora_adapter": False},
+    "inputs": {"drop": ["input_features_mask"], "seq_len": 20, "place": {"audio_token_id": list(range(2, 17))}},
+}
+
+_GRANITE_SPEECH5 = {
+    "reason": "input_features are (B, T, 4 * mel) (delta-expanded x2, stacked in pairs x2); num_stacked_frames is read "
+              "only by the zoo's input builder to make that layout",
+    "config": {"num_stacked_frames": 4},
+}
+
 OVERRIDES: dict[str, dict] = {
+    "granite_speech5_encoder": _GRANITE_SPEECH5,
+    "granite_speech5_ctc": {**_GRANITE_SPEECH5, "config": {"encoder_config.num_stacked_frames": 4}},
+    "granite_speech": _GRANITE_SPEECH,
+    "granite_speech_plus": _GRANITE_SPEECH,
     "SeamlessM4TModel": _SEAMLESS_TEXT,
     "SeamlessM4Tv2Model": _SEAMLESS_TEXT,
     "qwen2_audio": {
