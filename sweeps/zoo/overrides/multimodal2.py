@@ -15,4 +15,13 @@ OVERRIDES: dict[str, dict] = {
         "reason": "square learned pos grid (pos_emb_width is shrunk as a width, height is not) and a (2, 2) merge kernel that the generic grid rule only sees as spatial_merge_size",
         "config": {"spatial_merge_size": 2, "pos_emb_height": 8, "pos_emb_width": 8},
     },
+    "muse_spark": {
+        "reason": "vision adapter reads the pixel-shuffled tower output (out_hidden_size = vision hidden * merge_size**2); audio pyramid stages narrowed (patch-folding convs made ~1M params)",
+        "config": {"out_hidden_size": 128, "audio_config.hidden_sizes": [8, 16, 16, 32], "vision_config.pos_emb_height": 8,
+                   "vision_config.pos_emb_width": 8},
+    },
+    "muse_glimmer": {
+        "reason": "the vision adapter reads the pixel-shuffled tower output: out_hidden_size = vision hidden_size * merge_size**2",
+        "config": {"out_hidden_size": 128},
+    },
 }
