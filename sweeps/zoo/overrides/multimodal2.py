@@ -24,4 +24,13 @@ OVERRIDES: dict[str, dict] = {
         "reason": "the vision adapter reads the pixel-shuffled tower output: out_hidden_size = vision hidden_size * merge_size**2",
         "config": {"out_hidden_size": 128},
     },
+    # neomme's model-type entry lives in text.py (head_dim); these class entries add the image layout
+    "NeoMMEModel": {
+        "reason": "pixel_values are (num_patches, 3*p*p) rows, one per placeholder token: a one-patch image (image_size == patch_size) makes the patch-sequence layout (B, 1, 3*p*p) count one token per row",
+        "config": {"image_size": 8, "patch_size": 8},
+    },
+    "NeoMMEForMaskedLM": {
+        "reason": "pixel_values are (num_patches, 3*p*p) rows, one per placeholder token: a one-patch image (image_size == patch_size) makes the patch-sequence layout (B, 1, 3*p*p) count one token per row",
+        "config": {"image_size": 8, "patch_size": 8},
+    },
 }
