@@ -33,4 +33,12 @@ OVERRIDES: dict[str, dict] = {
         "reason": "pixel_values are (num_patches, 3*p*p) rows, one per placeholder token: a one-patch image (image_size == patch_size) makes the patch-sequence layout (B, 1, 3*p*p) count one token per row",
         "config": {"image_size": 8, "patch_size": 8},
     },
+    "shieldgemma2": {
+        "reason": "the yes/no logit indices default to 10784/3771 (modeling getattr fallback, not token-id fields the vocab shrink remaps): point them inside the tiny vocab",
+        "config": {"yes_token_index": 100, "no_token_index": 101},
+    },
+    "t5gemma2_encoder": {
+        "reason": "T5Gemma2Config copies dropout_rate into the encoder's text_config; the standalone encoder config never sets it but its MLP reads it",
+        "config": {"text_config.dropout_rate": 0.0},
+    },
 }
