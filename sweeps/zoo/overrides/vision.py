@@ -34,4 +34,27 @@ OVERRIDES: dict[str, dict] = {
         "reason": "top conv width is hard-coded as round_filters(1280) (x width_coefficient); hidden_dim must match it",
         "config": {"width_coefficient": 0.25, "depth_coefficient": 1.0, "hidden_dim": 320},
     },
+    "depth_pro": {
+        "reason": "12-layer hook ids and 256/1024-wide feature dims sit at top level, outside the dinov2 towers the shrinker cuts; "
+                  "input must be >= patch_size / min(scaled_images_ratios) (image_size here sizes the zoo input)",
+        "config": {"patch_size": 16, "image_size": 64, "merge_padding_value": 1,
+                   "intermediate_hook_ids": [1, 0], "intermediate_feature_dims": [16, 16],
+                   "scaled_images_feature_dims": [32, 32, 16],
+                   "patch_model_config.patch_size": 4, "patch_model_config.image_size": 16,
+                   "image_model_config.patch_size": 4, "image_model_config.image_size": 16,
+                   "fov_model_config.patch_size": 4, "fov_model_config.image_size": 16},
+    },
+    "efficientloftr": {
+        "reason": "rope embeds hidden/2 channels from head_dim * partial_rotary_factor(4): needs head_dim == hidden/8 (8 heads); "
+                  "forward takes image pairs (B, 2, C, H, W)",
+        "config": {"num_attention_heads": 8, "num_key_value_heads": 8, "image_size": 64, "fine_matching_slice_dim": 4},
+        "inputs": {"images_per_sample": 2},
+    },
+    "superglue": {
+        "reason": "keypoint matching: image pairs (B, 2, C, H, W); the SuperPoint descriptor width (256, not a shrunk name) must equal hidden_size",
+        "config": {"keypoint_detector_config.descriptor_decoder_dim": 32, "keypoint_encoder_sizes": [8, 16],
+                   "gnn_layers_types": ["self", "cross"], "sinkhorn_iterations": 10, "image_size": 64,
+                   "keypoint_detector_config.max_keypoints": 32},
+        "inputs": {"images_per_sample": 2},
+    },
 }
