@@ -288,7 +288,11 @@ def auto_dynamic_shapes(inputs: Mapping[str, torch.Tensor], max_dim: int) -> dic
 # Tensor attributes that a model sets in forward survive tracing as fake tensors and break the next
 # eager call. Restore, after export, every attribute named here and every one left holding a FakeTensor.
 
-_STATEFUL_CACHE_ATTRS: tuple[str, ...] = ("_cached_attention_mask", "_cache", "cached_mask", "rotary_cache")
+_STATEFUL_CACHE_ATTRS: tuple[str, ...] = (
+    "cached_sequence_length",  # Wav2Vec2-BERT / Wav2Vec2-Conformer rotary cache key: an int set to a SymInt
+    "cached_rotary_positional_embedding",  # ... and the cached table itself
+    "_cached_decode_position_ids",
+)
 
 
 def _snapshot_state(model: torch.nn.Module) -> dict[tuple[int, str], Any]:

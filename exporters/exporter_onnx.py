@@ -14,7 +14,7 @@ import torch
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import trace
-from .utils import FiredLog, Registry, apply_fx_node_fixes, apply_patches, register_fx_node_fix, register_patch
+from .utils import FiredLog, apply_fx_node_fixes, apply_patches, register_fx_node_fix, register_patch
 
 # Paths under these prefixes are ONNX patches (stage 2, installed around torch.onnx.export);
 # every other "onnx" patch is a torch patch (stage 1, installed around torch.export).
@@ -131,9 +131,6 @@ _IR_FIXES = (_fix_ir_topk_sorted,)
 
 # ── the exporter ─────────────────────────────────────────────────────────────
 
-_NUMPY_TO_TORCH = {}
-
-
 class OnnxArtifact(Artifact):
     backend = "onnx"
     file_name = "model.onnx"
@@ -220,6 +217,3 @@ class OnnxExporter(Exporter):
                 fired.add(f"fix:onnx:{fix.__name__}")
         return onnx_program
 
-
-def _registry_for_tests() -> Registry:  # pragma: no cover - convenience for interactive use
-    return Registry()
