@@ -19,7 +19,16 @@ _GRANITE_SPEECH5 = {
     "config": {"num_stacked_frames": 4},
 }
 
+_NEMOTRON_FEATS = ("the mel width lives in asr_config/diarization audio_config (128), not on the audio config the input "
+                   "builder reads; feature_size (read only by the zoo) makes (B, T, 128) features")
+
 OVERRIDES: dict[str, dict] = {
+    "nemotron3_5_transcribe_audio": {"reason": _NEMOTRON_FEATS, "config": {"feature_size": 128}},
+    "nemo_speechlm": {
+        "reason": _NEMOTRON_FEATS + "; the NemotronH text stack's length is len(layers_block_type) (52): one layer of each kind",
+        "config": {"audio_config.feature_size": 128,
+                   "text_config.layers_block_type": ["linear_attention", "moe", "full_attention"]},
+    },
     "granite_speech5_encoder": _GRANITE_SPEECH5,
     "granite_speech5_ctc": {**_GRANITE_SPEECH5, "config": {"encoder_config.num_stacked_frames": 4}},
     "granite_speech": _GRANITE_SPEECH,
