@@ -41,4 +41,8 @@ OVERRIDES: dict[str, dict] = {
         "reason": "T5Gemma2Config copies dropout_rate into the encoder's text_config; the standalone encoder config never sets it but its MLP reads it",
         "config": {"text_config.dropout_rate": 0.0},
     },
+    "paddleocr_vl": {
+        "reason": "text rope falls back to a hard-coded mrope_section [16, 24, 24] when the config has none: give one summing to the tiny head_dim // 2",
+        "config": {"text_config.rope_parameters.mrope_section": [2, 1, 1]},
+    },
 }
