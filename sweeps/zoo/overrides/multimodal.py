@@ -29,6 +29,16 @@ _GDINO = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "deepseek_vl_hybrid": {
+        "reason": "feature count needs high_res_pixel_values too (not probed) and the error misreports it: 16 tokens per image",
+        "inputs": {"seq_len": 20, "place": {"image_token_id": list(range(2, 18))}},  # (32 / patch 8) ** 2 = 16 queries
+    },
+    "deepseek_ocr2": {
+        "reason": "text mlp_layer_types and num_experts_per_tok default to None but every decoder layer indexes them",
+        "config": {"text_config.mlp_layer_types": ["dense", "sparse"], "text_config.num_experts_per_tok": 2,
+                   # the SAM neck's last downsample width feeds the Qwen2 encoder directly (896 == 896 by default)
+                   "vision_config.sam_config.downsample_channels": [16, 32]},
+    },
     "align": {
         "reason": "EfficientNet stem is hard-coded round_filters(32): first 3 default stages, unscaled, narrowed by width_coefficient",
         "config": {"vision_config.in_channels": [32, 16, 24], "vision_config.out_channels": [16, 24, 40],
