@@ -45,4 +45,12 @@ OVERRIDES: dict[str, dict] = {
         "reason": "text rope falls back to a hard-coded mrope_section [16, 24, 24] when the config has none: give one summing to the tiny head_dim // 2",
         "config": {"text_config.rope_parameters.mrope_section": [2, 1, 1]},
     },
+    "xlstm": {
+        "reason": "the cache sizes its states from qk/v dims rounded up to 64 while the layers use hidden*factor unrounded: factors 2.0 make both 64; num_blocks (the real block count) follows the 2 layers",
+        "config": {"qk_dim_factor": 2.0, "v_dim_factor": 2.0, "num_blocks": 2},
+    },
+    "vision-text-dual-encoder": {
+        "reason": "the visual projection reads the ViT pooler output, whose width pooler_output_size (768) is not shrunk with hidden_size",
+        "config": {"vision_config.pooler_output_size": 32},
+    },
 }
