@@ -57,4 +57,20 @@ OVERRIDES: dict[str, dict] = {
                    "keypoint_detector_config.max_keypoints": 32},
         "inputs": {"images_per_sample": 2},
     },
+    "eomt": {
+        "reason": "queries join at layer num_hidden_layers - num_blocks: num_blocks (4, not a layer-count name) must be < the 2 layers",
+        "config": {"num_blocks": 1},
+    },
+    "eomt_dinov3": {
+        "reason": "queries join at layer num_hidden_layers - num_blocks: num_blocks (4, not a layer-count name) must be < the 2 layers",
+        "config": {"num_blocks": 1},
+    },
+    "HieraForPreTraining": {
+        "reason": "the MAE decoder sizes default to None (only pretraining builds a decoder); 64 px gives 2x2 mask units to mask",
+        "config": {"decoder_hidden_size": 32, "decoder_depth": 1, "decoder_num_heads": 2, "image_size": [64, 64]},
+    },
+    "hiera": {
+        "reason": "width doubles per stage (x2 over 4 stages) and the pretraining fusion heads scale with the last stage: start at 8",
+        "config": {"embed_dim": 8},
+    },
 }
