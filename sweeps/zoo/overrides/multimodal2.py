@@ -53,4 +53,8 @@ OVERRIDES: dict[str, dict] = {
         "reason": "the visual projection reads the ViT pooler output, whose width pooler_output_size (768) is not shrunk with hidden_size",
         "config": {"vision_config.pooler_output_size": 32},
     },
+    "unlimited_ocr": {
+        "reason": "the SAM neck's last downsample conv feeds the CLIP encoder as patch embeddings: downsample_channels[-1] must equal the encoder hidden_size (channel lists shrink by 8, widths to 32)",
+        "config": {"vision_config.sam_config.downsample_channels": [16, 32]},
+    },
 }
