@@ -57,4 +57,12 @@ OVERRIDES: dict[str, dict] = {
         "reason": "the SAM neck's last downsample conv feeds the CLIP encoder as patch embeddings: downsample_channels[-1] must equal the encoder hidden_size (channel lists shrink by 8, widths to 32)",
         "config": {"vision_config.sam_config.downsample_channels": [16, 32]},
     },
+    "inkling2": {
+        "reason": "pixel_values are channels-last token crops (N, p*merge, p*merge, C); with patch 3 and merge 1 the generic (N, C, p, p) patch layout has exactly that shape (no recipe makes merge>1 crops)",
+        "config": {"vision_config.patch_size": 3, "vision_config.spatial_merge_size": 1},
+    },
+    "inkling2_vision": {
+        "reason": "pixel_values are channels-last token crops (N, p*merge, p*merge, C); with patch 3 and merge 1 the generic (N, C, p, p) patch layout has exactly that shape (no recipe makes merge>1 crops)",
+        "config": {"patch_size": 3, "spatial_merge_size": 1},
+    },
 }
