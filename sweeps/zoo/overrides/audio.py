@@ -23,6 +23,15 @@ _NEMOTRON_FEATS = ("the mel width lives in asr_config/diarization audio_config (
                    "builder reads; feature_size (read only by the zoo) makes (B, T, 128) features")
 
 OVERRIDES: dict[str, dict] = {
+    "univnet": {
+        "reason": "kernel-predictor residual blocks are built with model_in_channels but run on kernel_predictor_hidden_channels "
+                  "(64 == 64 upstream); the predicted kernels have 24 * model_hidden_channels**2 channels: 8 keeps that small",
+        "config": {"kernel_predictor_hidden_channels": 8, "model_hidden_channels": 8},
+    },
+    "moonshine_streaming": {
+        "reason": "the decoder layers read config.num_key_value_heads, which the config class does not define (MHA decoder)",
+        "config": {"num_key_value_heads": 4},
+    },
     "nemotron3_5_transcribe_audio": {"reason": _NEMOTRON_FEATS, "config": {"feature_size": 128}},
     "nemo_speechlm": {
         "reason": _NEMOTRON_FEATS + "; the NemotronH text stack's length is len(layers_block_type) (52): one layer of each kind",
