@@ -73,4 +73,9 @@ OVERRIDES: dict[str, dict] = {
         "reason": "width doubles per stage (x2 over 4 stages) and the pretraining fusion heads scale with the last stage: start at 8",
         "config": {"embed_dim": 8},
     },
+    "lw_detr": {
+        "reason": "projector_scale_factors defaults to [] (no feature levels; the encoder concatenates nothing): one 1x level, derived fields re-derived",
+        "config": {"projector_scale_factors": [1.0], "num_feature_levels": "<delete>", "projector_in_channels": "<delete>",
+                   "projector_out_channels": "<delete>"},
+    },
 }
