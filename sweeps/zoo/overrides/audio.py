@@ -23,6 +23,13 @@ _NEMOTRON_FEATS = ("the mel width lives in asr_config/diarization audio_config (
                    "builder reads; feature_size (read only by the zoo) makes (B, T, 128) features")
 
 OVERRIDES: dict[str, dict] = {
+    "clvp": {
+        "reason": "the conditioning mel width is decoder_config.feature_size (80), on no sub-config the input builder reads; "
+                  "speech_config.num_mel_bins (read only by the zoo) gives (B, 80, T) features; the encoders' rotary dim is "
+                  "at least 32, so their head_dim must be >= 32 (one head of 32)",
+        "config": {"speech_config.num_mel_bins": 80, "text_config.num_attention_heads": 1,
+                   "speech_config.num_attention_heads": 1},
+    },
     "univnet": {
         "reason": "kernel-predictor residual blocks are built with model_in_channels but run on kernel_predictor_hidden_channels "
                   "(64 == 64 upstream); the predicted kernels have 24 * model_hidden_channels**2 channels: 8 keeps that small",
