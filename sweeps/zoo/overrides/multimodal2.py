@@ -2,9 +2,11 @@
 
 OVERRIDES: dict[str, dict] = {
     "inkling_mm_model": {
-        "reason": "vision tower takes channels-last patch clips (N, temporal_patch, P, P, C): a 3x3 RGB patch x 2 frames makes the generic (B, frames, C, H, W) clip that exact shape",
+        "reason": "vision tower takes channels-last patch clips (N, temporal_patch, P, P, C): a 3x3 RGB patch x 2 frames makes the generic (B, frames, C, H, W) clip that exact shape; audio token table (mel bins x mel vocab) shrunk",
         "config": {"vision_config.patch_size": 3, "vision_config.image_size": 3, "vision_config.temporal_patch_size": 2,
-                   "vision_config.num_channels": 3},
+                   "vision_config.num_channels": 3,
+                   # audio token table is n_mel_bins * mel_vocab_size rows (80 * 128 = 330K params): shrink both
+                   "audio_config.n_mel_bins": 8, "audio_config.mel_vocab_size": 16},
         "inputs": {"images_per_sample": 2},
     },
     "kimi_k25": {
