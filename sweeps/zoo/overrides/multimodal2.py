@@ -23,8 +23,8 @@ OVERRIDES: dict[str, dict] = {
                    "vision_config.pos_emb_width": 8},
     },
     "muse_glimmer": {
-        "reason": "the vision adapter reads the pixel-shuffled tower output: out_hidden_size = vision hidden_size * merge_size**2",
-        "config": {"out_hidden_size": 128},
+        "reason": "the vision adapter reads the pixel-shuffled tower output: out_hidden_size = vision hidden_size * merge_size**2 (learned pos grid cut to 8x8)",
+        "config": {"out_hidden_size": 128, "vision_config.pos_emb_height": 8, "vision_config.pos_emb_width": 8},
     },
     # neomme's model-type entry lives in text.py (head_dim); these class entries add the image layout
     "NeoMMEModel": {
