@@ -12,8 +12,9 @@ def _chameleon_vocab() -> dict:
 
 def _emu3_vocab() -> dict:
     # "<|visual token NNNNNN|>": the model reads the code from characters [-8:-2]
+    # "<|extra_200|>" is the end-of-row token the model appends to every row of image codes
     names = {f"<|visual token {i:06d}|>": _FIRST_IMAGE_BPE + i for i in range(_CODES)}
-    return {"<image>": 120, **names}
+    return {"<image>": 120, "<|extra_200|>": 119, **names}
 
 
 _THINKER = {
@@ -29,6 +30,11 @@ _GDINO = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "dots3_note": {
+        "reason": "the audio tower also needs chunk_sample_lengths (waveform samples per chunk), which no recipe makes: image+text path",
+        "config": {"audio_config.conv_output_size": "<delete>"},  # derived: downsample width * ceil(feature_size / 8)
+        "inputs": {"drop": ["input_features"]},
+    },
     "deepseek_vl_hybrid": {
         "reason": "feature count needs high_res_pixel_values too (not probed) and the error misreports it: 16 tokens per image",
         "inputs": {"seq_len": 20, "place": {"image_token_id": list(range(2, 18))}},  # (32 / patch 8) ** 2 = 16 queries
@@ -120,7 +126,9 @@ OVERRIDES: dict[str, dict] = {
         "config": {"vocabulary_map": _chameleon_vocab(), "image_token_id": 120},
     },
     "emu3": {
-        "reason": "vocabulary_map (visual token -> BPE id) defaults to None; the model needs one covering the tiny codebook",
-        "config": {"vocabulary_map": _emu3_vocab(), "image_token_id": 120},
+        "reason": "vocabulary_map (visual token -> BPE id) defaults to None; VQ attention width is hidden_size, tied to channels",
+        "config": {"vocabulary_map": _emu3_vocab(), "image_token_id": 120,
+                   # the VQ attention block is hidden_size wide but runs on base_channels * channel_multiplier[-1]
+                   "vq_config.channel_multiplier": [1, 1, 1, 1], "vq_config.num_res_blocks": 1},
     },
 }
