@@ -67,4 +67,8 @@ OVERRIDES: dict[str, dict] = {
         "reason": "pixel_values are channels-last token crops (N, p*merge, p*merge, C); with patch 3 and merge 1 the generic (N, C, p, p) patch layout has exactly that shape (no recipe makes merge>1 crops)",
         "config": {"patch_size": 3, "spatial_merge_size": 1},
     },
+    "idefics": {
+        "reason": "images come as (B, num_images, C, H, W) with a per-token image_attention_mask (B, S, num_images); the mask itself still needs a generic recipe (see report)",
+        "inputs": {"images_per_sample": 1},
+    },
 }
