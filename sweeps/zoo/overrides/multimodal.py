@@ -30,6 +30,14 @@ _GDINO = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "FlavaForPreTraining": {
+        "reason": "config.return_loss defaults to True, which makes forward demand codebook_pixel_values for MIM labels; inference run",
+        "config": {"return_loss": False, "init_codebook": False},  # the DALL-E codebook (600k params) only makes MIM labels
+    },
+    "ernie4_5_vl_moe": {
+        "reason": "mrope interleaves the h and w sections pairwise (torch.stack), so they must be equal: [1, 1, 2] sums to head_dim 8 / 2",
+        "config": {"text_config.rope_parameters.mrope_section": [1, 1, 2]},
+    },
     "dots3_note": {
         "reason": "the audio tower also needs chunk_sample_lengths (waveform samples per chunk), which no recipe makes: image+text path",
         "config": {"audio_config.conv_output_size": "<delete>"},  # derived: downsample width * ceil(feature_size / 8)
