@@ -26,6 +26,16 @@ def _read_registered(path: str) -> list[str]:
             if line.strip() and not line.lstrip().startswith("#")]
 
 
+def _installed_workarounds() -> list[str] | None:
+    """Every workaround the installed exporters register (default for --registered); None if the
+    library cannot be imported here (e.g. a report-only install)."""
+    try:
+        from exporters.inventory import list_workarounds
+    except ImportError:
+        return None
+    return [w["name"] for w in list_workarounds()]
+
+
 def _merge(args: argparse.Namespace) -> int:
     from sweeps.report.load import load_any, merge
     from sweeps.report.render import Report
@@ -34,7 +44,7 @@ def _merge(args: argparse.Namespace) -> int:
     for dup in duplicates:
         print(f"duplicate {dup['nodeid']}: {dup['by']} ({dup['now']}) replaces "
               f"{dup['replaced']} ({dup['was']})", file=sys.stderr)
-    registered = _read_registered(args.registered) if args.registered else None
+    registered = _read_registered(args.registered) if args.registered else _installed_workarounds()
     date = args.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     report = Report(results, duplicates=duplicates, sources=args.results, command=args.command,
                     date=date, registered=registered, top=args.top)
@@ -67,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", required=True, help="output folder, e.g. docs/conformance")
     m.add_argument("--command", default="", help="the command line that produced the logs, for the header")
     m.add_argument("--registered", help="file listing every registered workaround name (one a line or "
-                   "a JSON list); those that fired for no class are flagged as candidates for removal")
+                   "a JSON list); those that fired for no class are flagged as candidates for removal "
+                   "(default: the workarounds the installed exporters register)")
     m.add_argument("--top", type=int, default=20, help="failure signatures to list (default 20)")
     m.add_argument("--date", help="override the date stamp (reproducible output)")
     m.set_defaults(func=_merge)
