@@ -23,6 +23,15 @@ _NEMOTRON_FEATS = ("the mel width lives in asr_config/diarization audio_config (
                    "builder reads; feature_size (read only by the zoo) makes (B, T, 128) features")
 
 OVERRIDES: dict[str, dict] = {
+    "xcodec": {
+        "reason": "codebook_dim must equal hidden_size = acoustic + semantic hidden sizes (1024 = 256 + 768 upstream; 32 + 32 "
+                  "here); the DAC encoder doubles encoder_hidden_size per stage (32 -> 512, 3M params): start at 4",
+        "config": {"codebook_dim": 64, "acoustic_model_config.encoder_hidden_size": 4},
+    },
+    "mimi": {
+        "reason": "the quantizer projects to vector_quantization_hidden_dimension, which must equal codebook_dim (256 == 256 upstream)",
+        "config": {"vector_quantization_hidden_dimension": 32},
+    },
     "clvp": {
         "reason": "the conditioning mel width is decoder_config.feature_size (80), on no sub-config the input builder reads; "
                   "speech_config.num_mel_bins (read only by the zoo) gives (B, 80, T) features; the encoders' rotary dim is "
