@@ -78,4 +78,15 @@ OVERRIDES: dict[str, dict] = {
         "config": {"projector_scale_factors": [1.0], "num_feature_levels": "<delete>", "projector_in_channels": "<delete>",
                    "projector_out_channels": "<delete>"},
     },
+    "pp_ocrv5_mobile_det": {
+        "reason": "backbone channels are make_divisible(c * scale, divisor=16) but num_features assumes int(c * scale): "
+                  "the shrunk channel table only stays consistent with scale 1 and divisor 2"
+                  "; the neck's SE blocks divide neck_out_channels by 4 twice (needs a multiple of 16)",
+        "config": {"backbone_config.scale": 1.0, "backbone_config.divisor": 2, "neck_out_channels": 16},
+    },
+    "pp_ocrv5_mobile_rec": {
+        "reason": "the 32x-strided backbone then avg_pool2d(3, 2) needs a >= 96 x 64 text-line input (image_size sizes the zoo input); "
+                  "head_out_channels is the CTC character set (2299 after shrinking)",
+        "config": {"image_size": [96, 128], "head_out_channels": 64},
+    },
 }
