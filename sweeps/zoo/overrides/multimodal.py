@@ -30,6 +30,10 @@ _GDINO = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "glm_image": {
+        "reason": "image path needs images_per_sample and a target grid per sample in image_grid_thw (no recipe): text path",
+        "inputs": {"drop": ["pixel_values", "image_grid_thw"]},
+    },
     "FlavaForPreTraining": {
         "reason": "config.return_loss defaults to True, which makes forward demand codebook_pixel_values for MIM labels; inference run",
         "config": {"return_loss": False, "init_codebook": False},  # the DALL-E codebook (600k params) only makes MIM labels
