@@ -5,6 +5,25 @@ _FOUR_TAPS = {
     "config": {"num_hidden_layers": 4, "out_indices": [1, 2, 3, 4], "out_features": "<delete>", "stage_names": "<delete>"},
 }
 
+# PP-OCR large-kernel PAN neck: (kernel, stride, padding) per conv of an intra-class block, as the released
+# checkpoints ship them (the config class leaves intraclass_block_config / scale_factor_list / kernel_list None)
+_INTRACLASS_NECK = {
+    "intraclass_block_config": {
+        "reduce_channel": [1, 1, 0], "return_channel": [1, 1, 0],
+        "vertical_long_to_small_conv_longratio": [[7, 1], 1, [3, 0]],
+        "vertical_long_to_small_conv_midratio": [[5, 1], 1, [2, 0]],
+        "vertical_long_to_small_conv_shortratio": [[3, 1], 1, [1, 0]],
+        "horizontal_small_to_long_conv_longratio": [[1, 7], 1, [0, 3]],
+        "horizontal_small_to_long_conv_midratio": [[1, 5], 1, [0, 2]],
+        "horizontal_small_to_long_conv_shortratio": [[1, 3], 1, [0, 1]],
+        "symmetric_conv_long_longratio": [7, 1, 3],
+        "symmetric_conv_long_midratio": [5, 1, 2],
+        "symmetric_conv_long_shortratio": [3, 1, 1],
+    },
+    "scale_factor_list": [1, 2, 4, 8],
+    "kernel_list": [3, 2, 2],
+}
+
 OVERRIDES: dict[str, dict] = {
     "beit": _FOUR_TAPS,
     "levit": {
@@ -88,5 +107,19 @@ OVERRIDES: dict[str, dict] = {
         "reason": "the 32x-strided backbone then avg_pool2d(3, 2) needs a >= 96 x 64 text-line input (image_size sizes the zoo input); "
                   "head_out_channels is the CTC character set (2299 after shrinking)",
         "config": {"image_size": [96, 128], "head_out_channels": 64},
+    },
+    "pp_ocrv5_server_det": {
+        "reason": "the neck's intra-class block convs, upsample factors and head kernels default to None (set by checkpoints)",
+        "config": dict(_INTRACLASS_NECK),
+    },
+    "pp_ocrv6_medium_det": {
+        "reason": "neck convs/upsample factors/head kernels default to None, and the default backbone is the recognizer's "
+                  "([2, 1] strides, one tap): the released det checkpoint taps all 4 stride-2 stages for the 4-level PAN neck",
+        "config": {**_INTRACLASS_NECK,
+                   "backbone_config.block_configs": [[[3, 12, 12, 1, True]], [[3, 12, 24, 2, False]],
+                                                     [[3, 24, 48, 2, False]], [[3, 48, 64, 2, False]]],
+                   "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"],
+                   "backbone_config.out_indices": [1, 2, 3, 4],
+                   "backbone_config.stage_out_channels": "<delete>", "backbone_config.depths": "<delete>"},
     },
 }
