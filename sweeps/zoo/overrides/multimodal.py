@@ -30,6 +30,13 @@ _GDINO = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "granite4_vision": {
+        "reason": "window Q-Former projectors: downsample_rate / deepstack map default None, qformer heads = vision hidden // 64",
+        "config": {"downsample_rate": "1/2",  # 4x4 patch grid: 2x2 key windows, 1 query each (spatial groups halve too)
+                   "deepstack_layer_map": [[1, 0], [2, 1]],  # (vision hidden-state index, LLM layer) pairs
+                   "spatial_target_layers": [2, 3, 4, 5],  # 4 offset groups, each injected at its own LLM layer
+                   "text_config.num_hidden_layers": 6, "vision_config.hidden_size": 64},
+    },
     "glm_image": {
         "reason": "image path needs images_per_sample and a target grid per sample in image_grid_thw (no recipe): text path",
         "inputs": {"drop": ["pixel_values", "image_grid_thw"]},
