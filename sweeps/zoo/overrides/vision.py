@@ -122,4 +122,14 @@ OVERRIDES: dict[str, dict] = {
                    "backbone_config.out_indices": [1, 2, 3, 4],
                    "backbone_config.stage_out_channels": "<delete>", "backbone_config.depths": "<delete>"},
     },
+    "pp_ocrv6_small_det": {
+        "reason": "the default backbone is the recognizer's ([2, 1] strides, one tap): the det neck fuses 4 stride-2 stages whose "
+                  "widths must equal layer_list_out_channels; its SE blocks divide neck_out_channels by 4 twice",
+        "config": {"backbone_config.block_configs": [[[3, 12, 12, 1, True]], [[3, 12, 24, 2, False]],
+                                                     [[3, 24, 48, 2, False]], [[3, 48, 64, 2, False]]],
+                   "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4"],
+                   "backbone_config.out_indices": [1, 2, 3, 4],
+                   "backbone_config.stage_out_channels": "<delete>", "backbone_config.depths": "<delete>",
+                   "layer_list_out_channels": [12, 24, 48, 64], "neck_out_channels": 16},
+    },
 }
