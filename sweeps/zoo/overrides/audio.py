@@ -22,16 +22,19 @@ _GRANITE_SPEECH5 = {
 _NEMOTRON_FEATS = ("the mel width lives in asr_config/diarization audio_config (128), not on the audio config the input "
                    "builder reads; feature_size (read only by the zoo) makes (B, T, 128) features")
 
+_XCODEC2 = {
+    "reason": "the semantic wav2vec2-bert tower takes (B, T, 160) features (semantic_model_config.feature_projection_input_dim), "
+              "a sub-config the input builder does not read; feature_size (read only by the zoo) gives that width; "
+              "semantic and acoustic frames are concatenated: hop 240 makes 15360 samples 64 frames like the features; "
+              "quantization_dim = hidden_size + semantic hidden_size (2048 upstream); the encoder doubles "
+              "encoder_hidden_size per stage (x32): start at 4",
+    "config": {"feature_size": 160, "downsampling_ratios": [2, 2, 4, 3, 5], "quantization_dim": 64,
+               "encoder_hidden_size": 4},
+}
+
 OVERRIDES: dict[str, dict] = {
-    "xcodec2": {
-        "reason": "the semantic wav2vec2-bert tower takes (B, T, 160) features (semantic_model_config.feature_projection_input_dim), "
-                  "a sub-config the input builder does not read; feature_size (read only by the zoo) gives that width; "
-                  "semantic and acoustic frames are concatenated: hop 240 makes 15360 samples 64 frames like the features; "
-                  "quantization_dim = hidden_size + semantic hidden_size (2048 upstream); the encoder doubles "
-                  "encoder_hidden_size per stage (x32): start at 4",
-        "config": {"feature_size": 160, "downsampling_ratios": [2, 2, 4, 3, 5], "quantization_dim": 64,
-                   "encoder_hidden_size": 4},
-    },
+    "xcodec2": _XCODEC2,
+    "neucodec": _XCODEC2,
     "xcodec": {
         "reason": "codebook_dim must equal hidden_size = acoustic + semantic hidden sizes (1024 = 256 + 768 upstream; 32 + 32 "
                   "here); the DAC encoder doubles encoder_hidden_size per stage (32 -> 512, 3M params): start at 4",
