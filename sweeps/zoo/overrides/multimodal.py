@@ -125,8 +125,13 @@ OVERRIDES: dict[str, dict] = {
     },
     "perceiver": {
         "reason": "cross-attention qk width defaults to the preprocessor's channel count (e.g. 322); one head divides any",
-        "config": {"num_cross_attention_heads": 1},
+        "config": {"num_cross_attention_heads": 1,
+                   "num_self_attends_per_block": 2},  # a layer count (26) that the shrinker's names do not match
         "inputs": {"pixel_rank": 4},  # num_frames in the config is for the video autoencoder only
+    },
+    "PerceiverForImageClassificationLearned": {
+        "reason": "its preprocessor hard-codes 256-wide trainable positions for every pixel (image_size**2 x 256): 16 px images",
+        "config": {"image_size": 16},
     },
     "mllama": {
         "reason": "vision_output_dim = hidden * (1 + number of intermediate layers) (32 * 6); not a free width",
