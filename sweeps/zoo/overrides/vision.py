@@ -132,4 +132,15 @@ OVERRIDES: dict[str, dict] = {
                    "backbone_config.stage_out_channels": "<delete>", "backbone_config.depths": "<delete>",
                    "layer_list_out_channels": [12, 24, 48, 64], "neck_out_channels": 16},
     },
+    "slanet": {
+        "reason": "PP-LCNet channels are make_divisible(c * scale, divisor=16) but num_features assumes c * scale: divisor 2 keeps "
+                  "the shrunk table consistent; the structure decoder loops max_text_length (500) steps",
+        "config": {"backbone_config.divisor": 2, "max_text_length": 16},
+    },
+    "pp_doclayout_v2": {
+        "reason": "per-label score thresholds and reading-order priorities default to None (set by checkpoints): one per label (2); "
+                  "the reading-order box embeddings (171/170 wide over 1024 positions, names the shrinker does not know) dominate the size",
+        "config": {"class_thresholds": [0.5, 0.5], "class_order": [0, 1],
+                   "reading_order_config.coordinate_size": 8, "reading_order_config.shape_size": 8},
+    },
 }
