@@ -33,6 +33,15 @@ _XCODEC2 = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "musicgen": {
+        "reason": "decoder ids are (B * num_codebooks, T); with one codebook the generic (B, T) ids keep the text encoder's batch",
+        "config": {"decoder.num_codebooks": 1},
+    },
+    "musicgen_melody": {
+        "reason": "decoder ids are (B * num_codebooks, T): one codebook keeps the batch; the melody conditioning is "
+                  "(B, T, num_chroma=12) chroma, feature_size (read only by the zoo) gives that width",
+        "config": {"decoder.num_codebooks": 1, "feature_size": 12},
+    },
     "xcodec2": _XCODEC2,
     "neucodec": _XCODEC2,
     "xcodec": {
