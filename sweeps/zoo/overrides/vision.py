@@ -143,4 +143,8 @@ OVERRIDES: dict[str, dict] = {
         "config": {"class_thresholds": [0.5, 0.5], "class_order": [0, 1],
                    "reading_order_config.coordinate_size": 8, "reading_order_config.shape_size": 8},
     },
+    "pp_doclayout_v3": {
+        "reason": "x4_feat_dim is the width of the backbone's stride-4 stage (stage_out_channels[0]; a name the shrinker keeps)",
+        "config": {"x4_feat_dim": 16},
+    },
 }
