@@ -33,6 +33,10 @@ _XCODEC2 = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "dia": {
+        "reason": "2-D decoder ids are read as (B, num_channels * T): one channel (delay pattern [0]) makes the generic (B, 5) ids 5 steps",
+        "config": {"decoder_config.num_channels": 1, "delay_pattern": [0]},
+    },
     "musicgen": {
         "reason": "decoder ids are (B * num_codebooks, T); with one codebook the generic (B, T) ids keep the text encoder's batch",
         "config": {"decoder.num_codebooks": 1},
