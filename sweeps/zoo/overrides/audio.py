@@ -33,6 +33,11 @@ _XCODEC2 = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "voxtral_realtime": {
+        "reason": "audio embeddings are added position-wise to the text embeddings: the 64 generic frames give 8 audio steps, "
+                  "so 8 text tokens",
+        "inputs": {"seq_len": 8},
+    },
     "dia": {
         "reason": "2-D decoder ids are read as (B, num_channels * T): one channel (delay pattern [0]) makes the generic (B, 5) ids 5 steps",
         "config": {"decoder_config.num_channels": 1, "delay_pattern": [0]},
