@@ -30,6 +30,13 @@ _GDINO = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "blt": {
+        "reason": "with use_cache the forward builds DynamicCache(config=BltConfig), which has no num_hidden_layers (any config)",
+        "config": {"use_cache": False,
+                   # the global transformer's width as the local encoder/decoder see it (a name the shrinker misses)
+                   "encoder_config.hidden_size_global": 32, "decoder_config.hidden_size_global": 32,
+                   "encoder_hash_byte_group_vocab": 64},  # hash n-gram embedding rows (500002 x hidden otherwise)
+    },
     "granite4_vision": {
         "reason": "window Q-Former projectors: downsample_rate / deepstack map default None, qformer heads = vision hidden // 64",
         "config": {"downsample_rate": "1/2",  # 4x4 patch grid: 2x2 key windows, 1 query each (spatial groups halve too)
