@@ -33,6 +33,12 @@ _XCODEC2 = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "pop2piano": {
+        "reason": "the encoder takes input_features (B, T, d_model) as its inputs_embeds, so not input_ids too; feature_size "
+                  "(read only by the zoo) gives width d_model",
+        "config": {"feature_size": 32},
+        "inputs": {"drop": ["input_ids", "attention_mask"]},
+    },
     "voxtral_realtime": {
         "reason": "audio embeddings are added position-wise to the text embeddings: the 64 generic frames give 8 audio steps, "
                   "so 8 text tokens",
