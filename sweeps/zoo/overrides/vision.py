@@ -147,4 +147,15 @@ OVERRIDES: dict[str, dict] = {
         "reason": "x4_feat_dim is the width of the backbone's stride-4 stage (stage_out_channels[0]; a name the shrinker keeps)",
         "config": {"x4_feat_dim": 16},
     },
+    "sam": {
+        "reason": "the prompt encoder's dense grid (image_embedding_size) must equal image_size / patch_size of the vision tower, "
+                  "and the random-Fourier positional embedding (2 * num_pos_feats) the neck width",
+        "config": {"prompt_encoder_config.image_embedding_size": 4, "vision_config.num_pos_feats": 16},
+    },
+    "sam_hq": {
+        "reason": "as sam (dense grid = image_size / patch_size, 2 * num_pos_feats = neck width); the HQ head compresses "
+                  "early ViT features of width vit_dim (= vision hidden_size)",
+        "config": {"prompt_encoder_config.image_embedding_size": 4, "vision_config.num_pos_feats": 16,
+                   "mask_decoder_config.vit_dim": 32},
+    },
 }
