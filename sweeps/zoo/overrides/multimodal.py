@@ -30,6 +30,10 @@ _GDINO = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "decision_transformer": {
+        "reason": "max_ep_len (4096) sizes the timestep embedding table; 64 episode steps cover any zoo trajectory",
+        "config": {"max_ep_len": 64},  # the forward itself still needs a states/actions/... recipe (see zoo notes)
+    },
     "blt": {
         "reason": "with use_cache the forward builds DynamicCache(config=BltConfig), which has no num_hidden_layers (any config)",
         "config": {"use_cache": False,
