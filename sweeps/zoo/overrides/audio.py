@@ -33,6 +33,11 @@ _XCODEC2 = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "fastspeech2_conformer_with_hifigan": {
+        "reason": "the phoneme vocab (78) sits in model_config, which the input builder does not read (it draws ids < 100): "
+                  "a 100-id vocab",
+        "config": {"model_config.vocab_size": 100},
+    },
     "pop2piano": {
         "reason": "the encoder takes input_features (B, T, d_model) as its inputs_embeds, so not input_ids too; feature_size "
                   "(read only by the zoo) gives width d_model",
