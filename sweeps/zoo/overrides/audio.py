@@ -33,6 +33,10 @@ _XCODEC2 = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "csm": {
+        "reason": "input_values (context audio) need input_values_cutoffs per sample, which no input recipe makes: text-only prompt",
+        "inputs": {"drop": ["input_values"]},
+    },
     "fastspeech2_conformer_with_hifigan": {
         "reason": "the phoneme vocab (78) sits in model_config, which the input builder does not read (it draws ids < 100): "
                   "a 100-id vocab",
