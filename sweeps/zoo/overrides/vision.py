@@ -158,4 +158,14 @@ OVERRIDES: dict[str, dict] = {
         "config": {"prompt_encoder_config.image_embedding_size": 4, "vision_config.num_pos_feats": 16,
                    "mask_decoder_config.vit_dim": 32},
     },
+    "sam2": {
+        "reason": "backbone_feature_sizes is the stride-4/8/16 grid of a 1024 px image (256/128/64): 32 px gives 8/4/2; "
+                  "the prompt encoder's dense grid is image_size / patch_size, the stride 16 of the image embedding",
+        "config": {"vision_config.backbone_feature_sizes": [[8, 8], [4, 4], [2, 2]], "prompt_encoder_config.patch_size": 16},
+    },
+    "sam3_tracker": {
+        "reason": "backbone_feature_sizes is the 4x/2x/1x FPN grid of a 1008 px image at patch 14 (288/144/72): "
+                  "32 px at patch 8 gives 16/8/4",
+        "config": {"vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]]},
+    },
 }
