@@ -33,6 +33,12 @@ _XCODEC2 = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "vibevoice": {
+        "reason": "the speech path needs a (B, samples) padding_mask (it counts audio tokens from it), which no input recipe "
+                  "makes: text-only prompt; the conv tokenizers double num_filters over 6 stages (4 -> 256, 4M params): start at 1",
+        "config": {"audio_config.num_filters": 1, "semantic_model_config.num_filters": 1},
+        "inputs": {"drop": ["input_values"]},
+    },
     "csm": {
         "reason": "input_values (context audio) need input_values_cutoffs per sample, which no input recipe makes: text-only prompt",
         "inputs": {"drop": ["input_values"]},
