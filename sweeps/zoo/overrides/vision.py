@@ -168,4 +168,9 @@ OVERRIDES: dict[str, dict] = {
                   "32 px at patch 8 gives 16/8/4",
         "config": {"vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]]},
     },
+    "tvp": {
+        "reason": "the frame-pad visual prompt is built at max_img_size (448) and added to the frames, so it must equal the "
+                  "input size: 64 px, since the 32x ResNet grid is max-pooled 2x again (image_size sizes the zoo input)",
+        "config": {"max_img_size": 64, "visual_prompt_size": 8, "image_size": 64},
+    },
 }
