@@ -33,6 +33,11 @@ _XCODEC2 = {
 }
 
 OVERRIDES: dict[str, dict] = {
+    "clap": {
+        "reason": "the Swin audio tower ends at patch_embeds_hidden_size * 2**(stages-1), which must equal audio hidden_size "
+                  "(96 * 8 = 768 upstream): 4 * 8 = 32",
+        "config": {"audio_config.patch_embeds_hidden_size": 4},
+    },
     "vibevoice": {
         "reason": "the speech path needs a (B, samples) padding_mask (it counts audio tokens from it), which no input recipe "
                   "makes: text-only prompt; the conv tokenizers double num_filters over 6 stages (4 -> 256, 4M params): start at 1",
