@@ -173,4 +173,19 @@ OVERRIDES: dict[str, dict] = {
                   "input size: 64 px, since the 32x ResNet grid is max-pooled 2x again (image_size sizes the zoo input)",
         "config": {"max_img_size": 64, "visual_prompt_size": 8, "image_size": 64},
     },
+    "uvdoc": {
+        "reason": "channel/dilation tables (resnet, 6 bridges, head) are nested lists the shrinker leaves at 32-128 wide (7.7M "
+                  "params); the head concatenates all 6 bridge outputs (out_features must tap every bridge stage); reflect padding "
+                  "at stride 8 needs a >= 64 px input (image_size sizes the zoo input)",
+        "config": {"backbone_config.resnet_head": [[3, 8], [8, 8]],
+                   "backbone_config.resnet_configs": [[[8, 8, 1, False], [8, 8, 3, False]],
+                                                      [[8, 16, 1, True], [16, 16, 3, False]],
+                                                      [[16, 16, 1, True], [16, 16, 3, False]]],
+                   "backbone_config.stage_configs": [[[16, 1]], [[16, 2]], [[16, 5]], [[16, 8], [16, 3], [16, 2]],
+                                                     [[16, 12], [16, 7], [16, 4]], [[16, 18], [16, 12], [16, 6]]],
+                   "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4", "stage5", "stage6"],
+                   "backbone_config.out_indices": [1, 2, 3, 4, 5, 6], "backbone_config.depths": "<delete>",
+                   "bridge_connector": [16, 16], "out_point_positions2D": [[16, 8], [8, 2]],
+                   "image_size": [64, 64]},
+    },
 }
