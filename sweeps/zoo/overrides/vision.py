@@ -188,4 +188,8 @@ OVERRIDES: dict[str, dict] = {
                    "bridge_connector": [16, 16], "out_point_positions2D": [[16, 8], [8, 2]],
                    "image_size": [64, 64]},
     },
+    "vitmatte": {
+        "reason": "the 3-stage stride-2 ConvStream (1/8) is fused with the ViT grid upsampled 2x: the patch must be 16",
+        "config": {"backbone_config.patch_size": 16, "backbone_config.image_size": 64, "backbone_config.pretrain_image_size": 64},
+    },
 }
