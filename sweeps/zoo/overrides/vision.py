@@ -192,4 +192,8 @@ OVERRIDES: dict[str, dict] = {
         "reason": "the 3-stage stride-2 ConvStream (1/8) is fused with the ViT grid upsampled 2x: the patch must be 16",
         "config": {"backbone_config.patch_size": 16, "backbone_config.image_size": 64, "backbone_config.pretrain_image_size": 64},
     },
+    "zoedepth": {
+        "reason": "the metric head's bottleneck input is the DPT neck output: bottleneck_features must equal fusion_hidden_size",
+        "config": {"bottleneck_features": 32},
+    },
 }
