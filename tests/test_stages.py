@@ -307,11 +307,11 @@ def test_flatten_outputs_rejects_colliding_leaf_names():
 class _Leaky(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.cached_mask = "before"
+        self.cached_sequence_length = "before"
 
     def forward(self, x):
         self.scratch = x + 0  # a new tensor attribute: a FakeTensor after tracing
-        self.cached_mask = {"mask": x > 0}  # named in _STATEFUL_CACHE_ATTRS
+        self.cached_sequence_length = x.shape[0]  # named in _STATEFUL_CACHE_ATTRS (a SymInt while tracing)
         return x * 3
 
 
@@ -319,10 +319,10 @@ def test_stage5_removes_fake_tensors_and_restores_named_state():
     from exporters import DynamoExporter
     from exporters.utils import Registry
 
-    assert "cached_mask" in dyn._STATEFUL_CACHE_ATTRS
+    assert "cached_sequence_length" in dyn._STATEFUL_CACHE_ATTRS
     model = _Leaky().eval()
     art = DynamoExporter(registry=Registry()).export(model, {"x": torch.ones(2)})
     assert "scratch" not in vars(model)
-    assert model.cached_mask == "before"
+    assert model.cached_sequence_length == "before"
     assert torch.equal(model(torch.ones(2)), torch.full((2,), 3.0))  # eager still works
     assert torch.equal(art(x=torch.ones(2))["output"], torch.full((2,), 3.0))

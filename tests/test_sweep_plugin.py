@@ -291,6 +291,7 @@ def test_full_sweep_collection_imports_no_runtime_and_builds_no_model(runs):
 
 
 def test_sweep_items_carry_backend_group_and_slow_markers(runs):
+    from skips import find_export_skip, marker_reason
     from sweeps.zoo import catalog
 
     blocked = {e.class_name: e.blocked_by for e in catalog() if e.blocked_by}
@@ -301,7 +302,10 @@ def test_sweep_items_carry_backend_group_and_slow_markers(runs):
         assert "xdist_group" in marks
         assert ("slow" in marks) == (backend == "executorch"), item
         assert ("smoke" in marks) == (class_name in plugin.SMOKE_CLASSES), item
-        if class_name in blocked:  # EXPORT_SKIPS is empty: only package-blocked classes are xfail
+        entry = find_export_skip(class_name, None, backend, variant)
+        if entry is not None:  # an EXPORT_SKIPS entry wins, carrying its reason
+            assert item["xfail"] == [{"reason": marker_reason(entry), "strict": True}], item
+        elif class_name in blocked:
             assert item["xfail"] == [{"reason": f"build: needs {blocked[class_name]}", "strict": True}]
         else:
             assert item["xfail"] == [], item
