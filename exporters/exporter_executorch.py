@@ -4,6 +4,7 @@ run in the ExecuTorch runtime. Five stages around the lowering."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import _finite, trace
-from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
+from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, register_fx_node_fix
 
 # "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering);
 # the others are torch patches (stage 2, installed around torch.export).
@@ -92,6 +93,36 @@ def bound_dynamic_shapes(spec: Any, max_dim: int) -> Any:
 
 # ── Stage 5: FX node fixes ───────────────────────────────────────────────────
 # Rewrite single nodes: @register_fx_node_fix("executorch"), fn(gm, node) -> bool.
+
+
+@register_fx_node_fix("executorch")
+def _fix_gelu_tanh_explicit(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """XNNPACK lowers ``gelu(x, approximate="tanh")`` as the exact erf GELU: the outputs differ from
+    eager by up to ~5e-4 (SigLIP, GPT-2-style activations). Spell the tanh form out in ops XNNPACK
+    computes as written.
+
+    before: gelu(x, approximate="tanh")
+    after:  0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x * x * x)))
+    """
+    if node.op != "call_function" or node.target is not torch.ops.aten.gelu.default:
+        return False
+    approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+    if approximate != "tanh":
+        return False
+    aten = torch.ops.aten
+    x = node.args[0]
+    with gm.graph.inserting_before(node):
+        cube = gm.graph.call_function(aten.mul.Tensor, (gm.graph.call_function(aten.mul.Tensor, (x, x)), x))
+        inner = gm.graph.call_function(aten.add.Tensor, (x, gm.graph.call_function(aten.mul.Tensor, (cube, 0.044715))))
+        scaled = gm.graph.call_function(aten.mul.Tensor, (inner, math.sqrt(2.0 / math.pi)))
+        one_plus = gm.graph.call_function(aten.add.Tensor, (gm.graph.call_function(aten.tanh.default, (scaled,)), 1.0))
+        out = gm.graph.call_function(aten.mul.Tensor, (gm.graph.call_function(aten.mul.Tensor, (x, 0.5)), one_plus))
+    for new in (cube, inner, scaled, one_plus, out):
+        new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
+    out.meta["val"] = node.meta.get("val")
+    node.replace_all_uses_with(out)
+    gm.graph.erase_node(node)
+    return True
 
 
 # ── the exporter ─────────────────────────────────────────────────────────────
