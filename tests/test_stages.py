@@ -326,3 +326,22 @@ def test_stage5_removes_fake_tensors_and_restores_named_state():
     assert model.cached_sequence_length == "before"
     assert torch.equal(model(torch.ones(2)), torch.full((2,), 3.0))  # eager still works
     assert torch.equal(art(x=torch.ones(2))["output"], torch.full((2,), 3.0))
+
+
+def test_executorch_gelu_tanh_is_spelled_out():
+    """XNNPACK computes gelu(approximate='tanh') as the erf GELU; the node fix rewrites it, exactly."""
+    from exporters.utils import FiredLog, apply_fx_node_fixes
+
+    class G(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.gelu(x, approximate="tanh") + torch.nn.functional.gelu(x)
+
+    x = torch.linspace(-4, 4, 64).reshape(2, 32)
+    gm = torch.export.export(G(), (x,)).module()
+    fix = [e for e in DEFAULT_REGISTRY.fixes("executorch", "node") if e.fn is et._fix_gelu_tanh_explicit]
+    fired = FiredLog()
+    assert apply_fx_node_fixes(fix, gm, fired)
+    gelus = [n for n in gm.graph.nodes if n.target is torch.ops.aten.gelu.default]
+    assert len(gelus) == 1 and gelus[0].kwargs.get("approximate", "none") == "none"  # the exact one is kept
+    torch.testing.assert_close(gm(x), G()(x), atol=1e-6, rtol=1e-6)
+    assert fired.names() == ["fix:executorch:_fix_gelu_tanh_explicit"]
