@@ -285,8 +285,9 @@ def auto_dynamic_shapes(inputs: Mapping[str, torch.Tensor], max_dim: int) -> dic
 
 
 # ── Stage 5: State cleanup ───────────────────────────────────────────────────
-# Tensor attributes that a model sets in forward survive tracing as fake tensors and break the next
-# eager call. Restore, after export, every attribute named here and every one left holding a FakeTensor.
+# Attributes a model sets in forward survive tracing as fake tensors or symbols and break the next eager
+# call or export. Restore, after export, every public attribute the forward replaced, every private one
+# named here, and drop new ones holding fake tensors or symbols.
 
 _STATEFUL_CACHE_ATTRS: tuple[str, ...] = (
     "cached_sequence_length",  # Wav2Vec2-BERT / Wav2Vec2-Conformer rotary cache key: an int set to a SymInt
@@ -295,30 +296,42 @@ _STATEFUL_CACHE_ATTRS: tuple[str, ...] = (
 )
 
 
+def _tracked(name: str) -> bool:
+    """Attributes a forward may set: public ones and the named caches (torch's own ``_parameters``,
+    ``_buffers``, ``_modules`` and hooks are private and left alone)."""
+    return not name.startswith("_") or name in _STATEFUL_CACHE_ATTRS
+
+
 def _snapshot_state(model: torch.nn.Module) -> dict[tuple[int, str], Any]:
-    return {
-        (id(m), k): v
-        for m in model.modules()
-        for k, v in vars(m).items()
-        if k in _STATEFUL_CACHE_ATTRS or isinstance(v, torch.Tensor)
-    }
+    return {(id(m), k): v for m in model.modules() for k, v in vars(m).items() if _tracked(k)}
+
+
+def _traced_value(value: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(value, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_traced_value(v) for v in value)
+    return False
 
 
 def reset_model_state(model: torch.nn.Module, snapshot: dict[tuple[int, str], Any]) -> list[str]:
-    from torch._subclasses.fake_tensor import FakeTensor
-
+    """Put back every tracked attribute the traced forward replaced (Swin's ``window_size`` left as a
+    SymInt broke the next export), and drop new ones that hold fake tensors or symbols."""
     reset = []
     for name, m in model.named_modules():
         for k, v in list(vars(m).items()):
+            if not _tracked(k):
+                continue
             key = (id(m), k)
-            if k in _STATEFUL_CACHE_ATTRS or isinstance(v, FakeTensor):
-                if key in snapshot:
-                    if snapshot[key] is not v:
-                        m.__dict__[k] = snapshot[key]
-                        reset.append(f"{name}.{k}")
-                elif isinstance(v, FakeTensor):
-                    del m.__dict__[k]
+            if key in snapshot:
+                if snapshot[key] is not v:
+                    m.__dict__[k] = snapshot[key]
                     reset.append(f"{name}.{k}")
+            elif _traced_value(v):
+                del m.__dict__[k]
+                reset.append(f"{name}.{k}")
     return reset
 
 

@@ -138,6 +138,9 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
         record("stage", stage)
         assert_close(ref.expected, actual, case.backend)
         if case.variant == "dynamic":
+            from exporters.exporter_dynamo import _snapshot_state, reset_model_state
+
+            state = _snapshot_state(model)  # eager forwards at other shapes may reconfigure the model (Swin)
             stage = "shapes"
             record("stage", stage)
             record("dynamic_dims", sum(len(d) for d in artifact.dynamic_dims.values()))
@@ -147,7 +150,10 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
                     raise ValueError(f"sizes {format_sizes(sizes)}: {verdict} {detail}".strip())
                 record("shapes_checked", 1)
             else:
-                record("shapes_checked", check_dynamic_shapes(artifact, model, inputs, case.backend, case.repro))
+                try:
+                    record("shapes_checked", check_dynamic_shapes(artifact, model, inputs, case.backend, case.repro))
+                finally:
+                    reset_model_state(model, state)
         stage = "done"
         record("stage", stage)
         return artifact
