@@ -54,7 +54,8 @@ class Artifact:
     backend = ""
     file_name = ""
 
-    def __init__(self, *, input_names, output_names, input_specs, constants, fired, config, extra_metadata=None):
+    def __init__(self, *, input_names, output_names, input_specs, constants, fired, config, extra_metadata=None,
+                 guards=None):
         self.input_names: list[str] = list(input_names)
         self.output_names: list[str] = list(output_names)
         # input name -> (traced shape, dtype, {dim: {"symbol", "min", "max"}})
@@ -63,7 +64,7 @@ class Artifact:
         self.workarounds_fired: list[str] = list(fired)
         self.config = config
         self.extra_metadata = dict(extra_metadata or {})
-        self.guards: Callable[..., Any] | None = None  # the traced program's guard function, if any
+        self.guards: Callable[..., Any] | None = guards  # the traced program's guard function, if any
 
     @property
     def dynamic_dims(self) -> dict[str, dict[int, dict]]:

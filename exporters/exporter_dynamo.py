@@ -37,7 +37,7 @@ class Traced:
 
     def artifact_kwargs(self, fired: FiredLog, config: ExportConfig) -> dict[str, Any]:
         return dict(input_names=self.input_names, output_names=self.output_names, input_specs=self.input_specs,
-                    constants=self.constants, fired=fired.names(), config=config)
+                    constants=self.constants, fired=fired.names(), config=config, guards=self.guards)
 
 
 # ── Stage 1: Forward-signature patch ─────────────────────────────────────────
@@ -435,6 +435,4 @@ class DynamoExporter(Exporter):
         config = config or DynamoConfig()
         fired = FiredLog()
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, self.registry.patches("dynamo"), fired))
-        artifact = DynamoArtifact(traced.program, **traced.artifact_kwargs(fired, config))
-        artifact.guards = traced.guards
-        return artifact
+        return DynamoArtifact(traced.program, **traced.artifact_kwargs(fired, config))

@@ -166,12 +166,10 @@ class ExecutorchExporter(Exporter):
         et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired))
         buffer = run_stage("lower", self.backend, lambda: self._lower(traced.program, config, partitioners, et_patches, fired))
-        artifact = run_stage(
+        return run_stage(
             "run", self.backend,
             lambda: ExecutorchArtifact(buffer, **traced.artifact_kwargs(fired, config), extra_metadata={"executorch_backend": config.backend}),
         )
-        artifact.guards = traced.guards
-        return artifact
 
     def _lower(self, program, config, partitioners, et_patches, fired) -> bytes:
         from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower

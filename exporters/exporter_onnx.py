@@ -187,12 +187,10 @@ class OnnxExporter(Exporter):
         onnx_program = run_stage(
             "lower", self.backend, lambda: self._to_onnx(program, traced, config, onnx_patches, fired)
         )
-        artifact = run_stage(
+        return run_stage(
             "run", self.backend,
             lambda: OnnxArtifact(onnx_program, **traced.artifact_kwargs(fired, config), extra_metadata={"optimize": config.optimize}),
         )
-        artifact.guards = traced.guards
-        return artifact
 
     def _to_onnx(self, program, traced, config, onnx_patches, fired):
         apply_fx_node_fixes(self.registry.fixes("onnx", "node"), program.graph_module, fired)
