@@ -513,3 +513,29 @@ def test_executorch_bounds_an_explicit_unbounded_dim():
     assert torch.equal(art(x=torch.ones(9, 3))["output"], torch.full((9, 3), 2.0))
     with pytest.raises(InputError, match=r"'x' dim 0"):
         art(x=torch.ones(17, 3))
+
+
+
+class _FirstQuarter(torch.nn.Module):
+    """Keeps the first H // 4 rows: torch.export assumes that size is not 1 and records the
+    condition ``H // 4 != 1``, which no dim bound expresses."""
+
+    def forward(self, x):
+        n = x.shape[1] // 4
+        rows = x[:, :n]
+        return rows * 2 + rows.mean(1, keepdim=True).expand(-1, n, -1)
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_artifact_refuses_shapes_that_break_a_recorded_guard(backend):
+    """Every backend's artifact checks the shape conditions torch.export recorded, not only the dim
+    bounds. (ExecuTorch lost them once: torch skips building them under any 'executorch' file.)"""
+    from torch.export import Dim
+
+    cfg = get_exporter(backend).config_class(dynamic_shapes={"x": {1: Dim.AUTO(min=2, max=32)}})
+    art = get_exporter(backend, registry=Registry()).export(_FirstQuarter(), {"x": torch.ones(2, 16, 3)}, cfg)
+    assert art.guards is not None
+    x = torch.randn(2, 9, 3)
+    assert_close({"output": _FirstQuarter()(x)}, art(x=x), backend)
+    with pytest.raises(InputError, match=r"outside what the \w+ artifact was exported for.*// 4 != 1"):
+        art(x=torch.randn(2, 5, 3))
