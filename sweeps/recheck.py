@@ -72,45 +72,25 @@ class Rerun:
 
 def run_item(item: Item, registry=None, *, reference: Callable[[str], Any] | None = None,
              config_overrides: dict[str, Any] | None = None, shapes: bool = True) -> Rerun:
-    """Run one item as the sweep does (build, export, run, compare, dynamic shapes), exporting with
+    """Run one item exactly as the sweep does (``sweeps.runner.run_case``), exporting with
     ``get_exporter(backend, registry=registry)``. Never raises for a failing item: returns a Rerun.
 
     ``reference(class_name)`` gives the tiny model and its eager outputs (``sweeps.runner.reference``
     by default; tests pass a hand-built model); ``config_overrides`` set exporter config fields
     (``{"optimize": True}``).
     """
-    from exporters import get_exporter
-    from exporters.parity import assert_close
-    from sweeps.runner import Case, export_config
-    from sweeps.runner import reference as zoo_reference
-    from sweeps.shapes import check_dynamic_shapes
-    from sweeps.signature import error_signature
+    from sweeps.runner import Case, StageFailure, run_case
+    from sweeps.signature import error_signature, root_cause
 
-    stage = "build"
-    fired: list[str] = []
+    props: dict[str, Any] = {}
+    case = Case(item.backend, item.variant, _Entry(item.model_class, item.model_type))
     try:
-        ref = (reference or zoo_reference)(item.model_class)
-        model, inputs = ref.tiny.model, ref.tiny.inputs
-        stage = "export"
-        exporter = get_exporter(item.backend, registry=registry)
-        entry = getattr(ref.tiny, "entry", None) or _Entry(item.model_class, item.model_type)
-        case = Case(item.backend, item.variant, entry)
-        config, _ = export_config(case, exporter)
-        for key, value in (config_overrides or {}).items():
-            setattr(config, key, value)
-        artifact = exporter.export(model, inputs, config)
-        fired = list(artifact.workarounds_fired)
-        stage = "run"
-        actual = artifact(**inputs)
-        stage = "compare"
-        assert_close(ref.expected, actual, item.backend)
-        if item.variant == "dynamic" and shapes:
-            stage = "shapes"
-            check_dynamic_shapes(artifact, model, inputs, item.backend, case.repro)
-    except Exception as exc:  # noqa: BLE001 - a failing item is a result here
-        stage = getattr(exc, "stage", stage)
-        return Rerun(item, False, stage, error_signature(exc), fired=fired)
-    return Rerun(item, True, "done", fired=fired)
+        run_case(case, props.__setitem__, registry=registry, reference_fn=reference,
+                 config_overrides=config_overrides, shapes=shapes)
+    except StageFailure as failure:
+        return Rerun(item, False, failure.stage, error_signature(root_cause(failure.__cause__)),
+                     fired=list(props.get("workarounds_fired", [])))
+    return Rerun(item, True, "done", fired=list(props.get("workarounds_fired", [])))
 
 
 @dataclasses.dataclass(frozen=True)

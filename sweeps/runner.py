@@ -104,9 +104,15 @@ def export_config(case: Case, exporter) -> tuple[Any, dict[str, Any]]:
 
 
 def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | None = None,
-             sizes: dict[int, int] | None = None, registry: Any = None) -> Any:
+             sizes: dict[int, int] | None = None, registry: Any = None, *,
+             reference_fn: Callable[[str], Reference] | None = None,
+             config_overrides: dict[str, Any] | None = None, shapes: bool = True) -> Any:
     """Run one item; raise StageFailure naming the stage. ``record(key, value)`` gets the properties.
-    ``registry`` replaces the default workaround registry (``sweeps.recheck`` switches one off)."""
+
+    ``registry`` replaces the default workaround registry (``sweeps.recheck`` switches one off);
+    ``reference_fn(class_name)`` replaces the zoo build (tests pass a hand-built model);
+    ``config_overrides`` set exporter config fields (``{"optimize": True}``); ``shapes=False``
+    skips the dynamic-shape checks; ``sizes`` checks one set of sizes instead of drawing them."""
     from exporters import ExportStageError, get_exporter
     from exporters.parity import assert_close
     from sweeps.shapes import check_at, check_dynamic_shapes, format_sizes
@@ -115,12 +121,16 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
     record("stage", stage)
     start = time.perf_counter()
     try:
-        ref = reference(case.entry.class_name)
+        ref = (reference_fn or reference)(case.entry.class_name)
         model, inputs = ref.tiny.model, ref.tiny.inputs
         stage = "export"
         record("stage", stage)
         exporter = get_exporter(case.backend, registry=registry)
         config, props = export_config(case, exporter)
+        for key, value in (config_overrides or {}).items():
+            setattr(config, key, value)
+            if key == "optimize":
+                props["onnx_optimize"] = value
         for k, v in props.items():
             record(k, v)
         try:
@@ -137,23 +147,23 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
         stage = "compare"
         record("stage", stage)
         assert_close(ref.expected, actual, case.backend)
-        if case.variant == "dynamic":
+        if case.variant == "dynamic" and shapes:
             from exporters.exporter_dynamo import _snapshot_state, reset_model_state
 
             state = _snapshot_state(model)  # eager forwards at other shapes may reconfigure the model (Swin)
             stage = "shapes"
             record("stage", stage)
             record("dynamic_dims", sum(len(d) for d in artifact.dynamic_dims.values()))
-            if sizes is not None:
-                verdict, detail = check_at(artifact, model, inputs, sizes, case.backend)
-                if verdict != "compared":
-                    raise ValueError(f"sizes {format_sizes(sizes)}: {verdict} {detail}".strip())
-                record("shapes_checked", 1)
-            else:
-                try:
+            try:
+                if sizes is not None:
+                    verdict, detail = check_at(artifact, model, inputs, sizes, case.backend)
+                    if verdict != "compared":
+                        raise ValueError(f"sizes {format_sizes(sizes)}: {verdict} {detail}".strip())
+                    record("shapes_checked", 1)
+                else:
                     record("shapes_checked", check_dynamic_shapes(artifact, model, inputs, case.backend, case.repro))
-                finally:
-                    reset_model_state(model, state)
+            finally:
+                reset_model_state(model, state)
         stage = "done"
         record("stage", stage)
         return artifact
