@@ -229,7 +229,7 @@ def pytest_generate_tests(metafunc):
                 if skip is not None:
                     marks.append(xfail_marker(skip))
                 elif entry.blocked_by:
-                    marks.append(pytest.mark.xfail(reason=f"build: needs {entry.blocked_by}", strict=True))
+                    marks.append(pytest.mark.xfail(reason=f"build: {entry.blocked_by}", strict=True))
                 params.append(pytest.param(case, id=case.id, marks=marks))
     metafunc.parametrize("sweep_case", params)
 

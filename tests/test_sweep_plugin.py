@@ -306,7 +306,7 @@ def test_sweep_items_carry_backend_group_and_slow_markers(runs):
         if entry is not None:  # an EXPORT_SKIPS entry wins, carrying its reason
             assert item["xfail"] == [{"reason": marker_reason(entry), "strict": True}], item
         elif class_name in blocked:
-            assert item["xfail"] == [{"reason": f"build: needs {blocked[class_name]}", "strict": True}]
+            assert item["xfail"] == [{"reason": f"build: {blocked[class_name]}", "strict": True}]
         else:
             assert item["xfail"] == [], item
 

@@ -77,3 +77,107 @@ def test_bad_input_errors_name_the_fix():
         build_tiny("BertModel", seed="0")
     with pytest.raises(UnknownModelError, match="matches"):
         build_tiny("bert")  # a model type with many classes: ambiguous
+
+
+# ---- classes with no tensor forward: listed with a reason, never silently dropped ----------------
+UNTESTABLE = ["BarkModel", "GlmImageVQVAE", "Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration",
+              "Sam2VideoModel", "Sam3VideoModel", "Sam3TrackerVideoModel", "EdgeTamVideoModel", "VoxtralRealtimeTextModel"]
+
+
+@pytest.mark.parametrize("name", UNTESTABLE)
+def test_untestable_classes_are_listed_and_raise_no_tensor_forward(name):
+    from sweeps.zoo import NoTensorForward, catalog
+
+    entry = {e.class_name: e for e in catalog()}[name]
+    assert entry.blocked_by and entry.blocked_by.startswith("needs ")  # read as "build: <reason>" by the sweep
+    assert "untestable" in entry.blocked_by or "defines no " in entry.blocked_by
+    with pytest.raises(NoTensorForward, match=name):
+        build_tiny(entry)
+    assert issubclass(NoTensorForward, BlockedByPackage)  # the sweep's xfail path for blocked builds
+
+
+def test_untestable_table_matches_the_classes():
+    """Each listed class really has no tensor forward: none defined, a session-object argument, or no class."""
+    import inspect
+
+    import transformers
+
+    from sweeps.zoo.blocked import NO_TENSOR_FORWARD_BY_CLASS
+
+    for name in NO_TENSOR_FORWARD_BY_CLASS:
+        cls = getattr(transformers, name, None)
+        if cls is None:
+            continue
+        fwd = cls.forward
+        if fwd.__name__ == "_forward_unimplemented":
+            continue
+        assert "inference_session" in inspect.signature(fwd).parameters, name
+
+
+# ---- generic input rules ----------------------------------------------------------------------------
+def test_documented_shapes_resolve_config_fields_lengths_and_arithmetic():
+    from types import SimpleNamespace
+
+    from sweeps.zoo.inputs import B, S, _eval_dim
+
+    cfg = SimpleNamespace(hidden_size=32, state_dim=17, block_size=16, target_layer_ids=[1, 2, 3], image_size=24)
+    assert _eval_dim("batch_size", cfg, S) == B
+    assert _eval_dim("state_dim", cfg, S) == 17
+    assert _eval_dim("episode_length", cfg, S) == S
+    assert _eval_dim("config.block_size", cfg, S) == 16
+    assert _eval_dim("dim * len(config.target_layer_ids)", cfg, S) == 96
+    assert _eval_dim("number_of_previous_accepted_tokens + config.block_size", cfg, S) == S + 16
+    assert _eval_dim("height", cfg, S) == 24
+    assert _eval_dim("3", cfg, S) == 3
+    assert _eval_dim("mystery_width", cfg, S) is None  # unknown names are not guessed
+
+
+def test_domain_specific_forward_gets_documented_tensors():
+    """DecisionTransformer takes trajectories only: shapes come from its forward docstring + config."""
+    t = build_tiny("DecisionTransformerModel")
+    cfg = t.config
+    assert t.inputs["states"].shape == (2, 7, cfg.state_dim)
+    assert t.inputs["actions"].shape == (2, 7, cfg.act_dim)
+    assert t.inputs["timesteps"].dtype == torch.long
+    assert t.inputs["attention_mask"].shape == (2, 7) and bool((t.inputs["attention_mask"] == 1).all())
+
+
+def test_required_latents_come_from_the_docstring():
+    t = build_tiny("MimiDecoderModel")
+    assert t.inputs["latents"].shape == (2, t.config.hidden_size, 7)
+
+
+def test_override_tensor_recipes():
+    from types import SimpleNamespace
+
+    from sweeps.zoo.inputs import tensor_from_recipe
+
+    cfg = SimpleNamespace(d_model=12, sub=SimpleNamespace(hidden_size=6), codebooks=2)
+    gen = torch.Generator().manual_seed(0)
+    out = {"pixel_values": torch.zeros(2, 3, 4, 4)}
+    assert tensor_from_recipe(gen, cfg, {"shape": ["B", "S", "d_model"]}, out, 100, set()).shape == (2, 7, 12)
+    assert tensor_from_recipe(gen, cfg, {"shape": ["B", "sub.hidden_size * 2"]}, out, 100, set()).shape == (2, 12)
+    ids = tensor_from_recipe(gen, cfg, {"shape": ["B", "S", "codebooks + 1"], "kind": "int", "low": 3, "high": "S + 1"},
+                             out, 100, set())
+    assert ids.shape == (2, 7, 3) and ids.dtype == torch.long and int(ids.min()) >= 3 and int(ids.max()) <= 7
+    like = tensor_from_recipe(gen, cfg, {"kind": "like", "of": "pixel_values"}, out, 100, set())
+    assert like.shape == out["pixel_values"].shape and not torch.equal(like, out["pixel_values"])
+    m = tensor_from_recipe(gen, cfg, {"shape": ["B", 1], "kind": "ones", "dtype": "bool"}, out, 100, set())
+    assert m.dtype == torch.bool and bool(m.all())
+    with pytest.raises(ValueError, match="does not resolve"):
+        tensor_from_recipe(gen, cfg, {"shape": ["B", "nope"]}, out, 100, set())
+
+
+def test_patch_position_ids_rule():
+    t = build_tiny("Gemma4VisionModel")
+    pv, pos = t.inputs["pixel_values"], t.inputs["pixel_position_ids"]
+    assert pv.dim() == 3 and pos.shape == (*pv.shape[:2], 2)
+    k = t.config.pooling_kernel_size
+    assert pv.shape[1] % (k * k) == 0 and int(pos.max()) + 1 == int(pv.shape[1] ** 0.5)
+
+
+def test_qformer_gets_encoder_states_and_idefics_an_image_mask():
+    q = build_tiny("Blip2QFormerModel")
+    assert q.inputs["encoder_hidden_states"].shape[-1] == q.config.encoder_hidden_size
+    i = build_tiny("IdeficsModel")
+    assert i.inputs["image_attention_mask"].shape == (*i.inputs["input_ids"].shape, i.inputs["pixel_values"].shape[1])

@@ -42,7 +42,7 @@ def _child(entry, seed, conn):
         torch.set_num_threads(1)
         _quiet()
         import transformers
-        from sweeps.zoo.build import BlockedByPackage, build_tiny
+        from sweeps.zoo.build import BlockedByPackage, NoTensorForward, build_tiny
 
         rec = {"class_name": entry.class_name, "model_type": entry.model_type}
         t0 = time.perf_counter()
@@ -59,6 +59,9 @@ def _child(entry, seed, conn):
             rec["params"] = tiny.num_parameters
             rec["attn"] = tiny.attn_implementation
             rec["inputs"] = {k: list(v.shape) for k, v in tiny.inputs.items()}
+        except NoTensorForward as exc:
+            rec["status"] = "untestable"
+            rec["error"] = str(exc)[:500]
         except BlockedByPackage as exc:
             rec["status"] = "blocked"
             rec["error"] = str(exc)[:500]
@@ -134,7 +137,7 @@ def run(entries, jobs: int, timeout: float, seed: int, out: Path, progress: bool
                 conn.close()
                 del running[p]
                 rec["blocked_by"] = e.blocked_by
-                if rec["status"] not in ("ok", "blocked"):
+                if rec["status"] not in ("ok", "blocked", "untestable"):
                     rec["signature"] = signature(rec)
                 results.append(rec)
                 jf.write(json.dumps(rec) + "\n")
@@ -161,12 +164,16 @@ def summarize(results: list[dict], total_catalog: int, examples: int = 4) -> str
     n = len(results)
     ok = [r for r in results if r["status"] == "ok"]
     blocked = [r for r in results if r["status"] == "blocked"]
-    failed = [r for r in results if r["status"] not in ("ok", "blocked")]
-    not_blocked = n - len(blocked)
+    untestable = [r for r in results if r["status"] == "untestable"]
+    failed = [r for r in results if r["status"] not in ("ok", "blocked", "untestable")]
+    not_blocked = n - len(blocked) - len(untestable)
     lines.append(f"classes selected: {n} (catalog total {total_catalog})")
     lines.append(f"build + eager forward OK: {len(ok)}/{n} ({100 * len(ok) / max(n, 1):.1f}%); "
-                 f"of the not-blocked: {len(ok)}/{not_blocked} ({100 * len(ok) / max(not_blocked, 1):.1f}%)")
+                 f"of the not-blocked (and not untestable): {len(ok)}/{not_blocked} ({100 * len(ok) / max(not_blocked, 1):.1f}%)")
     lines.append(f"blocked by a missing package: {len(blocked)}")
+    lines.append(f"untestable for export (no tensor forward; listed in blocked.py): {len(untestable)}")
+    if untestable:
+        lines.append(f"        {', '.join(r['class_name'] for r in untestable)}")
     lines.append(f"failed: {len(failed)}")
     groups = defaultdict(list)
     for r in failed:

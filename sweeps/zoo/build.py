@@ -14,7 +14,7 @@ from .inputs import B, MissingInputRecipe, make_inputs, special_token_ids, text_
 from .overrides import get_override
 from .shrink import shrink_config_dict
 
-__all__ = ["TinyModel", "BlockedByPackage", "NonFiniteOutputError", "build_tiny", "tiny_config"]
+__all__ = ["TinyModel", "BlockedByPackage", "NoTensorForward", "NonFiniteOutputError", "build_tiny", "tiny_config"]
 
 # Attention implementation.  We set "sdpa" explicitly wherever the class supports it: it is
 # what users get by default and what they export, so the conformance suite must exercise
@@ -25,6 +25,12 @@ PREFERRED_ATTN = "sdpa"
 
 class BlockedByPackage(ImportError):
     """The class needs a package that cannot be installed in this environment."""
+
+
+class NoTensorForward(BlockedByPackage):
+    """The class has no forward over tensors to run or export (generate-only wrapper, a forward
+    taking a stateful Python session object, or a class the auto mappings name but transformers
+    lacks).  A ``BlockedByPackage`` so that it travels the same listed-and-xfailed path."""
 
 
 class NonFiniteOutputError(FloatingPointError):
@@ -382,7 +388,10 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
         raise TypeError(f"seed must be an int, got {seed!r}")
     entry = _resolve_entry(entry)
     if entry.blocked_by:
-        raise BlockedByPackage(f"{entry.class_name}: {entry.blocked_by}")
+        from .blocked import untestable_reason
+
+        exc_cls = NoTensorForward if untestable_reason(entry.class_name) == entry.blocked_by else BlockedByPackage
+        raise exc_cls(f"{entry.class_name}: {entry.blocked_by}")
     try:
         cls = getattr(transformers, entry.class_name)
     except (ImportError, AttributeError) as exc:
@@ -392,11 +401,13 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
         if isinstance(exc, AttributeError):
             raise AttributeError(
                 f"{entry.class_name} is listed in transformers' auto mappings (model type {entry.model_type!r}) but "
-                f"transformers {transformers.__version__} does not export it; nothing to build") from exc
+                f"transformers {transformers.__version__} does not export it; nothing to build (if it truly has no "
+                "class, list it in sweeps/zoo/blocked.py NO_TENSOR_FORWARD_BY_CLASS)") from exc
         raise
     if getattr(cls.forward, "__name__", "") == "_forward_unimplemented":
         raise NotImplementedError(
-            f"{entry.class_name} defines no forward() (a generate-only wrapper); there is no eager forward to run")
+            f"{entry.class_name} defines no forward() (a generate-only wrapper); there is no eager forward to run "
+            "(list it in sweeps/zoo/blocked.py NO_TENSOR_FORWARD_BY_CLASS)")
     ov = get_override(entry.model_type)
     ov_cls = get_override(entry.class_name)  # rare class-specific entries (keyed by class name)
     if ov_cls:

@@ -80,6 +80,9 @@ def _sub(config, *names):
 
 
 def vision_config(config):
+    vlm = _sub(config, "vlm_config")  # wrappers around a whole VLM (ColQwen2, PI0): its vision tower
+    if vlm is not config:
+        config = vlm
     return _sub(config, "vision_config", "image_config", "vision_tower_config", "backbone_config", "encoder")
 
 
@@ -285,6 +288,17 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         out["pixel_values"], out["spatial_shapes"] = patchify(out["pixel_values"], _patch(config))
         if has("pixel_attention_mask"):
             out["pixel_attention_mask"] = torch.ones(out["pixel_values"].shape[:2], dtype=torch.long)
+    if has("pixel_position_ids") and _is_required(params["pixel_position_ids"]):
+        # patch-sequence towers (Gemma4 vision): (B, N, C*p*p) patches with their (x, y) grid positions;
+        # the grid is a multiple of the pooling kernel
+        k = int(getattr(vision_config(config), "pooling_kernel_size", None) or 1)
+        g = 2 * k if k > 1 else 4
+        p = _patch(config)
+        c = getattr(vision_config(config), "num_channels", None) or 3
+        x = torch.rand((B, c, g * p, g * p), generator=gen)
+        out["pixel_values"], _ = patchify(x, p)
+        ys, xs = torch.meshgrid(torch.arange(g), torch.arange(g), indexing="ij")
+        out["pixel_position_ids"] = torch.stack([xs.flatten(), ys.flatten()], dim=-1).expand(B, g * g, 2).clone()
     if has("visual_feats"):
         nb = 5
         feat = getattr(config, "visual_feat_dim", None) or 64
@@ -359,6 +373,9 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         out["image_embeds_position_mask"] = mask
         if "attention_mask" in out:
             out["attention_mask"] = torch.ones_like(out["input_ids"])
+    if has("image_attention_mask") and "input_ids" in out and "pixel_values" in out and out["pixel_values"].dim() == 5:
+        # Idefics: which of the sample's images each text token may attend to (B, S, num_images)
+        out["image_attention_mask"] = torch.ones((*out["input_ids"].shape, out["pixel_values"].shape[1]), dtype=torch.long)
     if has("target_sizes") and "pixel_values" in out and out["pixel_values"].dim() == 4:
         p = _patch(config)
         h, w = out["pixel_values"].shape[-2:]
@@ -385,6 +402,10 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
     if has("query_embeds"):
         nq = getattr(config, "num_query_tokens", None) or 8
         out["query_embeds"] = torch.randn((B, nq, getattr(config, "hidden_size", 32)), generator=gen)
+    ehs = getattr(config, "encoder_hidden_size", None)
+    if has("encoder_hidden_states") and isinstance(ehs, int) and "query_embeds" in out:
+        # a standalone cross-attending query transformer (Q-Former): the frozen image encoder's states
+        out["encoder_hidden_states"] = torch.randn((B, 9, ehs), generator=gen)
     if has("bool_masked_pos") and _is_required(params["bool_masked_pos"]):
         n = _num_patches(config)
         mask = torch.zeros((B, n), dtype=torch.bool)
@@ -421,10 +442,27 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
     for name in spec.get("drop") or ():  # inputs the forward takes but must not get together (data from overrides)
         out.pop(name, None)
     for id_name, positions in (spec.get("place") or {}).items():
-        tok = getattr(config, id_name, None)  # put a special token at fixed positions (data from overrides)
+        try:  # put a special token at fixed positions (data from overrides; a dotted path reaches sub-configs)
+            tok = _dotted(config, id_name)
+        except AttributeError:
+            tok = None
         if isinstance(tok, int) and "input_ids" in out:
             for pos in positions:
                 out["input_ids"][..., pos] = tok
+    for name, recipe in (spec.get("tensors") or {}).items():  # explicit tensors (data from overrides)
+        if name in params:  # a model-type entry serves several classes: each takes its own
+            out[name] = tensor_from_recipe(gen, config, recipe, out, vocab, avoid)
+    # parameters the generic rules cannot name: the shape the forward's docstring documents.  For
+    # required ones, and for every documented tensor when nothing above applied (a forward over
+    # domain-specific tensors: trajectories, latents, ...)
+    fill_all = not out
+    for name, p in params.items():
+        if name in out or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or (name in _NEVER and not _is_required(p)):
+            continue
+        if fill_all or _is_required(p):
+            t = documented_input(gen, config, model, name, vocab, avoid)
+            if t is not None:
+                out[name] = t
     # required parameters we could not fill: say which
     for name, p in params.items():
         if name in out or name in _NEVER or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
@@ -439,6 +477,169 @@ class MissingInputRecipe(TypeError):
     pass
 
 
+# ---- shapes documented in the forward's docstring -------------------------------------------
+_DOC_ARG = r"^\s*{name} \(`torch\.(\w+)`\s+of shape\s+`[\[(](.*?)[\])]`"
+_LEN_NAME = re.compile(r"len|frames|tokens|steps|positions|number_of|^num_|time", re.I)
+_WIDTH_ALIASES = {"dim": "hidden_size", "embed_dim": "hidden_size", "d_model": "hidden_size", "hidden_dim": "hidden_size"}
+
+
+def _config_int(config, name):
+    for src in (config, getattr(config, "text_config", None)):
+        v = getattr(src, name, None) if src is not None else None
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def _eval_dim(expr: str, config, seq: int) -> int | None:
+    """One documented dimension: an int, ``batch_size``, a config field (``config.x`` or ``x``),
+    a length-like name (the sequence length) or simple arithmetic of those (``dim * len(config.ids)``)."""
+    import ast
+
+    def ev(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "config":
+            v = getattr(config, node.attr, None)
+            if isinstance(v, (list, tuple)):
+                return list(v)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+            raise ValueError(node.attr)
+        if isinstance(node, ast.Name):
+            n = node.id
+            if n == "batch_size":
+                return B
+            v = _config_int(config, n)
+            if v is None and n in _WIDTH_ALIASES:
+                v = _config_int(config, _WIDTH_ALIASES[n])
+            if v is not None:
+                return v
+            if n in ("height", "width"):  # image planes: the (tiny) image size the pixel recipes use
+                h, w = _as_hw(getattr(vision_config(config), "image_size", None) or getattr(config, "image_size", None))
+                return h if n == "height" else w
+            if _LEN_NAME.search(n) or n in ("sequence_length", "seq_len", "length"):
+                return seq
+            raise ValueError(n)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len" and len(node.args) == 1:
+            v = ev(node.args[0])
+            if isinstance(v, list):
+                return len(v)
+            raise ValueError("len")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
+            a, b = ev(node.left), ev(node.right)
+            if not (isinstance(a, int) and isinstance(b, int)):
+                raise ValueError("operand")
+            return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b, ast.FloorDiv: a // max(b, 1)}[type(node.op)]
+        raise ValueError(ast.dump(node))
+
+    try:
+        v = ev(ast.parse(expr.strip(), mode="eval").body)
+    except (SyntaxError, ValueError):
+        return None
+    return v if isinstance(v, int) and v > 0 else None
+
+
+def documented_shape(model, name: str, config, seq: int = S):
+    """(torch type name, shape) of a forward argument as its docstring documents it, or None."""
+    doc = getattr(type(model).forward, "__doc__", None) or ""
+    m = re.search(_DOC_ARG.format(name=re.escape(name)), doc, re.M)
+    if not m:
+        return None
+    dims = [_eval_dim(d, config, seq) for d in _split_dims(m.group(2))]
+    if not dims or any(d is None for d in dims):
+        return None
+    return m.group(1), tuple(dims)
+
+
+def _split_dims(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return [p for p in parts if p.strip()]
+
+
+def documented_input(gen, config, model, name: str, vocab: int, avoid: set[int]):
+    """A tensor of the documented shape: masks all ones, ids in the vocab, other integer tensors
+    small indices (< S), float tensors standard normal."""
+    found = documented_shape(model, name, config)
+    if found is None:
+        return None
+    kind, shape = found
+    if "mask" in name:
+        return torch.ones(shape, dtype=torch.bool if kind == "BoolTensor" else torch.long)
+    if kind in ("LongTensor", "IntTensor"):
+        if name.endswith("ids"):
+            return token_ids(gen, shape, vocab, avoid)
+        return torch.randint(0, S, shape, generator=gen)
+    if kind == "BoolTensor":
+        return torch.ones(shape, dtype=torch.bool)
+    return torch.randn(shape, generator=gen)
+
+
+# ---- explicit tensors from override data ------------------------------------------------------
+def _resolve_dim(d, config, out):
+    """A dim in override data: an int, "B"/"S"/"T", "<input>.<axis>" (a dim of an input built
+    above, e.g. "pixel_values.2"), or a config expression as in docstrings ("vision_config.hidden_size * 2")."""
+    if isinstance(d, int):
+        return d
+    if d in ("B", "S", "T"):
+        return {"B": B, "S": S, "T": T_DEC}[d]
+    m = re.fullmatch(r"(\w+)\.(-?\d+)", d)
+    if m and m.group(1) in out:
+        return int(out[m.group(1)].shape[int(m.group(2))])
+    expr = re.sub(r"\b([a-z_]\w*(?:\.\w+)+)", lambda mm: str(_dotted(config, mm.group(1))), d)
+    expr = re.sub(r"\b([BST])\b", lambda mm: str({"B": B, "S": S, "T": T_DEC}[mm.group(1)]), expr)
+    v = _eval_dim(expr, config, S)
+    if v is None:
+        raise ValueError(f"override tensor dim {d!r} does not resolve on {type(config).__name__}")
+    return v
+
+
+def _dotted(config, path):
+    cur = config
+    for k in path.split("."):
+        cur = getattr(cur, k)
+    return len(cur) if isinstance(cur, (list, tuple)) else cur
+
+
+def tensor_from_recipe(gen, config, recipe: dict, out: dict, vocab: int, avoid: set[int]) -> torch.Tensor:
+    """{"shape": [dims], "kind": "float" | "rand" | "ids" | "ones" | "zeros" | "int" | "like", "high": dim,
+    "dtype": "long" | "bool" | "float", "of": input name (for "like": same shape, fresh values)}."""
+    kind = recipe.get("kind", "float")
+    if kind == "like":
+        shape = tuple(out[recipe["of"]].shape)
+    else:
+        shape = tuple(_resolve_dim(d, config, out) for d in recipe["shape"])
+    dtype = {"long": torch.long, "bool": torch.bool, "float": torch.float32}[recipe.get("dtype", "long" if kind in ("ids", "int") else "float")]
+    if kind in ("float", "like"):
+        t = torch.randn(shape, generator=gen)
+    elif kind == "rand":  # uniform [0, 1): flow-matching times, probabilities
+        t = torch.rand(shape, generator=gen)
+    elif kind == "ids":
+        t = token_ids(gen, shape, vocab, avoid)
+    elif kind == "int":
+        t = torch.randint(int(_resolve_dim(recipe.get("low", 0), config, out)),
+                          int(_resolve_dim(recipe["high"], config, out)), shape, generator=gen)
+    elif kind == "ones":
+        t = torch.ones(shape)
+    elif kind == "zeros":
+        t = torch.zeros(shape)
+    else:
+        raise ValueError(f"unknown override tensor kind {kind!r}")
+    return t.to(dtype)
+
+
 # Layout alternatives: the config cannot say whether audio features are (B, mel, T) or
 # (B, T, mel), or whether images come as (B, C, H, W) or (B, num_images, C, H, W).  When the
 # first forward fails, build_tiny tries these in order and keeps the first that runs.
@@ -451,6 +652,16 @@ def _transpose_features(inputs, config, model):
     for mk in ("feature_attention_mask", "input_features_mask", "audio_attention_mask"):
         if mk in out:
             out[mk] = torch.ones(out["input_features"].shape[:2], dtype=torch.long)
+    return out
+
+
+def _features_4d(inputs, config, model):
+    """Spectrogram as a one-channel image (B, 1, T, mel) (CLAP's HTSAT tower)."""
+    x = inputs.get("input_features")
+    if x is None or x.dim() != 3:
+        return None
+    out = dict(inputs)
+    out["input_features"] = x.transpose(1, 2).unsqueeze(1).contiguous()
     return out
 
 
@@ -494,7 +705,7 @@ def _with_image_sizes(inputs, config, model):
 
 def _patches_as_images(inputs, config, model):
     x = inputs.get("pixel_values")
-    if x is None or x.dim() != 2 or "image_grid_thw" not in inputs:
+    if x is None or x.dim() != 2 or not ("image_grid_thw" in inputs or "grid_thw" in inputs):
         return None
     p = _patch(config)
     c = x.shape[1] // (p * p)
@@ -502,6 +713,16 @@ def _patches_as_images(inputs, config, model):
         return None
     out = dict(inputs)
     out["pixel_values"] = x.reshape(x.shape[0], c, p, p)
+    return out
+
+
+def _patches_per_image(inputs, config, model):
+    """Flattened patches padded per image, (num_images, max_patches, D) (ColQwen2's processor)."""
+    x, grid = inputs.get("pixel_values"), inputs.get("image_grid_thw")
+    if x is None or grid is None or x.dim() != 2 or x.shape[0] % grid.shape[0]:
+        return None
+    out = dict(inputs)
+    out["pixel_values"] = x.reshape(grid.shape[0], x.shape[0] // grid.shape[0], x.shape[1])
     return out
 
 
@@ -532,6 +753,18 @@ def _with_pixel_mask(inputs, config, model, five_d=False):
     return out
 
 
+def _with_tile_mask(inputs, config, model):
+    """Tiled images (B, tiles, C, H, W) with a per-tile validity mask (B, tiles) (Granite-Docling)."""
+    x = inputs.get("pixel_values")
+    if x is None or x.dim() != 4 or "pixel_attention_mask" in inputs or \
+            "pixel_attention_mask" not in inspect.signature(model.forward).parameters:
+        return None
+    out = dict(inputs)
+    out["pixel_values"] = x.unsqueeze(1)
+    out["pixel_attention_mask"] = torch.ones((x.shape[0], 1), dtype=torch.bool)
+    return out
+
+
 def _image_pairs(inputs, config, model):
     x = inputs.get("pixel_values")
     if x is None or x.dim() != 4:
@@ -553,12 +786,15 @@ def _text_line_images(inputs, config, model):
 ALTERNATIVES = (
     ("images with a pixel mask", _with_pixel_mask),
     ("images (B, num_images, C, H, W) with a pixel mask", lambda i, c, m: _with_pixel_mask(i, c, m, five_d=True)),
+    ("images (B, tiles, C, H, W) with a per-tile mask (B, tiles)", _with_tile_mask),
     ("patches packed in one strip (MiniCPM-V)", _packed_patches),
     ("flattened patches as (N, C, p, p)", _patches_as_images),
+    ("flattened patches padded per image (num_images, max_patches, D)", _patches_per_image),
     ("images with their sizes (image_sizes)", _with_image_sizes),
     ("images as patch sequences (B, N, C*p*p)", _images_as_patches),
     ("audio features (B, T, mel)", _transpose_features),
     ("images (B, num_images, C, H, W)", _images_5d),
+    ("audio features as a one-channel image (B, 1, T, mel)", _features_4d),
     ("waveform (B, channels, samples)", _waveform_3d),
     ("image pairs (B, 2, C, H, W)", _image_pairs),
     ("larger text-line images (64x128)", _text_line_images),

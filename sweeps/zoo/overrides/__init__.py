@@ -8,7 +8,9 @@ can add entries in parallel.  Each entry::
         "base": {kwarg: value},                   # passed to ConfigClass() when even the default is invalid
         "inputs": {...},                          # seq_len, pixel_rank (4: no frames axis),
                                                   # images_per_sample, place {token_id_name: [positions]},
-                                                  # drop [input names]
+                                                  # drop [input names],
+                                                  # tensors {name: recipe} (inputs.tensor_from_recipe:
+                                                  # shape dims int / "B" / "S" / config expression)
     }
 
 Merged here; a model type defined in two modules is an error.  Prefer a better generic

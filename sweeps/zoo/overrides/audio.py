@@ -44,6 +44,31 @@ OVERRIDES: dict[str, dict] = {
         "config": {"audio_config.num_filters": 1, "semantic_model_config.num_filters": 1},
         "inputs": {"drop": ["input_values"]},
     },
+    "vibevoice_acoustic_tokenizer_encoder": {
+        "reason": "the bare conv encoder's `hidden_states` is the (B, channels, samples) waveform: 3 frames of the 3200x "
+                  "downsampling (2*2*4*5*5*8); filters double over 6 stages (4 -> 256): start at 1",
+        "config": {"num_filters": 1},
+        "inputs": {"tensors": {"hidden_states": {"shape": ["B", "channels", 9600]}}},
+    },
+    "vibevoice_acoustic_tokenizer_decoder": {
+        "reason": "the bare conv decoder's `hidden_states` are channel-first latents (B, hidden_size, frames); filters double "
+                  "over 6 stages (4 -> 256): start at 1",
+        "config": {"num_filters": 1},
+        "inputs": {"tensors": {"hidden_states": {"shape": ["B", "hidden_size", "S"]}}},
+    },
+    "kyutai_speech_to_text": {
+        "reason": "input_ids are (B, S, 1 + num_codebooks): a text column plus one audio-codebook column each, offset into "
+                  "one shared table; codebooks 32 x 2049 ids shrunk to 2 x 16 (ids < 16 are valid in every column)",
+        "config": {"num_codebooks": 2, "codebook_vocab_size": 16},
+        "inputs": {"tensors": {"input_ids": {"shape": ["B", "S", "num_codebooks + 1"], "kind": "int", "low": 3,
+                                             "high": "codebook_vocab_size"}}},
+    },
+    "SpeechT5Model": {
+        "reason": "the bare model has no speech/text pre-nets: encoder and decoder take already-embedded (B, len, hidden_size) "
+                  "states, not waveforms or mel frames",
+        "inputs": {"drop": ["attention_mask"], "tensors": {"input_values": {"shape": ["B", "S", "hidden_size"]},
+                                                           "decoder_input_values": {"shape": ["B", "T", "hidden_size"]}}},
+    },
     "csm": {
         "reason": "input_values (context audio) need input_values_cutoffs per sample, which no input recipe makes: text-only prompt",
         "inputs": {"drop": ["input_values"]},

@@ -134,11 +134,20 @@ OVERRIDES: dict[str, dict] = {
         "config": {"text_config.indexer_n_heads": 2, "text_config.indexer_kv_heads": 1, "text_config.indexer_head_dim": 8,
                    "text_config.indexer_budget": 4, "text_config.indexer_compress_ratio": 2},
     },
+    "colqwen2": {
+        "reason": "image features are scattered into the vlm_config.image_token_id positions without a count check (and it "
+                  "has no get_image_features to count them): the generic 4x6-patch grid merged 2x2 gives 6 tokens per image",
+        "inputs": {"seq_len": 10, "place": {"vlm_config.image_token_id": [2, 3, 4, 5, 6, 7]}},
+    },
     "perceiver": {
         "reason": "cross-attention qk width defaults to the preprocessor's channel count (e.g. 322); one head divides any",
         "config": {"num_cross_attention_heads": 1,
                    "num_self_attends_per_block": 2},  # a layer count (26) that the shrinker's names do not match
         "inputs": {"pixel_rank": 4},  # num_frames in the config is for the video autoencoder only
+    },
+    "PerceiverModel": {
+        "reason": "the bare model has no preprocessor: `inputs` are already-embedded (B, S, d_model) arrays",
+        "inputs": {"tensors": {"inputs": {"shape": ["B", "S", "d_model"]}}},
     },
     "PerceiverForImageClassificationLearned": {
         "reason": "its preprocessor hard-codes 256-wide trainable positions for every pixel (image_size**2 x 256): 16 px images",

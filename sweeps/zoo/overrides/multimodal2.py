@@ -35,6 +35,20 @@ OVERRIDES: dict[str, dict] = {
         "reason": "pixel_values are (num_patches, 3*p*p) rows, one per placeholder token: a one-patch image (image_size == patch_size) makes the patch-sequence layout (B, 1, 3*p*p) count one token per row",
         "config": {"image_size": 8, "patch_size": 8},
     },
+    "pi0": {
+        "reason": "robot state (B, max_state_dim), flow-matching noise/time (drawn inside forward when absent: passed so the "
+                  "forward is deterministic) and the DiT's action embeddings (state token + chunk) have no generic recipe; chunk 50 -> 4",
+        "config": {"chunk_size": 4},
+        # one camera per sample, its (32 / patch 8) ** 2 = 16 image tokens after a 2-token prefix
+        "inputs": {"images_per_sample": 1, "seq_len": 20, "place": {"vlm_config.image_token_id": list(range(2, 18))},
+                   "tensors": {
+            "pixel_attention_mask": {"shape": ["B", 1], "kind": "ones", "dtype": "bool"},
+            "state": {"shape": ["B", "max_state_dim"]},
+            "noise": {"shape": ["B", "chunk_size", "max_action_dim"]},
+            "timestep": {"shape": ["B"], "kind": "rand"},
+            "action_embeds": {"shape": ["B", "chunk_size + 1", "dit_config.hidden_size"]},
+        }},
+    },
     "shieldgemma2": {
         "reason": "the yes/no logit indices default to 10784/3771 (modeling getattr fallback, not token-id fields the vocab shrink remaps): point them inside the tiny vocab",
         "config": {"yes_token_index": 100, "no_token_index": 101},
@@ -68,7 +82,7 @@ OVERRIDES: dict[str, dict] = {
         "config": {"patch_size": 3, "spatial_merge_size": 1},
     },
     "idefics": {
-        "reason": "images come as (B, num_images, C, H, W) with a per-token image_attention_mask (B, S, num_images); the mask itself still needs a generic recipe (see report)",
+        "reason": "images come as (B, num_images, C, H, W) with a per-token image_attention_mask (B, S, num_images) (made by the generic rule)",
         "inputs": {"images_per_sample": 1},
     },
 }

@@ -45,6 +45,15 @@ OVERRIDES: dict[str, dict] = {
         "config": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 8, "indexer_budget": 4,
                    "indexer_compress_ratio": 2},
     },
+    "jev": {
+        "reason": "judge head over one prompt: per-question mark positions (1..S, indexing hidden states), option counts and "
+                  "question types (0..2, indexing config.offsets) have no generic recipe",
+        "inputs": {"tensors": {
+            "marks": {"shape": ["B", 3], "kind": "int", "low": 1, "high": "S + 1"},
+            "num_options": {"shape": ["B", 3], "kind": "int", "low": 1, "high": 3},
+            "question_type_ids": {"shape": ["B", 3], "kind": "int", "high": 3},
+        }},
+    },
     "neomme": {
         "reason": "validator: partial_rotary_factor 0.25 must rotate a multiple of 4 dims (M-RoPE axes): head_dim 16",
         "config": {"head_dim": 16},

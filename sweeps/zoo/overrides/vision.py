@@ -168,6 +168,16 @@ OVERRIDES: dict[str, dict] = {
                   "32 px at patch 8 gives 16/8/4",
         "config": {"vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]]},
     },
+    "seggpt": {
+        "reason": "image_size (H, W) is the prompt and the query stacked on the height axis: each input is (H/2, W); "
+                  "the prompt image/mask have the input's shape",
+        "config": {"image_size": [64, 32]},
+        "inputs": {"tensors": {
+            "pixel_values": {"shape": ["B", "num_channels", 32, 32]},
+            "prompt_pixel_values": {"kind": "like", "of": "pixel_values"},
+            "prompt_masks": {"kind": "like", "of": "pixel_values"},
+        }},
+    },
     "tvp": {
         "reason": "the frame-pad visual prompt is built at max_img_size (448) and added to the frames, so it must equal the "
                   "input size: 64 px, since the 32x ResNet grid is max-pooled 2x again (image_size sizes the zoo input)",
