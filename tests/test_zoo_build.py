@@ -81,7 +81,8 @@ def test_bad_input_errors_name_the_fix():
 
 # ---- classes with no tensor forward: listed with a reason, never silently dropped ----------------
 UNTESTABLE = ["BarkModel", "GlmImageVQVAE", "Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration",
-              "Sam2VideoModel", "Sam3VideoModel", "Sam3TrackerVideoModel", "EdgeTamVideoModel", "VoxtralRealtimeTextModel"]
+              "Sam2VideoModel", "Sam3VideoModel", "Sam3TrackerVideoModel", "EdgeTamVideoModel", "VoxtralRealtimeTextModel",
+              "Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM"]
 
 
 @pytest.mark.parametrize("name", UNTESTABLE)
@@ -97,7 +98,8 @@ def test_untestable_classes_are_listed_and_raise_no_tensor_forward(name):
 
 
 def test_untestable_table_matches_the_classes():
-    """Each listed class really has no tensor forward: none defined, a session-object argument, or no class."""
+    """Each listed class really has no tensor forward: none defined, a session-object argument, a dict of
+    (key, value) pairs from another model, or no class."""
     import inspect
 
     import transformers
@@ -111,7 +113,8 @@ def test_untestable_table_matches_the_classes():
         fwd = cls.forward
         if fwd.__name__ == "_forward_unimplemented":
             continue
-        assert "inference_session" in inspect.signature(fwd).parameters, name
+        params = inspect.signature(fwd).parameters
+        assert "inference_session" in params or "shared_kv_states" in params, name
 
 
 # ---- generic input rules ----------------------------------------------------------------------------
@@ -181,3 +184,58 @@ def test_qformer_gets_encoder_states_and_idefics_an_image_mask():
     assert q.inputs["encoder_hidden_states"].shape[-1] == q.config.encoder_hidden_size
     i = build_tiny("IdeficsModel")
     assert i.inputs["image_attention_mask"].shape == (*i.inputs["input_ids"].shape, i.inputs["pixel_values"].shape[1])
+
+
+def test_gemma4_assistants_cannot_build_and_take_a_kv_dict():
+    """The listed reason holds: the tiny assistant config raises at model init, and the forward's KV input is a dict."""
+    import inspect
+
+    import transformers
+
+    from sweeps.zoo.build import tiny_config
+
+    for model_type, name in (("gemma4_assistant", "Gemma4AssistantForCausalLM"),
+                             ("gemma4_unified_assistant", "Gemma4UnifiedAssistantForCausalLM")):
+        cls = getattr(transformers, name)
+        assert "dict" in str(inspect.signature(cls.forward).parameters["shared_kv_states"].annotation)
+        with pytest.raises(ValueError, match="producing a cache"):
+            cls._from_config(tiny_config(model_type))
+
+
+def test_crop_pooled_images_follow_the_molmo2_processor_layout():
+    from sweeps.zoo.inputs import _pooling_windows
+
+    # a 3x3 patch grid pooled 2x2: padded to 4x4 with -1 (pad after, as the processor's arange_for_pooling)
+    w = _pooling_windows(10, 3, 3, 2, 2)
+    assert w.shape == (4, 4) and w[0].tolist() == [10, 11, 13, 14] and w[3].tolist() == [18, -1, -1, -1]
+    t = build_tiny("Molmo2Model")
+    x, pool, grids = t.inputs["pixel_values"], t.inputs["image_token_pooling"], t.inputs["image_grids"]
+    crops, patches, _ = x.shape
+    assert patches == t.config.vision_config.num_position_embeddings
+    assert t.inputs["image_num_crops"].tolist() == [2, 2] and crops == 4
+    assert int(pool.max()) == crops * patches - 1 and int(pool.min()) >= 0  # every patch pooled, no padding at 4x4
+    per_image = (grids[:, 0] * grids[:, 1] + grids[:, 2] * grids[:, 3]).tolist()
+    assert sum(per_image) == pool.shape[0]
+    image_tok = t.config.image_token_id
+    assert image_tok < t.config.text_config.vocab_size + t.config.text_config.additional_vocab_size  # shrunk "_patch_id"
+    assert (t.inputs["input_ids"] == image_tok).sum(-1).tolist() == per_image
+    assert bool((t.inputs["mm_token_type_ids"] == 1).eq(t.inputs["input_ids"] == image_tok).all())
+
+
+def test_packed_patches_with_hw_grid_alternative():
+    t = build_tiny("NemotronH_Omni_Reasoning_V3")
+    pv, grid = t.inputs["pixel_values"], t.inputs["image_grid_hw"]
+    assert pv.dim() == 2 and grid.shape == (2, 2) and int(grid.prod(-1).sum()) == pv.shape[0]
+    r = build_tiny("RadioModel")  # the grid is optional there: dense images still come first
+    assert "image_grid_hw" not in r.inputs and r.inputs["pixel_values"].dim() == 4
+
+
+def test_override_batch_size_cuts_batch_major_inputs_only():
+    from sweeps.zoo.inputs import first_samples
+
+    t = build_tiny("TvpModel")  # upstream batch-1 bug (modeling_tvp.py:242), see overrides/vision.py
+    assert {v.shape[0] for v in t.inputs.values()} == {1}
+    cut = first_samples({"a": torch.arange(4).reshape(2, 2)}, 1)
+    assert cut["a"].tolist() == [[0, 1]]
+    with pytest.raises(ValueError, match="not batch-major"):
+        first_samples({"packed": torch.zeros(5, 3)}, 1)

@@ -46,6 +46,9 @@ BLOCKED_BY_CLASS: dict[str, str] = {
 _GENERATE_ONLY = "needs a tensor forward(): generate-only wrapper, defines no forward() (untestable for export)"
 _SESSION = ("needs a tensor forward(): forward takes a stateful Python {} (per-video frame store, "
             "prompts and memory caches mutated across calls), not tensors (untestable for export)")
+_ASSISTANT = ("needs flat tensor inputs: forward takes shared_kv_states, a dict of per-layer-type (key, value) pairs "
+              "produced by a separate {target} target model, plus that model's inputs_embeds (exporters take flat keyword "
+              "tensors; untestable for export); besides, {config_note}")
 NO_TENSOR_FORWARD_BY_CLASS: dict[str, str] = {
     "BarkModel": _GENERATE_ONLY + "; its sub-models (semantic/coarse/fine/codec) are catalogued separately",
     "Qwen2_5OmniForConditionalGeneration": _GENERATE_ONLY + "; thinker and talker are catalogued separately",
@@ -55,6 +58,14 @@ NO_TENSOR_FORWARD_BY_CLASS: dict[str, str] = {
     "Sam3TrackerVideoModel": _SESSION.format("Sam3TrackerVideoInferenceSession"),
     "Sam3VideoModel": _SESSION.format("Sam3VideoInferenceSession"),
     "EdgeTamVideoModel": _SESSION.format("EdgeTamVideoInferenceSession"),
+    "Gemma4AssistantForCausalLM": _ASSISTANT.format(target="Gemma4", config_note=(
+        "no config with any layer builds in transformers 5.23.0: validate_architecture demands num_kv_shared_layers == num_hidden_layers "
+        "(every layer reuses KV), and then Gemma4TextConfig.kv_sharing_modes raises at model init because no layer "
+        "produces a cache (configuration_gemma4.py:239-242)")),
+    "Gemma4UnifiedAssistantForCausalLM": _ASSISTANT.format(target="Gemma4Unified", config_note=(
+        "its default config does not build in transformers 5.23.0: __post_init__ sets num_kv_shared_layers = "
+        "num_hidden_layers, and Gemma4UnifiedTextConfig.kv_sharing_modes then raises at model init because no layer "
+        "produces a cache (configuration_gemma4_unified.py:207-210)")),
     "VoxtralRealtimeTextModel": ("needs a model class: listed in the auto mappings (voxtral_realtime_text) but "
                                  "transformers defines no VoxtralRealtimeTextModel (only its config and layers)"),
 }

@@ -234,17 +234,18 @@ def _placeholder_ids(config, modality: str) -> int | None:
 
 def _place_tokens(inputs, config, modality: str, n_total: int, seed: int) -> dict:
     tok = _placeholder_ids(config, modality)
-    if tok is None or n_total % B:
-        return inputs
-    per = n_total // B
     ids = inputs["input_ids"]
+    b = ids.shape[0]  # B, or an override's smaller batch_size
+    if tok is None or n_total % b:
+        return inputs
+    per = n_total // b
     gen = torch.Generator().manual_seed(seed + 7)
     existing = {t: (ids == t).sum(-1) for t in [tok]}
     if int(existing[tok][0]) == per:
         return inputs
     # drop old placeholders of this modality, then put `per` of them after a 2-token prefix
     rows = []
-    for r in range(B):
+    for r in range(b):
         row = ids[r][ids[r] != tok]
         rows.append(torch.cat([row[:2], torch.full((per,), tok, dtype=torch.long), row[2:]]))
     new_ids = torch.stack(rows)
@@ -252,7 +253,7 @@ def _place_tokens(inputs, config, modality: str, n_total: int, seed: int) -> dic
     out["input_ids"] = new_ids
     L = new_ids.shape[1]
     if "attention_mask" in out:
-        out["attention_mask"] = torch.ones((B, L), dtype=torch.long)
+        out["attention_mask"] = torch.ones((b, L), dtype=torch.long)
     if "token_type_ids" in out:  # multimodal models use token types to mark placeholder tokens
         out["token_type_ids"] = (new_ids == tok).long()
     return _mm_token_types(out, config)
@@ -265,14 +266,16 @@ def _mm_token_types(inputs: dict, config) -> dict:
     tt = torch.zeros_like(ids)
     for code, modality in ((1, "image"), (2, "video"), (3, "audio")):
         tok = _placeholder_ids(config, modality)
-        if tok is not None:
+        # only modalities fed here: configs may alias one placeholder id (Molmo2: video_token_id -> image_patch_id)
+        if tok is not None and any(k in inputs for k in _MODAL_KEYS[modality]):
             tt[ids == tok] = code
     inputs["mm_token_type_ids"] = tt
     return inputs
 
 
 _MODAL_KEYS = {
-    "image": ("pixel_values", "image_sizes", "image_grid_thw", "pixel_attention_mask", "image_attention_mask"),
+    "image": ("pixel_values", "image_sizes", "image_grid_thw", "image_grid_hw", "pixel_attention_mask", "image_attention_mask",
+              "image_token_pooling", "image_grids"),
     "video": ("pixel_values_videos", "video_grid_thw"),
     "audio": ("input_features", "input_features_mask", "feature_attention_mask", "audio_values", "input_values"),
 }

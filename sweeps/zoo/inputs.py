@@ -235,6 +235,40 @@ def patch_grid_pixels(gen, config):
     return pv, grid
 
 
+# the image processors' pooling window (Molmo2ImageProcessor.pooling_size); no config field holds it
+POOL_HW = (2, 2)
+
+
+def _pooling_windows(first_patch: int, gh: int, gw: int, ph: int, pw: int) -> torch.Tensor:
+    """Indices of a crop's (gh, gw) patch grid grouped into (ph, pw) windows, one row per pooled token,
+    the grid padded to whole windows with -1 (as Molmo2's ``arange_for_pooling``)."""
+    grid = torch.arange(gh * gw).reshape(gh, gw) + first_patch
+    hp, wp = -gh % ph, -gw % pw
+    grid = torch.nn.functional.pad(grid, (wp // 2, (wp + 1) // 2, hp // 2, (hp + 1) // 2), value=-1)
+    rows, cols = grid.shape[0] // ph, grid.shape[1] // pw
+    return grid.reshape(rows, ph, cols, pw).permute(0, 2, 1, 3).reshape(rows * cols, ph * pw)
+
+
+def crop_pooled_pixels(x: torch.Tensor, p: int, pool=POOL_HW) -> dict:
+    """Molmo2 processor layout for (B, C, H, W) images, one per sample: each image is a low-res resized crop
+    plus one high-res crop (here the image and its mirror), all crops' patches stacked
+    (num_crops, patches_per_crop, p*p*C); ``image_token_pooling`` (num_tokens, ph*pw) holds, per pooled token,
+    the global indices of the patches it pools (-1 pads); ``image_grids`` (num_images, 4) the pooled
+    (low-res rows, cols, high-res rows, cols); ``image_num_crops`` (num_images,)."""
+    b = x.shape[0]
+    crops = torch.stack([x, x.flip(-1)], dim=1).flatten(0, 1)  # (b * 2, C, H, W): per image, low-res then high-res
+    patches, _ = patchify(crops, p)
+    gh, gw = x.shape[-2] // p, x.shape[-1] // p
+    n = gh * gw
+    pooled = []
+    for crop in range(crops.shape[0]):
+        pooled.append(_pooling_windows(crop * n, gh, gw, *pool))
+    rows, cols = -(-gh // pool[0]), -(-gw // pool[1])
+    grids = torch.tensor([[rows, cols, rows, cols]] * b, dtype=torch.long)
+    return {"pixel_values": patches, "image_token_pooling": torch.cat(pooled), "image_grids": grids,
+            "image_num_crops": torch.full((b,), 2, dtype=torch.long)}
+
+
 def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[str, torch.Tensor]:
     """Generic inputs: fill the forward parameters we know by name."""
     spec = spec or {}
@@ -362,6 +396,10 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
             out["aspect_ratio_mask"] = torch.ones((B, 1, tiles), dtype=torch.long)
         if has("cross_attention_mask") and "input_ids" in out:
             out["cross_attention_mask"] = torch.ones((B, out["input_ids"].shape[1], 1, tiles), dtype=torch.long)
+    if has("image_token_pooling") and has("image_grids") and "pixel_values" in out and out["pixel_values"].dim() == 4:
+        # crops pooled into tokens by patch-index windows (Molmo2): the processor's crop/pooling layout
+        crop = crop_pooled_pixels(out["pixel_values"], _patch(config))
+        out.update({k: v for k, v in crop.items() if k == "pixel_values" or has(k)})
     if has("image_embeds_position_mask") and "pixel_values" in out and "input_ids" in out:
         # Kosmos-2: latent_query_num image slots right after the first token, flagged by the mask
         n = int(getattr(config, "latent_query_num", 64) or 64)
@@ -470,7 +508,21 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         if p.default is inspect.Parameter.empty:
             raise MissingInputRecipe(f"{type(model).__name__}.forward requires `{name}` and the zoo has no generic rule for it; "
                                      f"add an input recipe for model type {getattr(config, 'model_type', '?')!r} in sweeps/zoo/overrides/")
+    nb = spec.get("batch_size")
+    if nb is not None and nb != B:
+        return first_samples(out, nb)
     return out
+
+
+def first_samples(inputs: dict, n: int) -> dict:
+    """The inputs of the first ``n`` samples (an override's ``batch_size``, for a forward that only runs at a
+    smaller batch).  Only for inputs that are all batch-major: a flattened or packed input cannot be cut."""
+    if not 0 < n <= B:
+        raise ValueError(f"override batch_size must be in 1..{B}, got {n}")
+    bad = [k for k, v in inputs.items() if v.dim() == 0 or v.shape[0] != B]
+    if bad:
+        raise ValueError(f"override batch_size {n}: inputs {bad} are not batch-major (leading dim {B}); cannot cut them")
+    return {k: v[:n].contiguous() for k, v in inputs.items()}
 
 
 class MissingInputRecipe(TypeError):
@@ -716,6 +768,19 @@ def _patches_as_images(inputs, config, model):
     return out
 
 
+def _packed_patches_with_hw_grid(inputs, config, model):
+    """All images' patches concatenated (sum(h*w), C*p*p) with a (num_images, 2) patch grid (image_grid_hw:
+    RADIO towers in Nemotron-H Omni), for forwards that take the grid as optional."""
+    x = inputs.get("pixel_values")
+    if x is None or x.dim() != 4 or "image_grid_hw" in inputs or \
+            "image_grid_hw" not in inspect.signature(model.forward).parameters:
+        return None
+    out = dict(inputs)
+    patches, out["image_grid_hw"] = patchify(x, _patch(config))
+    out["pixel_values"] = patches.reshape(-1, patches.shape[-1])
+    return out
+
+
 def _patches_per_image(inputs, config, model):
     """Flattened patches padded per image, (num_images, max_patches, D) (ColQwen2's processor)."""
     x, grid = inputs.get("pixel_values"), inputs.get("image_grid_thw")
@@ -791,6 +856,7 @@ ALTERNATIVES = (
     ("flattened patches as (N, C, p, p)", _patches_as_images),
     ("flattened patches padded per image (num_images, max_patches, D)", _patches_per_image),
     ("images with their sizes (image_sizes)", _with_image_sizes),
+    ("packed patches with a (num_images, 2) patch grid (image_grid_hw)", _packed_patches_with_hw_grid),
     ("images as patch sequences (B, N, C*p*p)", _images_as_patches),
     ("audio features (B, T, mel)", _transpose_features),
     ("images (B, num_images, C, H, W)", _images_5d),

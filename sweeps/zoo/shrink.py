@@ -55,7 +55,7 @@ _KEEP = {
 }
 
 _SUBCONFIG_HINT = re.compile(r"(^|_)(config|configs)$")
-_TOKEN_ID = re.compile(r"(_token_id|_token_index|_token_ids|^(?!.*(seed|layer|expert)).*_(bos|eos|pad|start|end|mask|sep|cls|unk)_id|^im_(start|end|newline)_id|^codec_\w+_id|_stream_\w+_id)$")
+_TOKEN_ID = re.compile(r"(_token_id|_token_index|_token_ids|^(?!.*(seed|layer|expert)).*_(bos|eos|pad|start|end|mask|sep|cls|unk|patch)_id|^im_(start|end|newline)_id|^codec_\w+_id|_stream_\w+_id)$")
 _LAYERS = re.compile(
     r"^((num|n)_)?(\w+_)?(hidden_)?layers$|^depth$|^(\w+_)?num_layers$|^n_layers?$|^num_hidden_layers$|"
     r"^(\w+_)?(encoder|decoder)_layers$|^num_(encoder|decoder|spatial|global)_layers$|^layers$"

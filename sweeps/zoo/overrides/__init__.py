@@ -8,6 +8,8 @@ can add entries in parallel.  Each entry::
         "base": {kwarg: value},                   # passed to ConfigClass() when even the default is invalid
         "inputs": {...},                          # seq_len, pixel_rank (4: no frames axis),
                                                   # images_per_sample, place {token_id_name: [positions]},
+                                                  # batch_size (< B: the first samples, for a forward
+                                                  # that only runs at a smaller batch; say why),
                                                   # drop [input names],
                                                   # tensors {name: recipe} (inputs.tensor_from_recipe:
                                                   # shape dims int / "B" / "S" / config expression)

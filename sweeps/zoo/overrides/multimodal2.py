@@ -81,6 +81,10 @@ OVERRIDES: dict[str, dict] = {
         "reason": "pixel_values are channels-last token crops (N, p*merge, p*merge, C); with patch 3 and merge 1 the generic (N, C, p, p) patch layout has exactly that shape (no recipe makes merge>1 crops)",
         "config": {"patch_size": 3, "spatial_merge_size": 1},
     },
+    "molmo2": {
+        "reason": "the ViT adds a fixed (num_position_embeddings, hidden) table to every crop's patches: the stored 729 (27x27 of 378 px) is derived from image_size / patch_size, so drop it to re-derive 16 (4x4 of the tiny 32 px crop)",
+        "config": {"vision_config.num_position_embeddings": "<delete>"},
+    },
     "idefics": {
         "reason": "images come as (B, num_images, C, H, W) with a per-token image_attention_mask (B, S, num_images) (made by the generic rule)",
         "inputs": {"images_per_sample": 1},

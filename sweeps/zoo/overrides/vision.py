@@ -180,8 +180,12 @@ OVERRIDES: dict[str, dict] = {
     },
     "tvp": {
         "reason": "the frame-pad visual prompt is built at max_img_size (448) and added to the frames, so it must equal the "
-                  "input size: 64 px, since the 32x ResNet grid is max-pooled 2x again (image_size sizes the zoo input)",
+                  "input size: 64 px, since the 32x ResNet grid is max-pooled 2x again (image_size sizes the zoo input); "
+                  "batch 1 for an upstream bug: modeling_tvp.py:242 views the (width, hidden) column table as (batch_size, 1, width, hidden)",
         "config": {"max_img_size": 64, "visual_prompt_size": 8, "image_size": 64},
+        # batch 1: upstream bug, transformers 5.23.0 modeling_tvp.py:242-244 (TvpVisualInputEmbedding.add_2d_positional_embeddings)
+        # views the (width, hidden) column table as (batch_size, 1, width, hidden), which only holds for batch 1
+        "inputs": {"batch_size": 1},
     },
     "uvdoc": {
         "reason": "channel/dilation tables (resnet, 6 bridges, head) are nested lists the shrinker leaves at 32-128 wide (7.7M "
