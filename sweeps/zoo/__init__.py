@@ -13,12 +13,13 @@ from .catalog import CatalogEntry, UnknownModelError, catalog, resolve_models
 __all__ = [
     "CatalogEntry", "UnknownModelError", "BlockedByPackage", "NoTensorForward", "NonFiniteOutputError",
     "TinyModel",
-    "catalog", "resolve_models", "build_tiny", "tiny_config",
+    "catalog", "resolve_models", "build_tiny", "run_eager", "tiny_config",
 ]
 
 
 def __getattr__(name):
-    if name in ("build_tiny", "BlockedByPackage", "NoTensorForward", "TinyModel", "NonFiniteOutputError", "tiny_config"):
+    if name in ("build_tiny", "run_eager", "BlockedByPackage", "NoTensorForward", "TinyModel", "NonFiniteOutputError",
+                "tiny_config"):
         from . import build
 
         return getattr(build, name)

@@ -14,7 +14,8 @@ from .inputs import B, MissingInputRecipe, make_inputs, special_token_ids, text_
 from .overrides import get_override
 from .shrink import shrink_config_dict
 
-__all__ = ["TinyModel", "BlockedByPackage", "NoTensorForward", "NonFiniteOutputError", "build_tiny", "tiny_config"]
+__all__ = ["TinyModel", "BlockedByPackage", "NoTensorForward", "NonFiniteOutputError", "build_tiny", "run_eager",
+           "tiny_config"]
 
 # Attention implementation.  We set "sdpa" explicitly wherever the class supports it: it is
 # what users get by default and what they export, so the conformance suite must exercise
@@ -459,9 +460,21 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
     inputs = place_multimodal_tokens(model, config, inputs, seed)
     tiny = TinyModel(model=model, inputs=inputs, config=config, entry=entry, attn_implementation=attn)
     if check:
-        tiny.inputs, out = _run_first_layout(model, config, tiny.inputs, seed)
-        bad = _first_nonfinite(out)
-        if bad:
-            raise NonFiniteOutputError(f"{entry.class_name}: eager output {bad} has NaN/inf")
-        tiny.outputs = out
+        run_eager(tiny, seed)
     return tiny
+
+
+def run_eager(tiny: TinyModel, seed: int = 0) -> Any:
+    """The zoo's eager check: run the forward, and where the generic inputs are refused, switch
+    ``tiny.inputs`` to the first layout alternative the model takes. Sets and returns
+    ``tiny.outputs``; raises NonFiniteOutputError for NaN/inf outputs.
+
+    ``build_tiny(check=False)`` leaves this to the caller (the sweep runs it as its own "eager"
+    stage): a caller that runs the forward itself instead gets the generic layout, not the one
+    the zoo validated."""
+    tiny.inputs, out = _run_first_layout(tiny.model, tiny.config, tiny.inputs, seed)
+    bad = _first_nonfinite(out)
+    if bad:
+        raise NonFiniteOutputError(f"{tiny.entry.class_name}: eager output {bad} has NaN/inf")
+    tiny.outputs = out
+    return out

@@ -1,0 +1,27 @@
+"""sweeps.runner: the sweep's eager reference is the zoo's validated model and inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exporters.utils import flatten_outputs
+
+
+@pytest.mark.parametrize("class_name", ["ClapModel", "ColPaliForRetrieval"])
+def test_reference_uses_the_layout_and_placeholders_the_zoo_validated(class_name):
+    """ClapModel takes its spectrogram only in a layout alternative, ColPali only once the image
+    placeholders are recounted from the model: the sweep once ran the generic layout itself and
+    failed at 'eager' on classes the zoo reports as built."""
+    from sweeps.runner import _build_reference
+    from sweeps.zoo import build_tiny
+
+    zoo = build_tiny(class_name)
+    ref = _build_reference(class_name, seed=0)
+    assert sorted(ref.tiny.inputs) == sorted(zoo.inputs)
+    for name, value in zoo.inputs.items():
+        assert torch.equal(ref.tiny.inputs[name], value), name
+    expected = flatten_outputs(zoo.outputs)
+    assert sorted(ref.expected) == sorted(expected)
+    for name, value in expected.items():
+        assert torch.equal(ref.expected[name], value), name
