@@ -82,6 +82,40 @@ def test_mrope_sections_sum_to_half_head_dim():
     assert sum(out["rope_parameters"]["mrope_section"]) == out["head_dim"] // 2
 
 
+def test_codec_encoder_width_starts_small_when_it_doubles_per_stage():
+    # DAC-style conv encoders double encoder_hidden_size per downsampling stage (x16-x32)
+    codec = shrink_config_dict({"model_type": "dac", "encoder_hidden_size": 64, "downsampling_ratios": [2, 4, 8, 8],
+                                "decoder_hidden_size": 1536, "hidden_size": 1024})
+    assert codec["encoder_hidden_size"] == 4
+    assert codec["downsampling_ratios"] == [2, 4, 8, 8]  # the hop length (input length) is unchanged
+    assert codec["hidden_size"] == shrink.H
+    # without a downsampling stack it is an ordinary width
+    assert shrink_config_dict({"model_type": "x", "encoder_hidden_size": 768})["encoder_hidden_size"] == shrink.H
+
+
+def test_vq_gan_levels_keep_their_count_at_base_width():
+    d = shrink_config_dict({"model_type": "vq", "base_channels": 128, "channel_multiplier": [1, 1, 2, 2, 4],
+                            "num_res_blocks": 2})
+    assert d["channel_multiplier"] == [1] * 5  # same number of resolutions (downsampling factor)
+    assert d["num_res_blocks"] == 1
+    assert d["base_channels"] == 32
+
+
+def test_float_width_multipliers_follow_the_channel_division():
+    d = shrink_config_dict({"model_type": "m", "width_multiplier": 1.0, "depth_multiplier": 0.5})
+    assert d["width_multiplier"] == d["depth_multiplier"] == 1 / shrink.CHANNEL_DIV
+    assert shrink_config_dict({"model_type": "m", "width_multiplier": 0.1})["width_multiplier"] == 0.1
+
+
+def test_prefixed_feature_sizes_and_singular_out_channels_are_widths():
+    d = shrink_config_dict({"model_type": "maskformer", "fpn_feature_size": 256, "mask_feature_size": 256,
+                            "feature_size": 80, "ext_pw_out_channel": 1024, "depthwise_separable_out_channel": 1024,
+                            "hidden_size": 1024})
+    assert d["fpn_feature_size"] == d["mask_feature_size"] == shrink.H
+    assert d["ext_pw_out_channel"] == d["depthwise_separable_out_channel"] == d["hidden_size"] == shrink.H
+    assert d["feature_size"] == 80  # bare feature_size stays an (audio) input feature dim
+
+
 @pytest.mark.parametrize("model_type", ["llama", "bert", "t5", "vit", "qwen2_vl", "llava", "whisper", "swin"])
 def test_real_configs_shrink_and_validate(model_type):
     from sweeps.zoo.build import tiny_config

@@ -78,7 +78,7 @@ _FFN = re.compile(
 _WIDTH = re.compile(
     r"(hidden_size|^d_model|n_embd|embed_dim|embedding_dim|embedding_size|hidden_dim|projection_dim|proj_dim|"
     r"^dim$|model_dim|^width$|_width$|output_dim|^d_latents|latent_dim|codebook_dim|codevector_dim|"
-    r"hidden_channels|bottleneck_size|projection_size|^proj_size|^(adapter|projector)_(in|out|input|output)_(dim|size)|^enc_dim|^decoder_dim|emb_dim|^d_rel|^text_config_dim)$"
+    r"hidden_channels|bottleneck_size|projection_size|^proj_size|_out_channel|^\w+_feature_size|^(adapter|projector)_(in|out|input|output)_(dim|size)|^enc_dim|^decoder_dim|emb_dim|^d_rel|^text_config_dim)$"
 )
 _EXPERTS = re.compile(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_experts_total|n_experts)$")
 _EXPERTS_TOK = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|top_k|moe_top_k|moe_k|num_selected_experts)$")
@@ -200,6 +200,9 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             if _TOKEN_ID.search(kl):
                 d[k] = [tm(x) for x in v] if isinstance(v, list) else tm(v)
                 continue
+        if kl in ("width_multiplier", "depth_multiplier") and isinstance(v, float) and v > 1 / CHANNEL_DIV:
+            d[k] = 1 / CHANNEL_DIV  # hard-coded stage widths times this float: the channel-list division
+            continue
         if not _is_int(v):
             continue
         if kl.endswith("vocab_size") or kl.startswith("vocab_size_per"):
@@ -238,6 +241,12 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                     "latent_channels", "number_output_channels"):
             if v > H:
                 d[k] = H
+        elif kl == "encoder_hidden_size" and isinstance(orig.get("downsampling_ratios"), list):
+            if v > 4:
+                d[k] = 4  # codec conv encoders (DAC family) double this per downsampling stage (x16-x32)
+        elif kl == "num_res_blocks":
+            if v > 1:
+                d[k] = 1  # VQ-GAN resnet blocks per resolution level (decoder has one more)
         elif kl.startswith("hidden_size_per_layer"):
             if v > HEAD_DIM:
                 d[k] = HEAD_DIM  # per-layer input embeddings (Gemma3n/4): vocab x layers x this
@@ -426,6 +435,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             # 16 up; small values such as RGB stay): values that were equal stay equal, across lists
             # and sub-configs, so stage-to-stage and backbone-to-neck couplings survive
             d[k] = [scale_channels(x) for x in v]
+        elif kl == "channel_multiplier":
+            d[k] = [1] * len(v)  # VQ-GAN width per resolution level: base_channels everywhere, same level count
         elif "key_value_heads" in kl:  # per-layer kv heads: MHA layers follow the heads, GQA layers get KV_HEADS
             hk = next((h for h in ("num_attention_heads", "num_heads") if _is_int(orig.get(h))), None)
             d[k] = [d[hk] if hk and x == orig[hk] else min(x, KV_HEADS) for x in v]

@@ -26,10 +26,8 @@ _XCODEC2 = {
     "reason": "the semantic wav2vec2-bert tower takes (B, T, 160) features (semantic_model_config.feature_projection_input_dim), "
               "a sub-config the input builder does not read; feature_size (read only by the zoo) gives that width; "
               "semantic and acoustic frames are concatenated: hop 240 makes 15360 samples 64 frames like the features; "
-              "quantization_dim = hidden_size + semantic hidden_size (2048 upstream); the encoder doubles "
-              "encoder_hidden_size per stage (x32): start at 4",
-    "config": {"feature_size": 160, "downsampling_ratios": [2, 2, 4, 3, 5], "quantization_dim": 64,
-               "encoder_hidden_size": 4},
+              "quantization_dim = hidden_size + semantic hidden_size (2048 upstream)",
+    "config": {"feature_size": 160, "downsampling_ratios": [2, 2, 4, 3, 5], "quantization_dim": 64},
 }
 
 OVERRIDES: dict[str, dict] = {
@@ -106,8 +104,8 @@ OVERRIDES: dict[str, dict] = {
     "neucodec": _XCODEC2,
     "xcodec": {
         "reason": "codebook_dim must equal hidden_size = acoustic + semantic hidden sizes (1024 = 256 + 768 upstream; 32 + 32 "
-                  "here); the DAC encoder doubles encoder_hidden_size per stage (32 -> 512, 3M params): start at 4",
-        "config": {"codebook_dim": 64, "acoustic_model_config.encoder_hidden_size": 4},
+                  "here)",
+        "config": {"codebook_dim": 64},
     },
     "mimi": {
         "reason": "the quantizer projects to vector_quantization_hidden_dimension, which must equal codebook_dim (256 == 256 upstream)",

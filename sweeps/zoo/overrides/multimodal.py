@@ -170,9 +170,13 @@ OVERRIDES: dict[str, dict] = {
         "config": {"vocabulary_map": _chameleon_vocab(), "image_token_id": 120},
     },
     "emu3": {
-        "reason": "vocabulary_map (visual token -> BPE id) defaults to None; VQ attention width is hidden_size, tied to channels",
-        "config": {"vocabulary_map": _emu3_vocab(), "image_token_id": 120,
-                   # the VQ attention block is hidden_size wide but runs on base_channels * channel_multiplier[-1]
-                   "vq_config.channel_multiplier": [1, 1, 1, 1], "vq_config.num_res_blocks": 1},
+        "reason": "vocabulary_map (visual token -> BPE id) defaults to None (the VQ attention block, hidden_size wide, runs on "
+                  "base_channels * channel_multiplier[-1]: the shrinker's all-ones channel_multiplier keeps that)",
+        "config": {"vocabulary_map": _emu3_vocab(), "image_token_id": 120},
+    },
+    "phi4_multimodal": {
+        "reason": "the audio conformer's layer count is num_blocks (24), a name the shrinker does not read as layers "
+                  "(eomt/esm/perceiver use it otherwise)",
+        "config": {"audio_config.num_blocks": 2},
     },
 }

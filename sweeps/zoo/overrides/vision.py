@@ -24,6 +24,16 @@ _INTRACLASS_NECK = {
     "kernel_list": [3, 2, 2],
 }
 
+# UVDoc [in, out, dilation, downsample] / [channels, dilation] tables: 8-16 channels, every dilation kept
+_UVDOC_TABLES = {
+    "resnet_head": [[3, 8], [8, 8]],
+    "resnet_configs": [[[8, 8, 1, False], [8, 8, 3, False]],
+                       [[8, 16, 1, True], [16, 16, 3, False]],
+                       [[16, 16, 1, True], [16, 16, 3, False]]],
+    "stage_configs": [[[16, 1]], [[16, 2]], [[16, 5]], [[16, 8], [16, 3], [16, 2]],
+                      [[16, 12], [16, 7], [16, 4]], [[16, 18], [16, 12], [16, 6]]],
+}
+
 OVERRIDES: dict[str, dict] = {
     "beit": _FOUR_TAPS,
     "levit": {
@@ -191,16 +201,21 @@ OVERRIDES: dict[str, dict] = {
         "reason": "channel/dilation tables (resnet, 6 bridges, head) are nested lists the shrinker leaves at 32-128 wide (7.7M "
                   "params); the head concatenates all 6 bridge outputs (out_features must tap every bridge stage); reflect padding "
                   "at stride 8 needs a >= 64 px input (image_size sizes the zoo input)",
-        "config": {"backbone_config.resnet_head": [[3, 8], [8, 8]],
-                   "backbone_config.resnet_configs": [[[8, 8, 1, False], [8, 8, 3, False]],
-                                                      [[8, 16, 1, True], [16, 16, 3, False]],
-                                                      [[16, 16, 1, True], [16, 16, 3, False]]],
-                   "backbone_config.stage_configs": [[[16, 1]], [[16, 2]], [[16, 5]], [[16, 8], [16, 3], [16, 2]],
-                                                     [[16, 12], [16, 7], [16, 4]], [[16, 18], [16, 12], [16, 6]]],
+        "config": {**{f"backbone_config.{k}": v for k, v in _UVDOC_TABLES.items()},
                    "backbone_config.out_features": ["stage1", "stage2", "stage3", "stage4", "stage5", "stage6"],
                    "backbone_config.out_indices": [1, 2, 3, 4, 5, 6], "backbone_config.depths": "<delete>",
                    "bridge_connector": [16, 16], "out_point_positions2D": [[16, 8], [8, 2]],
                    "image_size": [64, 64]},
+    },
+    "mask2former": {
+        "reason": "feature_size is the pixel decoder's width (256, GroupNorm(32) over it), not an audio feature dim as the "
+                  "shrinker reads that name elsewhere",
+        "config": {"feature_size": 32},
+    },
+    "uvdoc_backbone": {
+        "reason": "channel/dilation tables (resnet, 6 bridges, head) are nested lists the shrinker leaves at 32-128 wide (7.7M "
+                  "params): the same tiny tables as uvdoc's backbone_config",
+        "config": {**_UVDOC_TABLES, "depths": "<delete>"},
     },
     "vitmatte": {
         "reason": "the 3-stage stride-2 ConvStream (1/8) is fused with the ViT grid upsampled 2x: the patch must be 16",
