@@ -117,6 +117,9 @@ def _patch_sdpa_contiguous_output(original):
     return sdpa
 
 
+from .patch_segmented_attention import _patch_segmented_attention  # noqa: E402,F401  (registers on import)
+
+
 # ── Stage 3: Pytree registration ─────────────────────────────────────────────
 # Every Cache (and cache layer) is flattened by attribute traversal: tensors become leaves, everything
 # else goes into the context. Objects found in outputs that hold tensors but that pytree does not know
