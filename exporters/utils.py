@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -233,6 +234,20 @@ def resolve_path(path: str) -> tuple[Any, str]:
     return owner, name
 
 
+def model_module_loaded(path: str) -> bool:
+    """False for a path inside a transformers modeling module that this process has not imported.
+
+    A model of that family cannot exist without its module, so its patch has nothing to do, and
+    resolving it would import the module: patches that cover many families (one per attention
+    class) would otherwise import dozens of modeling modules on every first export (~8 s for 35).
+    Paths anywhere else are always resolved, and a misspelled path is still an error wherever the
+    family is in use."""
+    parts = path.split(".")
+    if len(parts) < 4 or parts[:2] != ["transformers", "models"]:
+        return True
+    return ".".join(parts[:4]) in sys.modules
+
+
 def _current(owner: Any, name: str) -> Any:
     """What ``owner.name`` holds, the raw descriptor for class attributes (NOTSET if inherited)."""
     if inspect.isclass(owner):
@@ -279,6 +294,8 @@ class PatchSet:
         self._records: list[tuple[Any, str, Any]] = []
 
     def install(self, entry: PatchEntry, fired: FiredLog) -> bool:
+        if not model_module_loaded(entry.path):
+            return False  # no model of that family exists in this process: nothing to patch
         try:
             owner, name = resolve_path(entry.path)
         except PatchTargetError:

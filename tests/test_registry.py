@@ -287,6 +287,26 @@ def test_optional_unresolvable_path_is_skipped(reg):
     assert _targets.plain(0) == 1
 
 
+def test_model_family_patch_is_not_installed_until_its_module_is_imported(reg, monkeypatch):
+    """A patch on a transformers modeling module that no model in the process uses is skipped
+    without importing the module; once the module is loaded it resolves (typos still raise)."""
+    import sys
+
+    import transformers.models.llama.modeling_llama as llama
+
+    module = "transformers.models.llama.modeling_llama"
+    register_patch("dynamo", f"{module}.rotate_half", registry=reg)(lambda orig: lambda x: "patched")
+    register_patch("dynamo", f"{module}.no_such_function", registry=reg)(lambda orig: orig)
+    monkeypatch.delitem(sys.modules, module)
+    with apply_patches(reg.patches("dynamo")):
+        assert module not in sys.modules  # neither path was resolved, so nothing imported it
+    monkeypatch.setitem(sys.modules, module, llama)
+    with pytest.raises(PatchTargetError, match="no_such_function"):
+        with apply_patches(reg.patches("dynamo")):
+            pass
+    assert llama.rotate_half is not None and llama.rotate_half.__name__ == "rotate_half"
+
+
 def test_duplicate_path_for_one_backend_names_both_factories(reg):
     @register_patch("dynamo", f"{T}.plain", registry=reg)
     def first_factory(orig):
