@@ -412,3 +412,15 @@ def test_html_filters_run_in_node(logs, tmp_path, filters, expected):
     result = json.loads(proc.stdout)
     assert result["shown"] == f"{expected} of 11 shown"
     assert len(result["classes"]) == expected
+
+
+def test_unit_tests_in_the_same_log_are_not_matrix_rows(tmp_path):
+    """A plain `pytest` run logs unit tests next to the smoke sweep; only sweep items are rows."""
+    def line(nodeid):
+        return json.dumps({"$report_type": "TestReport", "nodeid": nodeid, "when": "call", "outcome": "passed",
+                           "user_properties": [], "longrepr": None, "duration": 0.1, "location": ["x", 1, "y"],
+                           "keywords": {}, "sections": []})
+    log = tmp_path / "mixed.jsonl"
+    log.write_text("\n".join([line("tests/test_parity.py::test_a[onnx]"),
+                              line("sweeps/test_export.py::test_export[onnx-static-BertModel]")]) + "\n")
+    assert [r.nodeid for r in load_any(log)] == ["sweeps/test_export.py::test_export[onnx-static-BertModel]"]

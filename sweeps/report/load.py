@@ -305,14 +305,19 @@ def load_results_json(path: str | Path) -> list[Result]:
 
 
 def load_any(path: str | Path) -> list[Result]:
-    """Sniff the format: XML -> JUnit, a JSON object with "results" -> results.json, else reportlog."""
+    """Sniff the format: XML -> JUnit, a JSON object with "results" -> results.json, else reportlog.
+
+    Only sweep items are kept (those whose id or properties name a backend and variant): the log of
+    a plain ``pytest`` run also holds the unit tests, which are not rows of the matrix."""
     with open(path, encoding="utf-8") as handle:
         head = handle.read(4096).lstrip()
     if head.startswith("<"):
-        return load_junit(path)
-    if head.startswith("{") and '"$report_type"' not in head.split("\n", 1)[0]:
-        return load_results_json(path)
-    return load_reportlog(path)
+        results = load_junit(path)
+    elif head.startswith("{") and '"$report_type"' not in head.split("\n", 1)[0]:
+        results = load_results_json(path)
+    else:
+        results = load_reportlog(path)
+    return [r for r in results if r.backend and r.variant]
 
 
 def merge(shards: list[list[Result]]) -> tuple[list[Result], list[dict[str, str]]]:
