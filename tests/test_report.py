@@ -422,5 +422,6 @@ def test_unit_tests_in_the_same_log_are_not_matrix_rows(tmp_path):
                            "keywords": {}, "sections": []})
     log = tmp_path / "mixed.jsonl"
     log.write_text("\n".join([line("tests/test_parity.py::test_a[onnx]"),
+                              line("tests/test_repro.py::test_id[sweeps/test_export.py::test_export[onnx-static-X]]"),
                               line("sweeps/test_export.py::test_export[onnx-static-BertModel]")]) + "\n")
     assert [r.nodeid for r in load_any(log)] == ["sweeps/test_export.py::test_export[onnx-static-BertModel]"]

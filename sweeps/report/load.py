@@ -97,7 +97,10 @@ def normalize_error(text: str | None, limit: int = 200) -> str | None:
 
 
 def parse_test_id(nodeid: str) -> dict[str, str]:
-    """``...::test_export[onnx-dynamic-BertModel]`` -> backend, variant, model_class."""
+    """``...::test_export[onnx-dynamic-BertModel]`` -> backend, variant, model_class ({} for any other
+    test, including unit tests whose parameters quote a sweep id)."""
+    if not nodeid.split("::", 1)[-1].startswith("test_export["):
+        return {}
     match = re.search(r"\[([^\]]*)\]$", nodeid)
     if not match:
         return {}
