@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from .catalog import CatalogEntry, UnknownModelError, catalog, resolve_models
 
-__all__ = [
-    "CatalogEntry", "UnknownModelError", "BlockedByPackage", "NoTensorForward", "NonFiniteOutputError",
-    "TinyModel",
-    "catalog", "resolve_models", "build_tiny", "run_eager", "tiny_config",
-]
+# served lazily from .build (importing it imports torch and transformers' modeling code)
+_FROM_BUILD = ("BlockedByPackage", "NoTensorForward", "NonFiniteOutputError", "TinyModel", "build_tiny", "run_eager",
+               "tiny_config")
+
+__all__ = ["CatalogEntry", "UnknownModelError", "catalog", "resolve_models", *_FROM_BUILD]
 
 
 def __getattr__(name):
-    if name in ("build_tiny", "run_eager", "BlockedByPackage", "NoTensorForward", "TinyModel", "NonFiniteOutputError",
-                "tiny_config"):
+    if name in _FROM_BUILD:
         from . import build
 
         return getattr(build, name)

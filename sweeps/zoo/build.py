@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .catalog import CatalogEntry, UnknownModelError, resolve_models
-from .inputs import B, MissingInputRecipe, make_inputs, special_token_ids, text_vocab, token_ids
+from .inputs import MissingInputRecipe, make_inputs, special_token_ids, text_vocab, token_ids
 from .overrides import get_override
 from .shrink import shrink_config_dict
 
