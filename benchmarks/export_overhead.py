@@ -74,12 +74,22 @@ def ours_export(backend, model, inputs, dynamic):
 
 
 def peer_export(backend, model, inputs, dynamic):  # pragma: no cover - optional comparison
+    """The peer's public API, as benchmarks/peer_compare.py drives it; ``.to("cpu")`` creates the
+    runtime session (ORT) or loads the program (ExecuTorch), which ours includes too."""
     from transformers import exporters as peer
 
-    classes = {"dynamo": ("DynamoExporter", "DynamoConfig"), "onnx": ("OnnxExporter", "OnnxConfig"),
-               "executorch": ("ExecutorchExporter", "ExecutorchConfig")}
-    exp_cls, cfg_cls = (getattr(peer, n) for n in classes[backend])
-    return exp_cls(export_config=cfg_cls(dynamic=dynamic)).export(model, dict(inputs))
+    config = getattr(peer, {"dynamo": "DynamoConfig", "onnx": "OnnxConfig",
+                            "executorch": "ExecutorchConfig"}[backend])(dynamic=dynamic)
+    exported = peer.AutoHfExporter.from_config(config).export(model, dict(inputs), config)
+    if backend == "onnx":
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        exported.to("cpu", session_options=options)
+    elif backend == "executorch":
+        exported.to("cpu")
+    return exported
 
 
 def main(argv=None):

@@ -33,6 +33,9 @@ class ExportStageError(RuntimeError):
         self.stage = stage
         self.export_stage = stage  # the name docs/CONTRACTS.md promises
         self.backend = backend
+        # the workarounds that fired before the failure: a report tells a dead workaround from one
+        # whose classes all fail at a later point
+        self.workarounds_fired: list[str] = []
         super().__init__(f"[{backend}/{stage}] {type(cause).__name__}: {cause}")
 
 
@@ -194,11 +197,17 @@ class Exporter:
         raise NotImplementedError
 
 
-def run_stage(stage: str, backend: str, fn: Callable[[], Any]) -> Any:
-    """Run ``fn``; an exception leaves tagged with the stage so reports can say where it failed."""
+def run_stage(stage: str, backend: str, fn: Callable[[], Any], fired: Any = None) -> Any:
+    """Run ``fn``; an exception leaves tagged with the stage so reports can say where it failed,
+    and with the names in ``fired`` (a ``FiredLog``) that had fired by then."""
     try:
         return fn()
-    except ExportStageError:
+    except ExportStageError as exc:
+        if fired is not None:
+            exc.workarounds_fired = fired.names()
         raise
     except Exception as exc:  # noqa: BLE001 - re-raised with the stage attached
-        raise ExportStageError(stage, backend, exc) from exc
+        error = ExportStageError(stage, backend, exc)
+        if fired is not None:
+            error.workarounds_fired = fired.names()
+        raise error from exc

@@ -454,5 +454,5 @@ class DynamoExporter(Exporter):
     def export(self, model, inputs, config=None):
         config = config or DynamoConfig()
         fired = FiredLog()
-        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, self.registry.patches("dynamo"), fired))
+        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, self.registry.patches("dynamo"), fired), fired)
         return DynamoArtifact(traced.program, **traced.artifact_kwargs(fired, config))

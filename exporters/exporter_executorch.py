@@ -164,11 +164,12 @@ class ExecutorchExporter(Exporter):
         patches = self.registry.patches("dynamo", "executorch")
         torch_patches = [p for p in patches if not p.path.startswith(_EXECUTORCH_INTERNALS)]
         et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
-        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired))
-        buffer = run_stage("lower", self.backend, lambda: self._lower(traced.program, config, partitioners, et_patches, fired))
+        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
+        buffer = run_stage("lower", self.backend, lambda: self._lower(traced.program, config, partitioners, et_patches, fired), fired)
         return run_stage(
             "run", self.backend,
             lambda: ExecutorchArtifact(buffer, **traced.artifact_kwargs(fired, config), extra_metadata={"executorch_backend": config.backend}),
+            fired,
         )
 
     def _lower(self, program, config, partitioners, et_patches, fired) -> bytes:

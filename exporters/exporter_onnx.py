@@ -182,14 +182,15 @@ class OnnxExporter(Exporter):
         fired = FiredLog()
         torch_patches = [p for p in self.registry.patches("dynamo", "onnx") if not p.path.startswith(_ONNX_INTERNALS)]
         onnx_patches = [p for p in self.registry.patches("onnx") if p.path.startswith(_ONNX_INTERNALS)]
-        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired))
+        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
         program = traced.program
         onnx_program = run_stage(
-            "lower", self.backend, lambda: self._to_onnx(program, traced, config, onnx_patches, fired)
+            "lower", self.backend, lambda: self._to_onnx(program, traced, config, onnx_patches, fired), fired
         )
         return run_stage(
             "run", self.backend,
             lambda: OnnxArtifact(onnx_program, **traced.artifact_kwargs(fired, config), extra_metadata={"optimize": config.optimize}),
+            fired,
         )
 
     def _to_onnx(self, program, traced, config, onnx_patches, fired):

@@ -137,6 +137,7 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
             artifact = exporter.export(model, inputs, config)
         except ExportStageError as exc:
             stage = exc.stage
+            record("workarounds_fired", exc.workarounds_fired)
             raise
         record("workarounds_fired", artifact.workarounds_fired)
         if keep_dir:

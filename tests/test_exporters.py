@@ -539,3 +539,25 @@ def test_artifact_refuses_shapes_that_break_a_recorded_guard(backend):
     assert_close({"output": _FirstQuarter()(x)}, art(x=x), backend)
     with pytest.raises(InputError, match=r"outside what the \w+ artifact was exported for.*// 4 != 1"):
         art(x=torch.randn(2, 5, 3))
+
+
+class _PlainThenBoom(torch.nn.Module):
+    def forward(self, x):
+        import _targets
+
+        _targets.plain(x)
+        raise KeyError("fails after the patched call")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_export_failure_names_the_workarounds_that_fired_before_it(backend):
+    # a workaround whose classes all fail later is not dead: the report tells the two apart
+    reg = Registry()
+    register_patch("dynamo", "_targets.plain", registry=reg)(lambda original: lambda x: x)
+    with pytest.raises(ExportStageError) as info:
+        get_exporter(backend, registry=reg).export(_PlainThenBoom(), {"x": torch.ones(2)})
+    assert info.value.stage == "export"
+    assert info.value.workarounds_fired == ["patch:dynamo:_targets.plain"]
+    with pytest.raises(ExportStageError) as info:
+        get_exporter(backend, registry=reg).export(_Boom(), {"x": torch.ones(2)})
+    assert info.value.workarounds_fired == []

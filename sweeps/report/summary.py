@@ -95,36 +95,42 @@ def failure_signatures(results: list[Result], top: int | None = None) -> list[Si
 @dataclasses.dataclass
 class WorkaroundRow:
     name: str
-    classes: list[str]
+    classes: list[str]             # fired for these classes, in an item that passed
     columns: list[str]
     registered: bool | None        # None when no registry list was given
+    failing: list[str] = dataclasses.field(default_factory=list)  # fired only in items that failed
 
     @property
     def status(self) -> str:
-        if not self.classes:
-            return "candidate for removal (fired for no class)"
         if self.registered is False:
             return "not in the registered list"
-        return "in use"
+        if self.classes:
+            return "in use"
+        if self.failing:
+            return "unproven (fired only in items that fail later)"
+        return "candidate for removal (fired for no class)"
 
 
 def workaround_rows(results: list[Result], registered: Iterable[str] | None = None
                     ) -> list[WorkaroundRow]:
-    """Each workaround seen (and each registered one): the classes it fired for."""
+    """Each workaround seen (and each registered one): the classes it fired for in a passing item,
+    and apart from them those it fired for only in items that failed at a later point."""
     fired: dict[str, set[str]] = defaultdict(set)
+    failing: dict[str, set[str]] = defaultdict(set)
     where: dict[str, set[str]] = defaultdict(set)
     for r in results:
         for name in r.workarounds_fired:
-            fired[name].add(r.model_class or r.nodeid)
+            (fired if r.outcome in ("pass", "xpass") else failing)[name].add(r.model_class or r.nodeid)
             where[name].add(r.column)
     known = None if registered is None else set(registered)
     # a registered workaround can only be judged by a run of its backend ("dynamo" ones run under all)
     swept = {r.backend for r in results if r.backend}
     judged = {n for n in (known or ()) if n.split(":")[1:2] and (n.split(":")[1] == "dynamo" or n.split(":")[1] in swept)}
-    names = set(fired) | judged
+    names = set(fired) | set(failing) | judged
     rows = [WorkaroundRow(name, sorted(fired.get(name, ())), sorted(where.get(name, ())),
-                          None if known is None else name in known) for name in names]
-    rows.sort(key=lambda w: (-len(w.classes), w.name))
+                          None if known is None else name in known,
+                          sorted(failing.get(name, set()) - fired.get(name, set()))) for name in names]
+    rows.sort(key=lambda w: (-len(w.classes), -len(w.failing), w.name))
     return rows
 
 
