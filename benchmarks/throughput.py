@@ -2,12 +2,16 @@
 
     python benchmarks/throughput.py --backend dynamo [--classes 100] [--workers 0,2]
     python benchmarks/throughput.py --memory results/dynamo-static.jsonl
+    python benchmarks/throughput.py --memory-run 500 [--preload]
 
 Throughput: a fixed sample of classes (every k-th class of the sorted catalog, so the sample is the
 same on every machine) is swept with each worker count; the wall time gives items/min and the
 speed-up of -n 2 over -n 0. Memory: every sweep item records ``rss_mb`` (the worker's resident
 memory after the item); ``--memory LOG`` reads a report log and prints, per worker, the peak RSS
-and the growth from its 50th to its 500th item (or its last, if it ran fewer).
+and the growth from its 50th to its 500th item (or its last, if it ran fewer). ``--memory-run N``
+sweeps the first N classes (dynamo static, one process, ``-n 0``) and prints the same; with
+``--preload`` the modeling modules of all N classes are imported before the first item
+(``benchmarks/preload_modeling.py``), so the two runs separate import growth from per-item growth.
 """
 
 from __future__ import annotations
@@ -67,6 +71,22 @@ def memory(log: str) -> None:
               f"growth item {min(50, len(rss))} -> {min(500, len(rss))}: {b - a:+.0f} MB")
 
 
+def memory_run(n: int, preload: bool) -> None:
+    from sweeps.zoo import catalog
+
+    classes = [e.class_name for e in catalog() if not e.blocked_by][:n]
+    os.makedirs(os.path.join(ROOT, "results", "tmp"), exist_ok=True)
+    log = os.path.join(ROOT, "results", "tmp", f"memory-{n}{'-preload' if preload else ''}.jsonl")
+    cmd = [sys.executable, "-m", "pytest", "sweeps", "--backend=dynamo", "--variant=static", "-q",
+           "-p", "no:cacheprovider", "-n", "0", "--timeout=300", f"--report-log={log}"]
+    cmd += ["-p", "benchmarks.preload_modeling"] if preload else []
+    start = time.perf_counter()
+    subprocess.run(cmd + [f"--model={c}" for c in classes], cwd=ROOT, capture_output=True, text=True)
+    print(f"{n} classes, dynamo static, -n 0{', modeling modules preloaded' if preload else ''}: "
+          f"{time.perf_counter() - start:.0f} s wall, log {os.path.relpath(log, ROOT)}")
+    memory(log)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="dynamo")
@@ -74,7 +94,12 @@ def main(argv=None):
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--workers", default="0,2")
     parser.add_argument("--memory", default=None, metavar="LOG")
+    parser.add_argument("--memory-run", type=int, default=None, metavar="N")
+    parser.add_argument("--preload", action="store_true", help="with --memory-run: import the modeling modules first")
     args = parser.parse_args(argv)
+    if args.memory_run:
+        memory_run(args.memory_run, args.preload)
+        return
     if args.memory:
         memory(args.memory)
         return
