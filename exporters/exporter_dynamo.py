@@ -18,6 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
+from .specialize import ConcreteValues, concrete, specialized_inputs
 from .utils import FiredLog, PatchEntry, apply_patches, leaf_names_and_values, register_patch
 
 
@@ -42,7 +43,8 @@ class Traced:
 
 # ── Stage 1: Forward-signature patch ─────────────────────────────────────────
 # torch.export packs ``**kwargs`` into one tuple; give ``forward`` a flat signature with exactly the
-# tensor inputs, and bake non-tensor inputs (flags, ints) in as constants. Internal, not an extension point.
+# tensor inputs, and bake non-tensor inputs (flags, ints) and layout-metadata tensors (ExportConfig.specialize,
+# exporters/specialize.py) in as constants. Internal, not an extension point.
 
 
 @contextlib.contextmanager
@@ -52,7 +54,13 @@ def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], cons
 
     def forward(*args, **kwargs):
         kwargs.update(zip(tensor_names, args))
-        return bound_forward(**kwargs, **constants)
+        # baked tensor inputs go in as ConcreteTensors (exporters/specialize.py)
+        baked = {k: concrete(v) if isinstance(v, torch.Tensor) else v for k, v in constants.items()}
+        tensors = [v for v in baked.values() if isinstance(v, torch.Tensor)]
+        if not tensors:
+            return bound_forward(**kwargs, **baked)
+        with ConcreteValues(tensors):
+            return bound_forward(**kwargs, **baked)
 
     forward.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in tensor_names]
@@ -397,8 +405,9 @@ def trace(
     fired: FiredLog,
 ) -> Traced:
     """Stages 1-5: torch.export ``model(**inputs)`` with ``patches`` installed."""
-    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-    constants = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
+    baked = set(specialized_inputs(inputs, config.specialize))
+    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in baked}
+    constants = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor) or k in baked}
     names = list(tensors)
     register_pytree_nodes()
     if config.dynamic_shapes is not None:
