@@ -375,9 +375,40 @@ def _dims_of(program: torch.export.ExportedProgram, value: Any) -> dict[int, dic
 def output_names_of(program: torch.export.ExportedProgram) -> list[str]:
     """Names of the tensor outputs, in the program's flat order, using the eager naming."""
     out_spec = program.call_spec.out_spec
-    placeholders = [torch.empty(0) for _ in range(out_spec.num_leaves)]
+    from torch.export.graph_signature import ConstantArgument, OutputKind
+
+    # an output leaf the program returns as a constant (an int, a None, a bool) is not a tensor output:
+    # keep its value, so that it is not named (MaskFormerSwin returns spatial sizes next to its tensors)
+    user = [o.arg for o in program.graph_signature.output_specs if o.kind == OutputKind.USER_OUTPUT]
+    if len(user) == out_spec.num_leaves:
+        placeholders = [a.value if isinstance(a, ConstantArgument) else torch.empty(0) for a in user]
+    else:
+        placeholders = [torch.empty(0) for _ in range(out_spec.num_leaves)]
     tree = pytree.tree_unflatten(placeholders, out_spec)
     return [name for name, v in leaf_names_and_values(tree) if isinstance(v, torch.Tensor)]
+
+
+def drop_constant_outputs(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Return only the tensor outputs. A forward that returns ints, bools or strings beside its tensors
+    (MaskFormerSwin's spatial sizes, PeAudio's lengths) leaves them in the program as constant
+    outputs, which neither the ONNX translator ("'int' object has no attribute 'name'") nor ExecuTorch
+    ("Could not infer dtype of NoneType") takes; they are fixed by the trace anyway, and the artifact
+    names only tensor outputs (``output_names_of`` is read before this). The program's output then is
+    the flat list of its tensor outputs."""
+    from torch.export.graph_signature import ConstantArgument, OutputKind
+
+    specs = list(program.graph_signature.output_specs)
+    drop = {i for i, o in enumerate(specs) if o.kind == OutputKind.USER_OUTPUT and isinstance(o.arg, ConstantArgument)}
+    if not drop:
+        return program
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    values = list(output.args[0])
+    output.args = (tuple(v for i, v in enumerate(values) if i not in drop),)
+    program.graph_module.recompile()
+    program.graph_signature.output_specs[:] = [o for i, o in enumerate(specs) if i not in drop]
+    n_user = sum(1 for o in program.graph_signature.output_specs if o.kind == OutputKind.USER_OUTPUT)
+    program.module_call_graph[0].signature.out_spec = pytree.tree_structure(list(range(n_user)))
+    return program
 
 
 def _guards_of(program: torch.export.ExportedProgram) -> Any:
@@ -433,7 +464,8 @@ def trace(
         val = placeholders[ph_name].meta["val"]
         specs[name] = (tuple(tensors[name].shape), tensors[name].dtype, _dims_of(program, val))
     guards = _guards_of(program) if any(d for _, _, d in specs.values()) else None
-    return Traced(program, names, output_names_of(program), specs, constants, guards)
+    output_names = output_names_of(program)
+    return Traced(drop_constant_outputs(program), names, output_names, specs, constants, guards)
 
 
 # ── the exporter ─────────────────────────────────────────────────────────────

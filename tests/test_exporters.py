@@ -590,3 +590,18 @@ def test_specialize_off_keeps_the_input_and_unknown_names_are_refused():
         exporter.export(_CropBySizes(), inputs, exporters.DynamoConfig(specialize=()))
     with pytest.raises(ExportStageError, match=r"specialize names \['grid'\], which are not tensor inputs"):
         exporter.export(_CropBySizes(), inputs, exporters.DynamoConfig(specialize=("grid",)))
+
+
+class _SizesNextToTensors(torch.nn.Module):
+    """Returns ints and a None beside its tensors, as MaskFormerSwin returns spatial sizes."""
+
+    def forward(self, x):
+        return {"hidden": x * 2, "sizes": (x.shape[1], x.shape[2]), "extra": None, "pooled": x.mean(1)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_constant_outputs_are_not_named_as_tensor_outputs(backend):
+    inputs = {"x": torch.randn(2, 3, 4)}
+    art = get_exporter(backend, registry=Registry()).export(_SizesNextToTensors(), inputs)
+    assert art.output_names == ["hidden", "pooled"]
+    assert_close(flatten_outputs(_SizesNextToTensors()(**inputs)), art(**inputs), backend)

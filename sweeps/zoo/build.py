@@ -398,8 +398,8 @@ def _mrope_positions(model, inputs: dict) -> Any:
         return None
     params = inspect.signature(core.compute_3d_position_ids).parameters
     kwargs = {k: inputs.get(k) for k, p in params.items()  # required ones absent from the inputs: None
-              if k not in ("self", "inputs_embeds", "past_key_values")
-              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and (k in inputs or p.default is p.empty)}
+              if k != "inputs_embeds" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+              and (k in inputs or p.default is p.empty)}
     saved = core.__dict__.get("rope_deltas")
     try:
         with torch.no_grad():
