@@ -49,6 +49,10 @@ class ExportConfig:
     dynamic_shapes: Any = None  # explicit torch.export dynamic_shapes; overrides `dynamic`
     strict: bool = False  # torch.export strict mode (TorchDynamo tracing)
     max_dim: int = 1024  # upper bound given to every dynamic dim (ExecuTorch must plan memory for it)
+    # tensor inputs whose values are baked into the artifact (layout metadata such as image_grid_thw,
+    # image_sizes): None = every integer input named like exporters.specialize.SPECIALIZED_INPUTS,
+    # () = none. The artifact refuses other values, naming the input.
+    specialize: tuple[str, ...] | None = None
 
 
 class Artifact:
@@ -84,7 +88,8 @@ class Artifact:
                 for name, (shape, dtype, _) in self.input_specs.items()
             },
             "dynamic_dims": {n: {str(d): v for d, v in dims.items()} for n, dims in self.dynamic_dims.items()},
-            "constant_inputs": {k: repr(v) for k, v in self.constants.items()},
+            "constant_inputs": {k: repr(v.tolist() if isinstance(v, torch.Tensor) else v)
+                                for k, v in self.constants.items()},
             "workarounds_fired": self.workarounds_fired,
             "config": {k: repr(v) for k, v in dataclasses.asdict(self.config).items()},
             "versions": package_versions(),
@@ -103,9 +108,20 @@ class Artifact:
                 + (f"; unexpected {unexpected}" if unexpected else "")
             )
         for name, value in inputs.items():
-            if name in self.constants and not isinstance(value, torch.Tensor) and value != self.constants[name]:
+            if name not in self.constants:
+                continue
+            baked = self.constants[name]
+            if isinstance(baked, torch.Tensor):
+                if not (isinstance(value, torch.Tensor) and value.shape == baked.shape and torch.equal(value, baked)):
+                    got = value.tolist() if isinstance(value, torch.Tensor) else value
+                    raise InputError(
+                        f"input {name!r} was specialized at export time (its values set shapes inside the model): "
+                        f"the artifact was exported for {name}={baked.tolist()}, got {got}; re-export for these "
+                        "values, or export with ExportConfig(specialize=()) to keep it an input"
+                    )
+            elif not isinstance(value, torch.Tensor) and value != baked:
                 raise InputError(
-                    f"{name}={value!r} was baked into the artifact as {self.constants[name]!r} at export time; "
+                    f"{name}={value!r} was baked into the artifact as {baked!r} at export time; "
                     "re-export to change it"
                 )
         ordered = []

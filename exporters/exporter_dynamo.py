@@ -18,6 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
+from .specialize import ConcreteValues, concrete, specialized_inputs
 from .utils import FiredLog, PatchEntry, apply_patches, leaf_names_and_values, register_patch
 
 
@@ -42,7 +43,8 @@ class Traced:
 
 # ── Stage 1: Forward-signature patch ─────────────────────────────────────────
 # torch.export packs ``**kwargs`` into one tuple; give ``forward`` a flat signature with exactly the
-# tensor inputs, and bake non-tensor inputs (flags, ints) in as constants. Internal, not an extension point.
+# tensor inputs, and bake non-tensor inputs (flags, ints) and layout-metadata tensors (ExportConfig.specialize,
+# exporters/specialize.py) in as constants. Internal, not an extension point.
 
 
 @contextlib.contextmanager
@@ -52,7 +54,13 @@ def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], cons
 
     def forward(*args, **kwargs):
         kwargs.update(zip(tensor_names, args))
-        return bound_forward(**kwargs, **constants)
+        # baked tensor inputs go in as ConcreteTensors (exporters/specialize.py)
+        baked = {k: concrete(v) if isinstance(v, torch.Tensor) else v for k, v in constants.items()}
+        tensors = [v for v in baked.values() if isinstance(v, torch.Tensor)]
+        if not tensors:
+            return bound_forward(**kwargs, **baked)
+        with ConcreteValues(tensors):
+            return bound_forward(**kwargs, **baked)
 
     forward.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in tensor_names]
@@ -367,9 +375,40 @@ def _dims_of(program: torch.export.ExportedProgram, value: Any) -> dict[int, dic
 def output_names_of(program: torch.export.ExportedProgram) -> list[str]:
     """Names of the tensor outputs, in the program's flat order, using the eager naming."""
     out_spec = program.call_spec.out_spec
-    placeholders = [torch.empty(0) for _ in range(out_spec.num_leaves)]
+    from torch.export.graph_signature import ConstantArgument, OutputKind
+
+    # an output leaf the program returns as a constant (an int, a None, a bool) is not a tensor output:
+    # keep its value, so that it is not named (MaskFormerSwin returns spatial sizes next to its tensors)
+    user = [o.arg for o in program.graph_signature.output_specs if o.kind == OutputKind.USER_OUTPUT]
+    if len(user) == out_spec.num_leaves:
+        placeholders = [a.value if isinstance(a, ConstantArgument) else torch.empty(0) for a in user]
+    else:
+        placeholders = [torch.empty(0) for _ in range(out_spec.num_leaves)]
     tree = pytree.tree_unflatten(placeholders, out_spec)
     return [name for name, v in leaf_names_and_values(tree) if isinstance(v, torch.Tensor)]
+
+
+def drop_constant_outputs(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Return only the tensor outputs. A forward that returns ints, bools or strings beside its tensors
+    (MaskFormerSwin's spatial sizes, PeAudio's lengths) leaves them in the program as constant
+    outputs, which neither the ONNX translator ("'int' object has no attribute 'name'") nor ExecuTorch
+    ("Could not infer dtype of NoneType") takes; they are fixed by the trace anyway, and the artifact
+    names only tensor outputs (``output_names_of`` is read before this). The program's output then is
+    the flat list of its tensor outputs."""
+    from torch.export.graph_signature import ConstantArgument, OutputKind
+
+    specs = list(program.graph_signature.output_specs)
+    drop = {i for i, o in enumerate(specs) if o.kind == OutputKind.USER_OUTPUT and isinstance(o.arg, ConstantArgument)}
+    if not drop:
+        return program
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    values = list(output.args[0])
+    output.args = (tuple(v for i, v in enumerate(values) if i not in drop),)
+    program.graph_module.recompile()
+    program.graph_signature.output_specs[:] = [o for i, o in enumerate(specs) if i not in drop]
+    n_user = sum(1 for o in program.graph_signature.output_specs if o.kind == OutputKind.USER_OUTPUT)
+    program.module_call_graph[0].signature.out_spec = pytree.tree_structure(list(range(n_user)))
+    return program
 
 
 def _guards_of(program: torch.export.ExportedProgram) -> Any:
@@ -397,8 +436,9 @@ def trace(
     fired: FiredLog,
 ) -> Traced:
     """Stages 1-5: torch.export ``model(**inputs)`` with ``patches`` installed."""
-    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-    constants = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
+    baked = set(specialized_inputs(inputs, config.specialize))
+    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in baked}
+    constants = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor) or k in baked}
     names = list(tensors)
     register_pytree_nodes()
     if config.dynamic_shapes is not None:
@@ -424,7 +464,8 @@ def trace(
         val = placeholders[ph_name].meta["val"]
         specs[name] = (tuple(tensors[name].shape), tensors[name].dtype, _dims_of(program, val))
     guards = _guards_of(program) if any(d for _, _, d in specs.values()) else None
-    return Traced(program, names, output_names_of(program), specs, constants, guards)
+    output_names = output_names_of(program)
+    return Traced(drop_constant_outputs(program), names, output_names, specs, constants, guards)
 
 
 # ── the exporter ─────────────────────────────────────────────────────────────

@@ -27,6 +27,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -355,10 +356,25 @@ def first_commit_date(name: str, path: str = SKIPS_FILE, cwd: str = ROOT) -> str
     return dates[-1] if dates else None
 
 
+_CHANGE = re.compile(r"(?i)[.;,]?\s*\b(remove (?:this entry |it )?(?:when|once|after|if)\b.*|"
+                     r"to remove (?:this|the) entry\b.*)$", re.S)
+
+
+def split_reason(reason: str) -> tuple[str, str]:
+    """``(cause, change)``: an EXPORT_SKIPS reason cut where it names the change that removes the
+    entry ("... Remove when X"); without such a clause the change is unknown and the whole reason
+    is the cause."""
+    text = " ".join(reason.split())
+    m = _CHANGE.search(text)
+    if not m:
+        return text, "(no removing change named in the reason)"
+    return text[:m.start()].rstrip(" .;,"), m.group(1)
+
+
 def skips_report(entries: Sequence[Any] | None = None, *, today: datetime.date | None = None,
                  date_of: Callable[[str], str | None] = first_commit_date) -> list[dict[str, Any]]:
-    """EXPORT_SKIPS grouped by reason: ``[{"reason", "entries": [{models, scope, since, age_days}]}]``,
-    oldest groups first."""
+    """EXPORT_SKIPS grouped by the change that removes them (``split_reason``):
+    ``[{"change", "entries": [{cause, models, scope, since, age_days}]}]``, oldest groups first."""
     from skips import EXPORT_SKIPS
 
     entries = EXPORT_SKIPS if entries is None else entries
@@ -368,11 +384,12 @@ def skips_report(entries: Sequence[Any] | None = None, *, today: datetime.date |
         dates = [d for d in (date_of(m) for m in entry.models) if d]
         since = min(dates) if dates else None
         age = (today - datetime.date.fromisoformat(since)).days if since else None
-        groups.setdefault(" ".join(entry.reason.split()), []).append({
-            "index": index, "models": list(entry.models), "backends": list(entry.backends),
+        cause, change = split_reason(entry.reason)
+        groups.setdefault(change, []).append({
+            "index": index, "cause": cause, "models": list(entry.models), "backends": list(entry.backends),
             "variants": list(entry.variants), "stage": entry.stage, "upstream": entry.upstream,
             "since": since, "age_days": age})
-    out = [{"reason": reason, "entries": rows} for reason, rows in groups.items()]
+    out = [{"change": change, "entries": rows} for change, rows in groups.items()]
     out.sort(key=lambda g: min((e["since"] or "9999") for e in g["entries"]))
     return out
 
@@ -382,12 +399,14 @@ def skips_markdown(groups: Sequence[dict[str, Any]]) -> str:
         return "EXPORT_SKIPS is empty: every model class is in the sweep, nothing to re-check.\n"
     lines = ["# EXPORT_SKIPS by the model-side change they ask for", ""]
     for group in groups:
-        lines += [f"## {group['reason']}", "", "| entry | models | backends | variants | stage | since | upstream |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"## {group['change']}", "",
+                  "| entry | models | backends | variants | stage | since | upstream | cause |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for e in group["entries"]:
             since = f"{e['since']} ({e['age_days']} days)" if e["since"] else "not committed yet"
+            cause = e["cause"].replace("|", "\\|")
             lines.append(f"| {e['index']} | {', '.join(e['models'])} | {', '.join(e['backends'])} | "
-                         f"{', '.join(e['variants'])} | {e['stage'] or '-'} | {since} | {e['upstream'] or '-'} |")
+                         f"{', '.join(e['variants'])} | {e['stage'] or '-'} | {since} | {e['upstream'] or '-'} | {cause} |")
         lines.append("")
     total = sum(len(g["entries"]) for g in groups)
     lines.append(f"{total} entries in {len(groups)} group(s).")

@@ -561,3 +561,47 @@ def test_export_failure_names_the_workarounds_that_fired_before_it(backend):
     with pytest.raises(ExportStageError) as info:
         get_exporter(backend, registry=reg).export(_Boom(), {"x": torch.ones(2)})
     assert info.value.workarounds_fired == []
+
+
+class _CropBySizes(torch.nn.Module):
+    """Slices with values read from an integer input, as LLaVA-NeXT does with image_sizes."""
+
+    def forward(self, x, image_sizes):
+        h, w = (int(v) for v in image_sizes[0])
+        n = int((image_sizes // 2).prod(-1).sum())
+        ramp = torch.arange(image_sizes[:, 0].sum())  # a factory fed a baked scalar tensor
+        return x[:, :h, :w] * 2, x.flatten(1)[:, :n] + image_sizes.float().sum(), ramp * x.sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layout_metadata_inputs_are_specialized_and_checked(backend):
+    inputs = {"x": torch.randn(2, 8, 8), "image_sizes": torch.tensor([[4, 6], [4, 6]])}
+    art = get_exporter(backend, registry=Registry()).export(_CropBySizes(), inputs)
+    assert art.input_names == ["x"] and art.metadata["constant_inputs"]["image_sizes"] == "[[4, 6], [4, 6]]"
+    assert_close(flatten_outputs(_CropBySizes()(**inputs)), art(**inputs), backend)
+    with pytest.raises(InputError, match=r"input 'image_sizes' was specialized.*\[\[4, 6\], \[4, 6\]\], got \[\[5, 6\], \[4, 6\]\]"):
+        art(x=inputs["x"], image_sizes=torch.tensor([[5, 6], [4, 6]]))
+
+
+def test_specialize_off_keeps_the_input_and_unknown_names_are_refused():
+    inputs = {"x": torch.randn(2, 8, 8), "image_sizes": torch.tensor([[4, 6], [4, 6]])}
+    exporter = exporters.DynamoExporter(registry=Registry())
+    with pytest.raises(ExportStageError, match="GuardOnDataDependentSymNode"):  # values are data to torch.export
+        exporter.export(_CropBySizes(), inputs, exporters.DynamoConfig(specialize=()))
+    with pytest.raises(ExportStageError, match=r"specialize names \['grid'\], which are not tensor inputs"):
+        exporter.export(_CropBySizes(), inputs, exporters.DynamoConfig(specialize=("grid",)))
+
+
+class _SizesNextToTensors(torch.nn.Module):
+    """Returns ints and a None beside its tensors, as MaskFormerSwin returns spatial sizes."""
+
+    def forward(self, x):
+        return {"hidden": x * 2, "sizes": (x.shape[1], x.shape[2]), "extra": None, "pooled": x.mean(1)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_constant_outputs_are_not_named_as_tensor_outputs(backend):
+    inputs = {"x": torch.randn(2, 3, 4)}
+    art = get_exporter(backend, registry=Registry()).export(_SizesNextToTensors(), inputs)
+    assert art.output_names == ["hidden", "pooled"]
+    assert_close(flatten_outputs(_SizesNextToTensors()(**inputs)), art(**inputs), backend)

@@ -239,21 +239,37 @@ def test_onnx_optimize_entry_that_passes_is_reported_for_removal():
 # ── EXPORT_SKIPS ──────────────────────────────────────────────────────────────
 
 
-def test_skips_grouped_by_reason_with_age():
-    reason = "router loops over experts with a data-dependent count; vectorize the dispatch"
+def test_skips_grouped_by_the_change_that_removes_them_with_age():
+    change = "Remove when the router vectorizes the dispatch with a one-hot mask"
     entries = [
-        ExportSkip(classes=("BertModel",), reason=reason),
+        ExportSkip(classes=("BertModel",), reason="router loops over experts with a data-dependent count. " + change),
         ExportSkip(classes=("GPT2Model",), backends=("onnx",), reason="module passed as a forward argument; "
                    "pass its output instead"),
-        ExportSkip(classes=("T5Model",), reason=reason + "  "),
+        ExportSkip(classes=("T5Model",), reason="the top-2 router loops over its experts in Python; " + change + "  "),
     ]
     dates = {"BertModel": "2026-11-01", "GPT2Model": "2026-10-01", "T5Model": None}
     groups = recheck.skips_report(entries, today=datetime.date(2026, 11, 11), date_of=dates.get)
     assert [len(g["entries"]) for g in groups] == [1, 2]  # oldest group first
-    assert groups[1]["reason"] == reason
+    assert groups[1]["change"] == change  # two causes, one change: one group
+    assert [e["cause"] for e in groups[1]["entries"]] == [
+        "router loops over experts with a data-dependent count", "the top-2 router loops over its experts in Python"]
+    assert groups[0]["change"] == "(no removing change named in the reason)"
     assert groups[1]["entries"][0]["age_days"] == 10 and groups[1]["entries"][1]["since"] is None
     text = recheck.skips_markdown(groups)
-    assert f"## {reason}" in text and "2026-11-01 (10 days)" in text and "not committed yet" in text
+    assert f"## {change}" in text and "2026-11-01 (10 days)" in text and "not committed yet" in text
+
+
+@pytest.mark.parametrize("reason, change", [
+    ("x fails. Remove when transformers fixes it", "Remove when transformers fixes it"),
+    ("x fails; remove this entry once torch 2.14 lands", "remove this entry once torch 2.14 lands"),
+    ("x fails, vectorize the dispatch in the model to remove this entry", None),
+])
+def test_split_reason_finds_the_removing_change(reason, change):
+    cause, found = recheck.split_reason(reason)
+    if change is None:
+        assert found.startswith("to remove this entry") or found.startswith("(no removing")
+    else:
+        assert (cause, found) == ("x fails", change)
 
 
 def test_skips_empty_list_says_so(capsys):

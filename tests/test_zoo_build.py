@@ -239,3 +239,19 @@ def test_override_batch_size_cuts_batch_major_inputs_only():
     assert cut["a"].tolist() == [[0, 1]]
     with pytest.raises(ValueError, match="not batch-major"):
         first_samples({"packed": torch.zeros(5, 3)}, 1)
+
+
+def test_mrope_models_get_their_own_position_ids_as_an_input():
+    # Qwen2-VL's 3D rope positions come from per-sample Python loops over input_ids: the zoo computes
+    # them as the model does and passes them, as deployments do; the outputs must not change
+    from sweeps.zoo.build import _mrope_positions, run_forward
+
+    tiny = build_tiny("Qwen2VLModel")
+    assert tiny.inputs["position_ids"].shape[0] == 3
+    without = {k: v for k, v in tiny.inputs.items() if k != "position_ids"}
+    tiny.model.rope_deltas = None
+    assert torch.equal(_mrope_positions(tiny.model, without), tiny.inputs["position_ids"])
+    assert tiny.model.rope_deltas is None  # computing them left no cached state behind
+    expected = run_forward(tiny.model, without).last_hidden_state
+    torch.testing.assert_close(tiny.outputs.last_hidden_state, expected, rtol=0, atol=0)
+    assert "position_ids" not in build_tiny("LlamaModel").inputs  # 1D rope: left to the model

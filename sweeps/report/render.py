@@ -38,6 +38,7 @@ class Report:
         self.workarounds = S.workaround_rows(results, registered)
         self.columns, self.matrix = S.matrix(results)
         self.onnx_disabled = S.onnx_optimize_disabled(results)
+        self.skips = _skip_groups()
 
     # ── Markdown ──
 
@@ -61,7 +62,7 @@ class Report:
         out += ["", "pass % counts passes over items whose tiny model builds (not skipped, not "
                 "failing at stage `build`). `xpass`: an EXPORT_SKIPS entry whose model now passes; "
                 "remove the entry.", ""]
-        out += self._md_signatures() + self._md_workarounds() + self._md_onnx() + self._md_matrix()
+        out += self._md_signatures() + self._md_workarounds() + self._md_skips() + self._md_onnx() + self._md_matrix()
         return "\n".join(out) + "\n"
 
     def _md_signatures(self) -> list[str]:
@@ -94,6 +95,15 @@ class Report:
             out.append(f"| `{_md(w.name)}` | {len(w.classes)} | {len(w.failing)} | {w.status} | "
                        f"{_md(', '.join(w.columns))} | {_md(names)} |")
         return out + [""]
+
+    def _md_skips(self) -> list[str]:
+        """EXPORT_SKIPS as of the report's checkout, by the change that removes them, with age."""
+        from sweeps.recheck import skips_markdown
+
+        text = skips_markdown(self.skips).replace("# EXPORT_SKIPS by the model-side change they ask for",
+                                                  "## EXPORT_SKIPS by the change that removes them")
+        return [line.replace("## ", "### ", 1) if line.startswith("## ") and not line.startswith("## EXPORT")
+                else line for line in text.splitlines()] + [""]
 
     def _md_onnx(self) -> list[str]:
         if not self.onnx_disabled:
@@ -151,3 +161,10 @@ class Report:
         paths["json"].write_text(json.dumps(self.json_data(), indent=1, sort_keys=False) + "\n",
                                  encoding="utf-8")
         return paths
+
+
+def _skip_groups() -> list[dict]:
+    """``sweeps.recheck.skips_report()``: the current EXPORT_SKIPS with their age from git."""
+    from sweeps.recheck import skips_report
+
+    return skips_report()

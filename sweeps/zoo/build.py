@@ -375,6 +375,79 @@ def _run_first_layout(model, config, inputs, seed):
         raise first
 
 
+def _mrope_positions(model, inputs: dict) -> Any:
+    """Multimodal RoPE position ids (3, batch, seq), computed the way the model computes them itself.
+
+    The 21 families with ``compute_3d_position_ids`` (Qwen2-VL and its descendants, GLM-4V, ...)
+    derive these from ``input_ids`` and the image grids with per-sample Python loops over the token
+    runs: data-dependent, so no exporter can trace them. Their deployments compute them in
+    preprocessing next to the processor and pass ``position_ids``; the zoo does the same, so the
+    export covers the network and the positions stay exactly the model's. ``None`` when the class
+    has no such method, its forward takes no ``position_ids``, or the inputs already carry them."""
+    import inspect
+
+    if "position_ids" in inputs or "input_ids" not in inputs:
+        return None
+    try:
+        if "position_ids" not in inspect.signature(model.forward).parameters:
+            return None
+    except (TypeError, ValueError):
+        return None
+    core = next((m for m in model.modules() if hasattr(type(m), "compute_3d_position_ids")), None)
+    if core is None:
+        return None
+    params = inspect.signature(core.compute_3d_position_ids).parameters
+    kwargs = {k: inputs.get(k) for k, p in params.items()  # required ones absent from the inputs: None
+              if k != "inputs_embeds" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+              and (k in inputs or p.default is p.empty)}
+    saved = core.__dict__.get("rope_deltas")
+    try:
+        with torch.no_grad():
+            embeds = core.get_input_embeddings()(inputs["input_ids"])
+            if "inputs_embeds" in params:
+                kwargs["inputs_embeds"] = embeds
+            positions = core.compute_3d_position_ids(**kwargs)
+    except Exception as exc:  # noqa: BLE001 - the export then meets the data-dependent code, visibly
+        import warnings
+
+        warnings.warn(f"{type(model).__name__}: compute_3d_position_ids failed ({type(exc).__name__}: {exc}); "
+                      "the inputs carry no position_ids", stacklevel=2)
+        return None
+    finally:
+        if "rope_deltas" in core.__dict__:
+            core.rope_deltas = saved  # the call caches the deltas; leave the model as it was
+    return positions if isinstance(positions, torch.Tensor) else None
+
+
+def _same_outputs(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) or torch.allclose(a, b, atol=1e-6, rtol=0))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_outputs(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_outputs(x, y) for x, y in zip(a, b))
+    if hasattr(a, "to_tuple") and hasattr(b, "to_tuple"):
+        return _same_outputs(a.to_tuple(), b.to_tuple())
+    return type(a) is type(b)
+
+
+def _with_mrope_positions(model, inputs: dict, out: Any) -> tuple[dict, Any]:
+    """Add the model's own multimodal RoPE positions as ``position_ids`` (see ``_mrope_positions``),
+    and keep them only if the forward then gives the same outputs as without."""
+    positions = _mrope_positions(model, inputs)
+    if positions is None:
+        return inputs, out
+    with_positions = {**inputs, "position_ids": positions}
+    out2 = run_forward(model, with_positions)
+    if not _same_outputs(out, out2):
+        import warnings
+
+        warnings.warn(f"{type(model).__name__}: outputs differ with precomputed position_ids; the zoo keeps "
+                      "the inputs without them", stacklevel=2)
+        return inputs, out
+    return with_positions, out2
+
+
 def run_forward(model, inputs):
     with torch.no_grad():
         return model(**inputs)
@@ -473,6 +546,7 @@ def run_eager(tiny: TinyModel, seed: int = 0) -> Any:
     stage): a caller that runs the forward itself instead gets the generic layout, not the one
     the zoo validated."""
     tiny.inputs, out = _run_first_layout(tiny.model, tiny.config, tiny.inputs, seed)
+    tiny.inputs, out = _with_mrope_positions(tiny.model, tiny.inputs, out)
     bad = _first_nonfinite(out)
     if bad:
         raise NonFiniteOutputError(f"{tiny.entry.class_name}: eager output {bad} has NaN/inf")

@@ -1,0 +1,80 @@
+"""Layout-metadata inputs baked into the artifact with their values kept concrete while tracing.
+
+Vision-language models take small integer tensors that describe another input's layout
+(``image_grid_thw``, ``image_sizes``, ``target_sizes`` ...) and turn them into Python ints to
+slice, split and reshape with. To ``torch.export`` an input's values are data, so each such int is
+an unbacked symbol and the trace stops (``GuardOnDataDependentSymNode``). In a static export those
+values are fixed by the input shapes anyway; the exporters therefore bake them in: the forward gets
+a real copy, and under ``ConcreteValues`` (a torch function mode) every operation among baked
+tensors runs eagerly on the real values outside the trace (so ``int(grid[0, 1])`` is a plain int),
+while a baked tensor that meets a traced one enters the graph as an ordinary constant. The artifact keeps the values and
+refuses others, naming the input (``Artifact.check_inputs``).
+
+``ExportConfig.specialize`` chooses the inputs: ``None`` (default) bakes every integer input whose
+name matches ``SPECIALIZED_INPUTS``; a tuple names them; ``()`` bakes none.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
+
+SPECIALIZED_INPUTS = re.compile(r"(^|_)(grid_thws?|grid_hws?|sizes)$")
+
+
+def specialized_inputs(inputs: Mapping[str, Any], specialize: tuple[str, ...] | None) -> list[str]:
+    """The tensor inputs an export bakes in (see the module docstring)."""
+    if specialize is not None:
+        unknown = [n for n in specialize if not isinstance(inputs.get(n), torch.Tensor)]
+        if unknown:
+            tensors = sorted(k for k, v in inputs.items() if isinstance(v, torch.Tensor))
+            raise ValueError(f"ExportConfig.specialize names {unknown}, which are not tensor inputs; tensor inputs: {tensors}")
+        return list(specialize)
+    return [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and SPECIALIZED_INPUTS.search(k)
+            and not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)]
+
+
+class ConcreteValues(TorchFunctionMode):
+    """While tracing, run every torch call whose tensor arguments are all baked (or computed from
+    baked ones only) on the real values, outside the trace; everything else traces as usual, a baked
+    tensor that meets a traced one entering the graph as a constant."""
+
+    def __init__(self, baked: Iterable[torch.Tensor]):
+        super().__init__()
+        self._known: dict[int, weakref.ref] = {}
+        for tensor in baked:
+            self._add(tensor)
+
+    def _add(self, tensor: torch.Tensor) -> None:
+        self._known[id(tensor)] = weakref.ref(tensor)
+
+    def is_concrete(self, value: Any) -> bool:
+        ref = self._known.get(id(value))
+        return ref is not None and ref() is value
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        leaves = pytree.tree_leaves((args, kwargs))
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        if tensors and all(self.is_concrete(t) for t in tensors) \
+                and not any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in leaves):
+            with _disable_current_modes(), torch._C.DisableTorchFunction():
+                out = func(*args, **kwargs)
+            for value in pytree.tree_leaves(out):
+                if isinstance(value, torch.Tensor):
+                    self._add(value)
+            return out
+        return func(*args, **kwargs)
+
+
+def concrete(value: torch.Tensor) -> torch.Tensor:
+    """A real (untraced) copy of a baked input, made outside any active trace."""
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        return value.detach().clone()
