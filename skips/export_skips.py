@@ -211,7 +211,7 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "instead of Python lists and nonzero",
     ),
     ExportSkip(
-        classes=("Qwen4ExpForCausalLM", "Qwen4ExpTextModel"),
+        classes=("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration", "Qwen4ExpModel", "Qwen4ExpTextModel"),
         stage="export",
         reason="Qwen4ExpTextQSAIndexer.forward selects tokens per query in a Python loop over batch and query "
                "positions with torch.nonzero(visible_token_indices[b, 0, q]) and branches on "
