@@ -86,6 +86,29 @@ def _patch_classifier_cast(_original):
     return lambda self, *args, **kwargs: None
 
 
+@register_patch("dynamo", "torch.nn.Module.to")
+def _patch_module_cast_in_forward(original):
+    """MoE routers cast their classifier inside forward (``self.classifier = self.classifier.to(self.dtype)``:
+    NLLB-MoE's ``_cast_classifier``, SwitchTransformers' router), which makes torch.export swap the
+    parameters in place, and it refuses ("_apply(): Couldn't swap Linear.weight"). While tracing, a
+    cast that would change nothing returns the module as it is; a real cast still runs (and fails).
+
+    before: classifier.to(float32) -> Module._apply(swap every parameter)   after: classifier (no-op)
+    """
+
+    def to(self, *args, **kwargs):
+        device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        tensors = list(self.parameters()) + list(self.buffers())
+        unchanged = memory_format is None and all(
+            (dtype is None or not (t.is_floating_point() or t.is_complex()) or t.dtype == dtype)
+            and (device is None or t.device == torch.device(device))
+            for t in tensors
+        )
+        return self if unchanged else original(self, *args, **kwargs)
+
+    return to
+
+
 @register_patch("dynamo", "transformers.integrations.moe.ExpertsInterface.get_interface")
 def _patch_experts_batched_mm(original):
     """MoE experts default to ``grouped_mm``, which under export on CPU/fp32 becomes the opaque custom

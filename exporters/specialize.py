@@ -63,8 +63,11 @@ class ConcreteValues(TorchFunctionMode):
         kwargs = kwargs or {}
         leaves = pytree.tree_leaves((args, kwargs))
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
-        if tensors and all(self.is_concrete(t) for t in tensors) \
-                and not any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in leaves):
+        symbolic = any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in leaves)
+        # an index range of plain ints (torch.arange(grid_h * grid_w)) is concrete too: layout code builds
+        # its gather indices from one, then compacts them with a mask (get_vision_window_index)
+        fresh_range = func is torch.arange and not tensors
+        if (fresh_range or (tensors and all(self.is_concrete(t) for t in tensors))) and not symbolic:
             with _disable_current_modes(), torch._C.DisableTorchFunction():
                 out = func(*args, **kwargs)
             for value in pytree.tree_leaves(out):

@@ -49,4 +49,273 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "1 dynamic dimension'. Remove when XNNPACK's partitioner leaves such reshapes to the "
                "portable kernels (or the model reshapes with one dynamic dim)",
     ),
+    ExportSkip(
+        classes=("AutoformerModel",),
+        stage="export",
+        reason="AutoformerAttention adds the 4D attention mask to the autocorrelation weights with "
+               "attn_weights.view(bsz, num_heads, tgt_len, src_len) (models/autoformer/modeling_autoformer.py:516), "
+               "but those weights are (bsz*heads, tgt_len, head_dim), so any non-None mask raises \"shape "
+               "'[2, 2, 8, 8]' is invalid for input of size 512\"; eager only passes because create_bidirectional_mask "
+               "drops an all-ones mask, which it never does under torch.export (masking_utils.py:368, "
+               "is_torchdynamo_exporting). Remove when AutoformerAttention applies (or ignores) the padding mask "
+               "without viewing the autocorrelation weights as (tgt_len, src_len) scores",
+    ),
+    ExportSkip(
+        classes=("InformerModel",),
+        stage="export",
+        reason="InformerEncoder builds the (B, 1, L, L) attention mask once (models/informer/modeling_informer.py:835) "
+               "but the distil conv_layer halves the sequence after each layer (line 856), so the next "
+               "InformerProbSparseAttention raises 'Attention mask should be of size (2, 1, 4, 4), but is (2, 1, 8, 8)' "
+               "(line 544); eager only passes because create_bidirectional_mask drops an all-ones mask, which it never "
+               "does under torch.export (masking_utils.py:368). The ProbSparse attention also samples keys with "
+               "torch.randint in forward (line 510), so parity would fail next. Remove when the encoder downsamples "
+               "the mask with the conv_layer and ProbSparse key sampling takes a generator/seed or is deterministic "
+               "in eval",
+    ),
+    ExportSkip(
+        classes=("ColPaliForRetrieval",),
+        stage="compare",
+        reason="eager is not what the export computes: PaliGemmaConfig defaults text_config.use_bidirectional_attention "
+               "to True (models/paligemma/configuration_paligemma.py:92), so every Gemma attention has is_causal=False, "
+               "while PaliGemmaModel.forward builds a causal mask with create_causal_mask "
+               "(models/paligemma/modeling_paligemma.py:261; ColPali passes no token_type_ids). In eager sdpa without "
+               "padding that mask is skipped and attention is bidirectional; under torch.export it is kept and "
+               "attention is causal (embeddings differ by 0.0909, the same as eager with the mask forced). Remove when "
+               "PaliGemma builds its mask from use_bidirectional_attention (bidirectional mask when is_causal is "
+               "False) in transformers",
+    ),
+    ExportSkip(
+        classes=("SpeechT5ForTextToSpeech",),
+        stage="compare",
+        reason="SpeechT5SpeechDecoderPrenet applies dropout even in eval by design (Tacotron 2 prenet): "
+               "_consistent_dropout draws torch.bernoulli(inputs_embeds[0], p) in forward "
+               "(models/speecht5/modeling_speecht5.py:672), so every run (eager or exported) gives a different "
+               "spectrogram and there is no input to fix the mask. Remove when the prenet takes a dropout mask or "
+               "generator argument (or an eval-time switch to disable the always-on dropout)",
+    ),
+    ExportSkip(
+        classes=("BltForCausalLM", "BltModel"),
+        stage="export",
+        reason="entropy patching is data-dependent: BltPatcher.forward builds "
+               "torch.distributions.Categorical(logits=logits) (models/blt/modeling_blt.py:909), whose argument "
+               "validation branches on tensor values (Eq(u0, 1)), and the number of patches then comes from the "
+               "entropies (patch_starts[:, :max_valid_patches] at line 967, int(segment_counts.max().item()) in "
+               "process_patch_lengths at line 821). Remove when the patcher yields a fixed number of patches with a "
+               "mask (and validate_args=False), or the sweep passes precomputed patch_lengths so the patcher is not "
+               "traced",
+    ),
+    ExportSkip(
+        classes=("EncodecModel",),
+        stage="export",
+        reason="EncodecConv1d keeps stride, kernel_size and padding_total as tensor buffers "
+               "(models/encodec/modeling_encodec.py:122-124), so the padding computed from them is a tensor and "
+               "_pad1d's 'if length <= max_pad' (line 150) is a branch on buffer values (Eq(u0, 1)). Remove when "
+               "EncodecConv1d keeps these as Python ints and computes the extra padding with integer arithmetic",
+    ),
+    ExportSkip(
+        classes=("MimiEncoderModel", "MimiModel", "PocketTTSAudioTokenizerEncoderModel",
+                 "PocketTTSAudioTokenizerModel"),
+        stage="export",
+        reason="the Encodec-style causal conv keeps stride/kernel_size/padding_total as tensor buffers "
+               "(models/mimi/modeling_mimi.py:286-288, models/pocket_tts_audio_tokenizer/"
+               "modeling_pocket_tts_audio_tokenizer.py:259-261) and pads by the tensor from "
+               "_get_extra_padding_for_conv1d, so every conv output length becomes an unbacked symbol and the "
+               "transformer's sdpa_attention_forward 'q_length > 1' (integrations/sdpa_attention.py:159) cannot be "
+               "decided. Remove when MimiConv1d / PocketTTSAudioTokenizerConv1d hold these as Python ints and compute "
+               "the padding with integer arithmetic",
+    ),
+    ExportSkip(
+        classes=("EomtForUniversalSegmentation", "EomtDinov3ForUniversalSegmentation"),
+        stage="export",
+        reason="the mask-annealing probabilities are a buffer read in Python control flow: "
+               "'self.training or self.attn_mask_probs[...] > 0' (models/eomt/modeling_eomt.py:1109, "
+               "models/eomt_dinov3/modeling_eomt_dinov3.py:1263) and 'if prob < 1' in _disable_attention_mask, which "
+               "would then draw torch.rand (eomt:1201-1203). Remove when EoMT decides the eval path without reading "
+               "attn_mask_probs values in Python (e.g. skip annealing when not training)",
+    ),
+    ExportSkip(
+        classes=("FastSpeech2ConformerModel", "FastSpeech2ConformerWithHifiGan"),
+        stage="export",
+        reason="the length regulator's output length is the sum of the predicted durations: length_regulator "
+               "branches on 'if duration_labels.sum() == 0' (models/fastspeech2_conformer/"
+               "modeling_fastspeech2_conformer.py:108), then sizes the output with torch.sum(...).max() and "
+               "repeat_interleave per sample (lines 112-124). Remove when the regulator is written with a static "
+               "maximum length and a mask (or the output length becomes an explicit, bounded input)",
+    ),
+    ExportSkip(
+        classes=("VideoMAEForPreTraining",),
+        stage="export",
+        reason="boolean-mask selection gives a data-dependent token count: VideoMAEEmbeddings keeps "
+               "embeddings[~bool_masked_pos] (models/videomae/modeling_videomae.py:121) and reshapes to "
+               "(batch, -1, C), so the sequence length is u0//2 and sdpa_attention_forward's 'q_length > 1' "
+               "(integrations/sdpa_attention.py:159) cannot be decided. Remove when VideoMAE gathers the visible "
+               "patches with a static count (the same number masked per sample, from config.mask_ratio)",
+    ),
+    ExportSkip(
+        classes=("LEDForConditionalGeneration", "LEDForQuestionAnswering", "LEDModel"),
+        stage="export",
+        reason="whether global attention runs is a Python bool read from the mask: LEDEncoder computes "
+               "is_global_attn = is_index_global_attn.flatten().any().item() (models/led/modeling_led.py:1445) and "
+               "LEDEncoderSelfAttention branches on it (line 193, Eq(u0, 1)); the global path then sizes tensors by "
+               "num_global_attn_indices.max(). Remove when LED computes the global-attention path unconditionally "
+               "with a static bound and a mask (or uses torch.cond)",
+    ),
+    ExportSkip(
+        classes=("LongformerForMaskedLM", "LongformerForMultipleChoice", "LongformerForQuestionAnswering",
+                 "LongformerForSequenceClassification", "LongformerForTokenClassification", "LongformerModel"),
+        stage="export",
+        reason="whether global attention runs is a Python bool read from the mask: LongformerEncoder computes "
+               "is_global_attn = ...any().item() (models/longformer/modeling_longformer.py:1175) and "
+               "LongformerSelfAttention branches on it (line 549); ForQuestionAnswering / ForMultipleChoice fail "
+               "earlier, in _get_question_end_index, which asserts the count of sep tokens found by .nonzero() "
+               "(line 341). Remove when Longformer computes the global-attention path unconditionally with a "
+               "static bound and a mask (or uses torch.cond) and locates the question end without nonzero",
+    ),
+    ExportSkip(
+        classes=("LightGlueForKeypointMatching", "SuperGlueForKeypointMatching"),
+        stage="export",
+        reason="the number of keypoints is data-dependent: the SuperPoint detector keeps "
+               "torch.nonzero(scores > keypoint_threshold) (models/superpoint/modeling_superpoint.py:244), then "
+               "top_k_keypoints branches on 'k >= len(keypoints)' (line 49, SuperGlue) and LightGlue on "
+               "'keypoints.shape[2] == 0' (models/lightglue/modeling_lightglue.py:698). Remove when SuperPoint "
+               "returns a fixed keypoint budget (top-k of max_keypoints with a validity mask) instead of nonzero",
+    ),
+    ExportSkip(
+        classes=("Ovis2ForConditionalGeneration", "Ovis2Model"),
+        stage="export",
+        reason="Ovis2Model.forward writes the visual indicator embeddings under 'if mask.any():' "
+               "(models/ovis2/modeling_ovis2.py:584), a Python branch on whether input_ids contain the indicator "
+               "token (Eq(u1, 1)). Remove when Ovis2 writes them unconditionally (torch.where with the mask, a no-op "
+               "when no indicator token is present)",
+    ),
+    ExportSkip(
+        classes=("Qwen2_5OmniThinkerForConditionalGeneration", "Qwen2_5OmniThinkerModel",
+                 "Qwen3OmniMoeThinkerForConditionalGeneration", "Qwen3OmniMoeThinkerModel"),
+        stage="export",
+        reason="the audio encoder packs variable-length audio by data-derived sizes before any attention (the "
+               "segmented-attention patch never fires): chunk_and_pad_features splits "
+               "input_features.T.split(chunk_lengths.tolist()) with chunk lengths computed from "
+               "feature_attention_mask.sum() (models/qwen2_5_omni/modeling_qwen2_5_omni.py:746, "
+               "models/qwen3_omni_moe/modeling_qwen3_omni_moe.py:682), after a boolean-mask selection of the frames "
+               "(qwen2_5_omni:1733, qwen3_omni_moe:1832). Remove when the audio towers chunk with static shapes and a validity mask "
+               "(fixed chunk grid over the padded features)",
+    ),
+    ExportSkip(
+        classes=("Qwen3ASREncoder", "Qwen3ASRForConditionalGeneration", "Qwen3ASRModel"),
+        stage="export",
+        reason="the attention windows come from the mask values: get_audio_cu_seqlens builds cu_seqlens in a "
+               "Python loop over per-sample lengths from input_features_mask (max().item(), "
+               "'[window_aftercnn] * (cnn_len // window_aftercnn)' at models/qwen3_asr/modeling_qwen3_asr.py:315), "
+               "and Qwen3ASREncoder.forward then keeps valid_mask.nonzero() frames (line 426), a data-dependent "
+               "length. Remove when the encoder computes windows as a static-shape mask over the padded chunk grid "
+               "instead of Python lists and nonzero",
+    ),
+    ExportSkip(
+        classes=("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration", "Qwen4ExpModel", "Qwen4ExpTextModel"),
+        stage="export",
+        reason="Qwen4ExpTextQSAIndexer.forward selects tokens per query in a Python loop over batch and query "
+               "positions with torch.nonzero(visible_token_indices[b, 0, q]) and branches on "
+               "'if num_complete_blocks > 0' (models/qwen4_exp/modeling_qwen4_exp.py:726-733), a count read from "
+               "the mask values. Remove when the indexer selects blocks with static shapes (mask-based top-k over a "
+               "fixed block grid) instead of nonzero per query",
+    ),
+    ExportSkip(
+        classes=("ReformerForMaskedLM", "ReformerForQuestionAnswering", "ReformerForSequenceClassification",
+                 "ReformerModel", "ReformerModelWithLMHead"),
+        stage="export",
+        reason="LSHSelfAttention._hash_vectors adds a padding bucket under "
+               "'attention_mask.sum().item() < batch_size * seq_len' (models/reformer/modeling_reformer.py:750), a "
+               "Python branch on mask values (u1 < 16); the hash rotations are also drawn with torch.randn in forward "
+               "(line 729) unless config.hash_seed is set. Remove when the padding bucket is always allocated "
+               "(static num_buckets) and the rotations are a fixed buffer or seeded input",
+    ),
+    ExportSkip(
+        classes=("SLANetForTableRecognition", "SLANeXtForTableRecognition"),
+        stage="export",
+        reason="the structure head decodes greedily with an early exit: 'if torch.stack(structure_ids_list, "
+               "dim=1).eq(out_channels - 1).any(-1).all(): break' (models/slanet/modeling_slanet.py:181, "
+               "models/slanext/modeling_slanext.py:589), so the number of steps (and the output length) depends on "
+               "the predictions. Remove when the head can run a fixed max_text_length steps and mask after the end "
+               "token (e.g. a flag to disable the early exit)",
+    ),
+    ExportSkip(
+        classes=("UdopForConditionalGeneration", "UdopModel"),
+        stage="export",
+        reason="combine_image_text_embeddings iterates the OCR-point tensor in Python ('rows, cols = zip(*ind)'; "
+               "'patch_inds[rows, cols] = False', models/udop/modeling_udop.py:218-219, which reads tensor data "
+               "while tracing) and then keeps image_embeddings[i][patch_inds[i]], a per-image count that depends on "
+               "the bbox values. Remove when Udop marks the OCR patches with tensor indexing and keeps all patches "
+               "with a mask instead of boolean compaction",
+    ),
+    ExportSkip(
+        classes=("ViltForQuestionAnswering", "ViltModel"),
+        stage="export",
+        reason="ViltEmbeddings.visual_embed interpolates the position embeddings to per-image sizes read from the "
+               "pixel mask (x_h, x_w from pixel_mask sums; nn.functional.interpolate(size=(h, w)) at "
+               "models/vilt/modeling_vilt.py:107), then selects patches with nonzero / unique and samples them with "
+               "torch.multinomial (lines 142-158). Remove when Vilt has a fixed-size path for full images (no "
+               "per-image sizes from mask values, no random patch sampling in eval)",
+    ),
+    ExportSkip(
+        classes=("DbrxForCausalLM", "DbrxModel"),
+        stage="export",
+        reason="DbrxExperts.forward loops 'for expert_idx in expert_hit' over the nonzero() of the routing mask "
+               "(models/dbrx/modeling_dbrx.py:292-295), a data-dependent iteration count (Eq(u0, 0) in unbind); "
+               "the class is not decorated with @use_experts_implementation, so the exporter's batched_mm switch "
+               "does not apply. Remove when DbrxExperts uses @use_experts_implementation (or a dense dispatch)",
+    ),
+    ExportSkip(
+        classes=("LongcatFlashForCausalLM", "LongcatFlashModel"),
+        stage="export",
+        reason="LongcatFlashExperts.forward loops 'for expert_idx_tensor in expert_hit' over nonzero() of the "
+               "routing mask with int(expert_idx_tensor.item()) and 'if token_idx.numel() == 0: continue' "
+               "(models/longcat_flash/modeling_longcat_flash.py:187-192), a data-dependent iteration; not decorated "
+               "with @use_experts_implementation (zero/identity experts). Remove when LongcatFlashExperts uses "
+               "@use_experts_implementation (or a dense dispatch that handles the zero experts)",
+    ),
+    ExportSkip(
+        classes=("OpenAIPrivacyFilterForTokenClassification", "OpenAIPrivacyFilterModel"),
+        stage="export",
+        reason="OpenAIPrivacyFilterPreTrainedModel.get_correct_experts_implementation defaults to 'eager' for "
+               "accumulation-order accuracy (models/openai_privacy_filter/modeling_openai_privacy_filter.py:422-425), "
+               "so the decorated experts run their eager loop 'for expert_idx in expert_hit' (line 281), a "
+               "data-dependent iteration over nonzero(). Remove when the sweep builds it with "
+               "experts_implementation='batched_mm' (or transformers defaults it to a vectorized implementation)",
+    ),
+    ExportSkip(
+        classes=("Step3p7ForConditionalGeneration", "Step3p7Model"),
+        stage="export",
+        reason="Step3p7Experts.forward loops 'for expert_idx in hit' over nonzero() of the routing mask "
+               "(models/step3p7/modeling_step3p7.py:564-565), a data-dependent iteration (Eq(u4, 0) in unbind); "
+               "the class is not decorated with @use_experts_implementation, so the exporter's batched_mm switch "
+               "does not apply. Remove when Step3p7Experts uses @use_experts_implementation",
+    ),
+    ExportSkip(
+        classes=("SwitchTransformersForConditionalGeneration", "SwitchTransformersModel"),
+        stage="export",
+        reason="SwitchTransformersSparseMLP.forward loops 'for expert_idx in expert_hit' over the nonzero() of "
+               "the routing mask (models/switch_transformers/modeling_switch_transformers.py:174), a "
+               "data-dependent iteration count (Eq(u0, 0) in unbind); the experts are not decorated with "
+               "@use_experts_implementation, so the exporter's batched_mm switch does not apply (the router's "
+               "in-forward classifier cast is handled by the torch.nn.Module.to patch). Remove when the sparse MLP "
+               "uses @use_experts_implementation (or a dense dispatch)",
+    ),
+    ExportSkip(
+        classes=("HunYuanVLForConditionalGeneration", "HunYuanVLModel"),
+        stage="export",
+        reason="HunYuanVLModel.get_placeholder_mask checks 'inputs_embeds[special_image_mask].numel() != "
+               "image_features.numel()' in Python (models/hunyuan_vl/modeling_hunyuan_vl.py:1006): a boolean-mask "
+               "selection has a data-dependent size (Ne(u0, 640)). Remove when HunYuanVL checks the token count with "
+               "torch_compilable_check(n_image_tokens * hidden == image_features.numel()), as Qwen2-VL does",
+    ),
+    ExportSkip(
+        classes=("ColQwen2ForRetrieval",),
+        stage="export",
+        reason="ColQwen2ForRetrieval.forward unpads its processor-padded pixel_values with a boolean mask, "
+               "pixel_values[arange(max_len) < image_grid_thw[:, 1] * image_grid_thw[:, 2]] "
+               "(models/colqwen2/modeling_colqwen2.py:125-130), so the patch count is data-dependent (u0 > 1 in "
+               "sdpa_attention_forward); its forward also takes no mm_token_type_ids, so the multimodal RoPE "
+               "positions cannot be precomputed either. Remove when ColQwen2 unpads by slicing per image with "
+               "sizes from image_grid_thw (or takes unpadded pixel_values) and forwards mm_token_type_ids",
+    ),
 )

@@ -605,3 +605,41 @@ def test_constant_outputs_are_not_named_as_tensor_outputs(backend):
     art = get_exporter(backend, registry=Registry()).export(_SizesNextToTensors(), inputs)
     assert art.output_names == ["hidden", "pooled"]
     assert_close(flatten_outputs(_SizesNextToTensors()(**inputs)), art(**inputs), backend)
+
+
+class _CastsItsRouter(torch.nn.Module):
+    """Casts a submodule inside forward, as SwitchTransformers' router does."""
+
+    def __init__(self):
+        super().__init__()
+        self.classifier = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        self.classifier = self.classifier.to(torch.float32)
+        return self.classifier(x)
+
+
+def test_a_no_op_module_cast_in_forward_is_traced_through():
+    inputs = {"x": torch.randn(2, 4)}
+    with pytest.raises(ExportStageError, match="swap"):
+        exporters.DynamoExporter(registry=Registry()).export(_CastsItsRouter(), inputs)
+    model = _CastsItsRouter()
+    art = exporters.DynamoExporter().export(model, inputs)
+    assert "patch:dynamo:torch.nn.Module.to" in art.workarounds_fired
+    assert_close(flatten_outputs(model(**inputs)), art(**inputs), "dynamo")
+
+
+class _WindowIndex(torch.nn.Module):
+    """Builds a gather index from a plain arange compacted by a mask, as get_vision_window_index does."""
+
+    def forward(self, x, image_grid_thw):
+        t, h, w = (int(v) for v in image_grid_thw[0])
+        index = torch.arange(t * h * w)
+        keep = index[index % 2 == 0]  # a boolean compaction: data-dependent unless the values are concrete
+        return x[keep] * 2
+
+
+def test_index_ranges_built_from_baked_sizes_stay_concrete():
+    inputs = {"x": torch.randn(8, 3), "image_grid_thw": torch.tensor([[1, 2, 4]])}
+    art = exporters.DynamoExporter(registry=Registry()).export(_WindowIndex(), inputs)
+    assert_close(flatten_outputs(_WindowIndex()(**inputs)), art(**inputs), "dynamo")

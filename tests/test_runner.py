@@ -25,3 +25,23 @@ def test_reference_uses_the_layout_and_placeholders_the_zoo_validated(class_name
     assert sorted(ref.expected) == sorted(expected)
     for name, value in expected.items():
         assert torch.equal(ref.expected[name], value), name
+
+
+def test_an_item_leaves_no_generated_graph_source_behind():
+    """torch.fx keeps the source of every recompiled GraphModule forever (eval_cache + linecache):
+    a sweep item drops what it generated, or each export adds to the worker's resident memory."""
+    import linecache
+
+    from torch.fx import graph_module
+
+    from sweeps.runner import Case, run_case
+    from sweeps.zoo import resolve_models
+
+    (entry,) = [e for e in resolve_models(["BertModel"]) if e.class_name == "BertModel"]
+    record = {}
+    run_case(Case("dynamo", "static", entry), record.__setitem__)  # warm: builds the reference
+    before = set(graph_module._loader.eval_cache)
+    run_case(Case("dynamo", "static", entry), record.__setitem__)
+    assert record["stage"] == "done"
+    assert set(graph_module._loader.eval_cache) == before
+    assert not [k for k in linecache.cache if k.startswith("<eval_with_key>") and k not in before]

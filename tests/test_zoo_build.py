@@ -255,3 +255,17 @@ def test_mrope_models_get_their_own_position_ids_as_an_input():
     expected = run_forward(tiny.model, without).last_hidden_state
     torch.testing.assert_close(tiny.outputs.last_hidden_state, expected, rtol=0, atol=0)
     assert "position_ids" not in build_tiny("LlamaModel").inputs  # 1D rope: left to the model
+
+
+def test_random_masking_and_sampling_models_get_deterministic_inputs():
+    # forwards that draw torch.rand / randn unless told otherwise (ViT-MAE's random_masking, VibeVoice's
+    # sample=True): the zoo passes a seeded `noise` / sample=False so that eager and export can be compared
+    from sweeps.zoo.build import run_forward
+
+    tiny = build_tiny("ViTMAEModel")
+    noise = tiny.inputs["noise"]
+    assert isinstance(noise, torch.Tensor) and noise.shape == (2, 16)  # (B, num_patches): 32 px / 8 px patches
+    a, b = run_forward(tiny.model, tiny.inputs), run_forward(tiny.model, tiny.inputs)
+    torch.testing.assert_close(a.last_hidden_state, b.last_hidden_state, rtol=0, atol=0)
+    assert torch.equal(a.ids_restore, b.ids_restore)
+    assert build_tiny("VibeVoiceAcousticTokenizerModel").inputs["sample"] is False

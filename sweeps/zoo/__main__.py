@@ -58,7 +58,8 @@ def _child(entry, seed, conn):
             rec["status"] = "ok"
             rec["params"] = tiny.num_parameters
             rec["attn"] = tiny.attn_implementation
-            rec["inputs"] = {k: list(v.shape) for k, v in tiny.inputs.items()}
+            # shapes; a non-tensor kwarg from an override's "values" (sample=False) as itself
+            rec["inputs"] = {k: list(v.shape) if hasattr(v, "shape") else v for k, v in tiny.inputs.items()}
         except NoTensorForward as exc:
             rec["status"] = "untestable"
             rec["error"] = str(exc)[:500]

@@ -490,6 +490,9 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
     for name, recipe in (spec.get("tensors") or {}).items():  # explicit tensors (data from overrides)
         if name in params:  # a model-type entry serves several classes: each takes its own
             out[name] = tensor_from_recipe(gen, config, recipe, out, vocab, avoid)
+    for name, value in (spec.get("values") or {}).items():  # non-tensor kwargs (data from overrides), e.g.
+        if name in params:  # sample=False for a forward that otherwise draws noise; exporters bake them
+            out[name] = value
     # parameters the generic rules cannot name: the shape the forward's docstring documents.  For
     # required ones, and for every documented tensor when nothing above applied (a forward over
     # domain-specific tensors: trajectories, latents, ...)

@@ -12,7 +12,9 @@ can add entries in parallel.  Each entry::
                                                   # that only runs at a smaller batch; say why),
                                                   # drop [input names],
                                                   # tensors {name: recipe} (inputs.tensor_from_recipe:
-                                                  # shape dims int / "B" / "S" / config expression)
+                                                  # shape dims int / "B" / "S" / config expression),
+                                                  # values {name: python value} (a non-tensor kwarg,
+                                                  # e.g. sample=False; baked by the exporters)
     }
 
 Merged here; a model type defined in two modules is an error.  Prefer a better generic

@@ -140,8 +140,22 @@ OVERRIDES: dict[str, dict] = {
     "SeamlessM4TModel": _SEAMLESS_TEXT,
     "SeamlessM4Tv2Model": _SEAMLESS_TEXT,
     "qwen2_audio": {
-        "reason": "legacy merge: one audio_token_index per sample in input_ids, expanded by the model itself",
-        "inputs": {"place": {"audio_token_index": [1]}},
+        "reason": "processor layout: one audio token per encoder frame, 128 mel frames -> (128-1)//2+1 = 64 -> (64-2)//2+1 = 32 "
+                  "per sample (the legacy 1-token merge is eager-only: export takes the expanded path)",
+        "inputs": {"seq_len": 40, "place": {"audio_token_index": list(range(1, 33))}},
+    },
+    "vits": {
+        "reason": "the duration predictor and the prior add torch.randn * noise_scale(_duration): zero scales make the "
+                  "forward deterministic (eager and export draw different noise)",
+        "config": {"noise_scale": 0.0, "noise_scale_duration": 0.0},
+    },
+    "vibevoice_acoustic_tokenizer": {
+        "reason": "sample=True (default) adds vae_std * randn noise to the latents: sample=False keeps the forward deterministic",
+        "inputs": {"values": {"sample": False}},
+    },
+    "vibevoice_asr": {
+        "reason": "sample=True (default) adds vae_std * randn noise to the acoustic latents: sample=False keeps it deterministic",
+        "inputs": {"values": {"sample": False}},
     },
     "fun_asr_nano": {
         "reason": "validator: adaptor_config.intermediate_size must equal text_config.hidden_size // 4",

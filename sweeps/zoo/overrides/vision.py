@@ -97,6 +97,14 @@ OVERRIDES: dict[str, dict] = {
     "HieraForPreTraining": {
         "reason": "the MAE decoder sizes default to None (only pretraining builds a decoder); 64 px gives 2x2 mask units to mask",
         "config": {"decoder_hidden_size": 32, "decoder_depth": 1, "decoder_num_heads": 2, "image_size": [64, 64]},
+        # random_masking draws torch.rand(B, prod(mask_spatial_shape)) unless given `noise`: a seeded one instead;
+        # mask_spatial_shape = image_size // patch_stride // masked_unit_size = 64 // 4 // 8 = 2x2 -> 4 mask units
+        "inputs": {"tensors": {"noise": {"shape": ["B", 4], "kind": "rand"}}},
+    },
+    "vit_mae": {
+        "reason": "random_masking draws torch.rand(B, num_patches) unless given `noise` (eager and export would mask "
+                  "different patches): a seeded uniform noise of that shape",
+        "inputs": {"tensors": {"noise": {"shape": ["B", "(image_size // patch_size) * (image_size // patch_size)"], "kind": "rand"}}},
     },
     "hiera": {
         "reason": "width doubles per stage (x2 over 4 stages) and the pretraining fusion heads scale with the last stage: start at 8",
