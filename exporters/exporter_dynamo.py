@@ -35,6 +35,7 @@ class Traced:
     input_specs: dict[str, tuple[tuple[int, ...], torch.dtype, dict[int, dict]]]
     constants: dict[str, Any]
     guards: Any = None  # callable(*tensors) raising AssertionError("Guard failed: ...")
+    module: Any = None  # program.module(), built once (module_with_guards); the dynamo artifact runs it
 
     def artifact_kwargs(self, fired: FiredLog, config: ExportConfig) -> dict[str, Any]:
         return dict(input_names=self.input_names, output_names=self.output_names, input_specs=self.input_specs,
@@ -434,21 +435,23 @@ def drop_constant_outputs(program: torch.export.ExportedProgram) -> torch.export
     return program
 
 
-def _guards_of(program: torch.export.ExportedProgram) -> Any:
-    """The callable torch.export builds from the shape conditions it recorded (``s0 // 8 != 1``...),
-    or None. ``ExportedProgram.module()`` skips building it when any frame on the call stack comes from
-    a file whose path contains "executorch" (``torch.export._unlift._ok_to_generate_guards_fn``), so
-    called from ``exporter_executorch.py`` it silently returned no guards and the ExecuTorch artifact
-    ran shapes the program was not exported for. Ask for the guards with that stack check off."""
+def module_with_guards(program: torch.export.ExportedProgram) -> torch.nn.Module:
+    """``program.module()``, with the guard function torch.export builds from the shape conditions it
+    recorded (``s0 // 8 != 1``...) as its ``_guards_fn``. ``ExportedProgram.module()`` skips building it
+    when any frame on the call stack comes from a file whose path contains "executorch"
+    (``torch.export._unlift._ok_to_generate_guards_fn``), so called from ``exporter_executorch.py`` it
+    silently returned no guards and the ExecuTorch artifact ran shapes the program was not exported
+    for. Ask for the guards with that stack check off. The dynamo artifact runs this same module:
+    unlifting the program is a recompile, done once per export, not once for the guards and again
+    for the artifact."""
     from unittest import mock
 
     from torch.export import _unlift
 
-    check = getattr(_unlift, "_ok_to_generate_guards_fn", None)
-    if check is None:  # a torch without the stack check: nothing to switch off
-        return getattr(program.module(), "_guards_fn", None)
+    if getattr(_unlift, "_ok_to_generate_guards_fn", None) is None:  # no stack check: nothing to switch off
+        return program.module()
     with mock.patch.object(_unlift, "_ok_to_generate_guards_fn", lambda: True):
-        return getattr(program.module(), "_guards_fn", None)
+        return program.module()
 
 
 def trace(
@@ -486,9 +489,13 @@ def trace(
     for name, ph_name in zip(names, user_inputs):
         val = placeholders[ph_name].meta["val"]
         specs[name] = (tuple(tensors[name].shape), tensors[name].dtype, _dims_of(program, val))
-    guards = _guards_of(program) if any(d for _, _, d in specs.values()) else None
     output_names = output_names_of(program)
-    return Traced(drop_constant_outputs(program), names, output_names, specs, constants, guards)
+    program = drop_constant_outputs(program)
+    # the guards live on program.module(): build it only when there are dynamic dims to guard (the
+    # ONNX and ExecuTorch exporters need no module otherwise); the dynamo artifact reuses it
+    module = module_with_guards(program) if any(d for _, _, d in specs.values()) else None
+    guards = getattr(module, "_guards_fn", None)
+    return Traced(program, names, output_names, specs, constants, guards, module)
 
 
 # ── the exporter ─────────────────────────────────────────────────────────────
@@ -498,10 +505,10 @@ class DynamoArtifact(Artifact):
     backend = "dynamo"
     file_name = "model.pt2"
 
-    def __init__(self, program: torch.export.ExportedProgram, **kwargs):
+    def __init__(self, program: torch.export.ExportedProgram, module: torch.nn.Module | None = None, **kwargs):
         super().__init__(**kwargs)
         self.program = program
-        self._module = program.module()
+        self._module = module if module is not None else program.module()
 
     def _run(self, ordered):
         out = self._module(**dict(zip(self.input_names, ordered)))
@@ -519,4 +526,4 @@ class DynamoExporter(Exporter):
         config = config or DynamoConfig()
         fired = FiredLog()
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, self.registry.patches("dynamo"), fired), fired)
-        return DynamoArtifact(traced.program, **traced.artifact_kwargs(fired, config))
+        return DynamoArtifact(traced.program, traced.module, **traced.artifact_kwargs(fired, config))
