@@ -24,11 +24,9 @@ warnings.filterwarnings("ignore")
 
 
 def _case(name: str):
-    from sweeps.runner import Case
-    from sweeps.zoo import resolve_models
+    from sweeps.repro import parse_item
 
-    (entry,) = [e for e in resolve_models([name]) if e.class_name == name]
-    return Case("dynamo", "static", entry)
+    return parse_item(f"dynamo-static-{name}")
 
 
 def rounds(models: list[str], n: int) -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 def pytest_collection_finish(session):
     import transformers
 
-    classes = sorted({item.callspec.id.split("-", 2)[2] for item in session.items if hasattr(item, "callspec")})
+    classes = sorted({item.callspec.params["sweep_case"].entry.class_name for item in session.items
+                      if "sweep_case" in getattr(getattr(item, "callspec", None), "params", {})})
     failed = []
     for name in classes:
         try:

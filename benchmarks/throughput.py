@@ -36,18 +36,22 @@ def sample(n: int) -> list[str]:
     return [e.class_name for e in entries[::step][:n]]
 
 
-def throughput(backend: str, classes: list[str], workers: list[int], variant: str | None) -> None:
+def sweep(name: str, classes: list[str], *args: str) -> tuple[str, float]:
+    """Run ``pytest sweeps`` over ``classes`` with ``args``, logging to results/tmp/NAME.jsonl;
+    return the log path and the wall time."""
     os.makedirs(os.path.join(ROOT, "results", "tmp"), exist_ok=True)
+    log = os.path.join(ROOT, "results", "tmp", f"{name}.jsonl")
+    cmd = [sys.executable, "-m", "pytest", "sweeps", "-q", "-p", "no:cacheprovider", f"--report-log={log}", *args]
+    start = time.perf_counter()
+    subprocess.run(cmd + [f"--model={c}" for c in classes], cwd=ROOT, capture_output=True, text=True)
+    return log, time.perf_counter() - start
+
+
+def throughput(backend: str, classes: list[str], workers: list[int], variant: str | None) -> None:
     results = {}
     for n in workers:
-        log = os.path.join(ROOT, "results", "tmp", f"throughput-{backend}-n{n}.jsonl")
-        cmd = [sys.executable, "-m", "pytest", "sweeps", f"--backend={backend}", "-q", "-p", "no:cacheprovider",
-               f"--report-log={log}", "-n", str(n)] + [f"--model={c}" for c in classes]
-        if variant:
-            cmd.append(f"--variant={variant}")
-        start = time.perf_counter()
-        subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        wall = time.perf_counter() - start
+        args = [f"--backend={backend}", "-n", str(n)] + ([f"--variant={variant}"] if variant else [])
+        log, wall = sweep(f"throughput-{backend}-n{n}", classes, *args)
         items = sum(1 for line in open(log) if '"when": "call"' in line)
         results[n] = items / wall * 60
         print(f"{backend} -n {n}: {items} items in {wall:.1f} s = {results[n]:.1f} items/min", flush=True)
@@ -75,15 +79,11 @@ def memory_run(n: int, preload: bool) -> None:
     from sweeps.zoo import catalog
 
     classes = [e.class_name for e in catalog() if not e.blocked_by][:n]
-    os.makedirs(os.path.join(ROOT, "results", "tmp"), exist_ok=True)
-    log = os.path.join(ROOT, "results", "tmp", f"memory-{n}{'-preload' if preload else ''}.jsonl")
-    cmd = [sys.executable, "-m", "pytest", "sweeps", "--backend=dynamo", "--variant=static", "-q",
-           "-p", "no:cacheprovider", "-n", "0", "--timeout=300", f"--report-log={log}"]
-    cmd += ["-p", "benchmarks.preload_modeling"] if preload else []
-    start = time.perf_counter()
-    subprocess.run(cmd + [f"--model={c}" for c in classes], cwd=ROOT, capture_output=True, text=True)
+    args = ["--backend=dynamo", "--variant=static", "-n", "0", "--timeout=300"]
+    args += ["-p", "benchmarks.preload_modeling"] if preload else []
+    log, wall = sweep(f"memory-{n}{'-preload' if preload else ''}", classes, *args)
     print(f"{n} classes, dynamo static, -n 0{', modeling modules preloaded' if preload else ''}: "
-          f"{time.perf_counter() - start:.0f} s wall, log {os.path.relpath(log, ROOT)}")
+          f"{wall:.0f} s wall, log {os.path.relpath(log, ROOT)}")
     memory(log)
 
 

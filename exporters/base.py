@@ -219,11 +219,12 @@ def run_stage(stage: str, backend: str, fn: Callable[[], Any], fired: Any = None
     try:
         return fn()
     except ExportStageError as exc:
-        if fired is not None:
-            exc.workarounds_fired = fired.names()
-        raise
+        raise _with_fired(exc, fired)
     except Exception as exc:  # noqa: BLE001 - re-raised with the stage attached
-        error = ExportStageError(stage, backend, exc)
-        if fired is not None:
-            error.workarounds_fired = fired.names()
-        raise error from exc
+        raise _with_fired(ExportStageError(stage, backend, exc), fired) from exc
+
+
+def _with_fired(error: ExportStageError, fired: Any) -> ExportStageError:
+    if fired is not None:
+        error.workarounds_fired = fired.names()
+    return error

@@ -10,11 +10,13 @@ import base64
 import contextlib
 import dataclasses
 import inspect
+import itertools
 import pickle
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+from torch.export.graph_signature import ConstantArgument, OutputKind
 from torch.utils import _pytree as pytree
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
@@ -55,12 +57,10 @@ def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], cons
 
     def forward(*args, **kwargs):
         kwargs.update(zip(tensor_names, args))
-        # baked tensor inputs go in as ConcreteTensors (exporters/specialize.py)
+        # baked tensor inputs go in as real copies whose values stay concrete (exporters/specialize.py)
         baked = {k: concrete(v) if isinstance(v, torch.Tensor) else v for k, v in constants.items()}
         tensors = [v for v in baked.values() if isinstance(v, torch.Tensor)]
-        if not tensors:
-            return bound_forward(**kwargs, **baked)
-        with ConcreteValues(tensors):
+        with ConcreteValues(tensors) if tensors else contextlib.nullcontext():
             return bound_forward(**kwargs, **baked)
 
     forward.__signature__ = inspect.Signature(
@@ -99,11 +99,10 @@ def _patch_module_cast_in_forward(original):
 
     def to(self, *args, **kwargs):
         device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-        tensors = list(self.parameters()) + list(self.buffers())
         unchanged = memory_format is None and all(
             (dtype is None or not (t.is_floating_point() or t.is_complex()) or t.dtype == dtype)
             and (device is None or t.device == torch.device(device))
-            for t in tensors
+            for t in itertools.chain(self.parameters(), self.buffers())
         )
         return self if unchanged else original(self, *args, **kwargs)
 
@@ -399,8 +398,6 @@ def _dims_of(program: torch.export.ExportedProgram, value: Any) -> dict[int, dic
 def output_names_of(program: torch.export.ExportedProgram) -> list[str]:
     """Names of the tensor outputs, in the program's flat order, using the eager naming."""
     out_spec = program.call_spec.out_spec
-    from torch.export.graph_signature import ConstantArgument, OutputKind
-
     # an output leaf the program returns as a constant (an int, a None, a bool) is not a tensor output:
     # keep its value, so that it is not named (MaskFormerSwin returns spatial sizes next to its tensors)
     user = [o.arg for o in program.graph_signature.output_specs if o.kind == OutputKind.USER_OUTPUT]
@@ -419,8 +416,6 @@ def drop_constant_outputs(program: torch.export.ExportedProgram) -> torch.export
     ("Could not infer dtype of NoneType") takes; they are fixed by the trace anyway, and the artifact
     names only tensor outputs (``output_names_of`` is read before this). The program's output then is
     the flat list of its tensor outputs."""
-    from torch.export.graph_signature import ConstantArgument, OutputKind
-
     specs = list(program.graph_signature.output_specs)
     drop = {i for i, o in enumerate(specs) if o.kind == OutputKind.USER_OUTPUT and isinstance(o.arg, ConstantArgument)}
     if not drop:

@@ -394,12 +394,14 @@ def skips_report(entries: Sequence[Any] | None = None, *, today: datetime.date |
     return out
 
 
-def skips_markdown(groups: Sequence[dict[str, Any]]) -> str:
+def skips_markdown(groups: Sequence[dict[str, Any]], *, title: str = "EXPORT_SKIPS by the model-side change they ask for",
+                   level: int = 1) -> str:
+    """The groups as Markdown under a ``level``-deep ``title`` heading, one heading per change below it."""
     if not groups:
         return "EXPORT_SKIPS is empty: every model class is in the sweep, nothing to re-check.\n"
-    lines = ["# EXPORT_SKIPS by the model-side change they ask for", ""]
+    lines = [f"{'#' * level} {title}", ""]
     for group in groups:
-        lines += [f"## {group['change']}", "",
+        lines += [f"{'#' * (level + 1)} {group['change']}", "",
                   "| entry | models | backends | variants | stage | since | upstream | cause |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for e in group["entries"]:

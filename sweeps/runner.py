@@ -181,11 +181,16 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
             record("rss_mb", rss)  # benchmarks/throughput.py reads the growth per worker from these
 
 
-def _generated_code_keys() -> set[str]:
+def _fx_source_cache() -> dict | None:
+    """``torch.fx.graph_module._loader.eval_cache``: the source of every recompiled GraphModule."""
     from torch.fx import graph_module
 
-    loader = getattr(graph_module, "_loader", None)
-    return set(getattr(loader, "eval_cache", ()))
+    cache = getattr(getattr(graph_module, "_loader", None), "eval_cache", None)
+    return cache if isinstance(cache, dict) else None
+
+
+def _generated_code_keys() -> set[str]:
+    return set(_fx_source_cache() or ())
 
 
 def _forget_generated_code(before: set[str]) -> None:
@@ -195,13 +200,8 @@ def _forget_generated_code(before: set[str]) -> None:
     sweep. After the item its graphs are gone; only their traceback source lines would need it."""
     import linecache
 
-    from torch.fx import graph_module
-
-    loader = getattr(graph_module, "_loader", None)
-    cache = getattr(loader, "eval_cache", None)
-    if not isinstance(cache, dict):
-        return
-    for key in [k for k in cache if k not in before]:
+    cache = _fx_source_cache()
+    for key in [k for k in cache or () if k not in before]:
         del cache[key]
         linecache.cache.pop(key, None)
 

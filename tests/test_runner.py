@@ -34,14 +34,14 @@ def test_an_item_leaves_no_generated_graph_source_behind():
 
     from torch.fx import graph_module
 
-    from sweeps.runner import Case, run_case
-    from sweeps.zoo import resolve_models
+    from sweeps.repro import parse_item
+    from sweeps.runner import run_case
 
-    (entry,) = [e for e in resolve_models(["BertModel"]) if e.class_name == "BertModel"]
+    case = parse_item("dynamo-static-BertModel")
     record = {}
-    run_case(Case("dynamo", "static", entry), record.__setitem__)  # warm: builds the reference
+    run_case(case, record.__setitem__)  # warm: builds the reference
     before = set(graph_module._loader.eval_cache)
-    run_case(Case("dynamo", "static", entry), record.__setitem__)
+    run_case(case, record.__setitem__)
     assert record["stage"] == "done"
     assert set(graph_module._loader.eval_cache) == before
     assert not [k for k in linecache.cache if k.startswith("<eval_with_key>") and k not in before]

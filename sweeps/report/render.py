@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sweeps.recheck import skips_markdown, skips_report
 from sweeps.report import summary as S
 from sweeps.report.load import OUTCOMES, Result
 
@@ -38,7 +39,7 @@ class Report:
         self.workarounds = S.workaround_rows(results, registered)
         self.columns, self.matrix = S.matrix(results)
         self.onnx_disabled = S.onnx_optimize_disabled(results)
-        self.skips = _skip_groups()
+        self.skips = skips_report()  # the current EXPORT_SKIPS with their age from git
 
     # ── Markdown ──
 
@@ -98,12 +99,7 @@ class Report:
 
     def _md_skips(self) -> list[str]:
         """EXPORT_SKIPS as of the report's checkout, by the change that removes them, with age."""
-        from sweeps.recheck import skips_markdown
-
-        text = skips_markdown(self.skips).replace("# EXPORT_SKIPS by the model-side change they ask for",
-                                                  "## EXPORT_SKIPS by the change that removes them")
-        return [line.replace("## ", "### ", 1) if line.startswith("## ") and not line.startswith("## EXPORT")
-                else line for line in text.splitlines()] + [""]
+        return skips_markdown(self.skips, title="EXPORT_SKIPS by the change that removes them", level=2).splitlines() + [""]
 
     def _md_onnx(self) -> list[str]:
         if not self.onnx_disabled:
@@ -162,9 +158,3 @@ class Report:
                                  encoding="utf-8")
         return paths
 
-
-def _skip_groups() -> list[dict]:
-    """``sweeps.recheck.skips_report()``: the current EXPORT_SKIPS with their age from git."""
-    from sweeps.recheck import skips_report
-
-    return skips_report()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,28 +194,28 @@ def _instantiate(cls, config, attn: str):
     return cls._from_config(config, attn_implementation=attn, dtype=torch.float32)
 
 
-def _first_nonfinite(obj, prefix="out") -> str | None:
+def _named_leaves(obj, prefix="out"):
+    """``(name, leaf)`` for every leaf of a model output (ModelOutput, dict, list, tuple, tensor)."""
     if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point() or obj.is_complex():
-            if not torch.isfinite(obj).all():
-                return prefix
-        return None
-    if hasattr(obj, "to_tuple") and hasattr(obj, "keys"):
+        yield prefix, obj
+    elif hasattr(obj, "to_tuple") and hasattr(obj, "keys"):
         for k in obj.keys():
-            r = _first_nonfinite(obj[k], f"{prefix}.{k}")
-            if r:
-                return r
-        return None
-    if isinstance(obj, dict):
+            yield from _named_leaves(obj[k], f"{prefix}.{k}")
+    elif isinstance(obj, dict):
         for k, v in obj.items():
-            r = _first_nonfinite(v, f"{prefix}.{k}")
-            if r:
-                return r
-    if isinstance(obj, (list, tuple)):
+            yield from _named_leaves(v, f"{prefix}.{k}")
+    elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            r = _first_nonfinite(v, f"{prefix}[{i}]")
-            if r:
-                return r
+            yield from _named_leaves(v, f"{prefix}[{i}]")
+    else:
+        yield prefix, obj
+
+
+def _first_nonfinite(obj, prefix="out") -> str | None:
+    for name, leaf in _named_leaves(obj, prefix):
+        if isinstance(leaf, torch.Tensor) and (leaf.is_floating_point() or leaf.is_complex()) \
+                and not torch.isfinite(leaf).all():
+            return name
     return None
 
 
@@ -285,8 +287,6 @@ _MODAL_MAIN = {"image": "pixel_values", "video": "pixel_values_videos", "audio":
 
 def _count_features(model, config, inputs, modality: str) -> int | None:
     """Number of placeholder tokens the model's own feature extractor produces (all images)."""
-    import inspect
-
     fn = getattr(model, f"get_{modality}_features", None)
     if fn is None:
         inner = getattr(model, "model", None)
@@ -384,8 +384,6 @@ def _mrope_positions(model, inputs: dict) -> Any:
     preprocessing next to the processor and pass ``position_ids``; the zoo does the same, so the
     export covers the network and the positions stay exactly the model's. ``None`` when the class
     has no such method, its forward takes no ``position_ids``, or the inputs already carry them."""
-    import inspect
-
     if "position_ids" in inputs or "input_ids" not in inputs:
         return None
     try:
@@ -408,8 +406,6 @@ def _mrope_positions(model, inputs: dict) -> Any:
                 kwargs["inputs_embeds"] = embeds
             positions = core.compute_3d_position_ids(**kwargs)
     except Exception as exc:  # noqa: BLE001 - the export then meets the data-dependent code, visibly
-        import warnings
-
         warnings.warn(f"{type(model).__name__}: compute_3d_position_ids failed ({type(exc).__name__}: {exc}); "
                       "the inputs carry no position_ids", stacklevel=2)
         return None
@@ -420,15 +416,17 @@ def _mrope_positions(model, inputs: dict) -> Any:
 
 
 def _same_outputs(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) or torch.allclose(a, b, atol=1e-6, rtol=0))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same_outputs(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same_outputs(x, y) for x, y in zip(a, b))
-    if hasattr(a, "to_tuple") and hasattr(b, "to_tuple"):
-        return _same_outputs(a.to_tuple(), b.to_tuple())
-    return type(a) is type(b)
+    left, right = dict(_named_leaves(a)), dict(_named_leaves(b))
+    if left.keys() != right.keys():
+        return False
+    for name, x in left.items():
+        y = right[name]
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype or not (torch.equal(x, y) or torch.allclose(x, y, atol=1e-6, rtol=0)):
+                return False
+        elif type(x) is not type(y):
+            return False
+    return True
 
 
 def _with_mrope_positions(model, inputs: dict, out: Any) -> tuple[dict, Any]:
@@ -440,8 +438,6 @@ def _with_mrope_positions(model, inputs: dict, out: Any) -> tuple[dict, Any]:
     with_positions = {**inputs, "position_ids": positions}
     out2 = run_forward(model, with_positions)
     if not _same_outputs(out, out2):
-        import warnings
-
         warnings.warn(f"{type(model).__name__}: outputs differ with precomputed position_ids; the zoo keeps "
                       "the inputs without them", stacklevel=2)
         return inputs, out
