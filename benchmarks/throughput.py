@@ -51,12 +51,19 @@ def throughput(backend: str, classes: list[str], workers: list[int], variant: st
     results = {}
     for n in workers:
         args = [f"--backend={backend}", "-n", str(n)] + ([f"--variant={variant}"] if variant else [])
-        log, wall = sweep(f"throughput-{backend}-n{n}", classes, *args)
-        items = sum(1 for line in open(log) if '"when": "call"' in line)
+        log, wall = sweep(f"throughput-{backend}{'-' + variant if variant else ''}-n{n}", classes, *args)
+        outcomes = collections.Counter(_outcome(json.loads(line)) for line in open(log) if '"when": "call"' in line)
+        items = sum(outcomes.values())
         results[n] = items / wall * 60
-        print(f"{backend} -n {n}: {items} items in {wall:.1f} s = {results[n]:.1f} items/min", flush=True)
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
+        print(f"{backend}{' ' + variant if variant else ''} -n {n}: {items} items ({counts}) in {wall:.1f} s "
+              f"= {results[n]:.1f} items/min", flush=True)
     if 0 in results and 2 in results:
         print(f"{backend}: -n 2 / -n 0 speed-up = {results[2] / results[0]:.2f}x")
+
+
+def _outcome(report: dict) -> str:
+    return "xfailed" if report.get("wasxfail") is not None else report.get("outcome", "?")
 
 
 def memory(log: str) -> None:

@@ -431,3 +431,50 @@ def test_unit_tests_in_the_same_log_are_not_matrix_rows(tmp_path):
                               line("tests/test_repro.py::test_id[sweeps/test_export.py::test_export[onnx-static-X]]"),
                               line("sweeps/test_export.py::test_export[onnx-static-BertModel]")]) + "\n")
     assert [r.nodeid for r in load_any(log)] == ["sweeps/test_export.py::test_export[onnx-static-BertModel]"]
+
+
+def _peer_json(tmp_path):
+    """A peer comparison file as ``benchmarks/peer_compare.py --json`` writes it."""
+    sys.path.insert(0, str(Path(REPO) / "benchmarks"))
+    import peer_compare as pc
+
+    rows = [
+        {"class": "BertModel", "backend": "onnx", "variant": "static", "ours": "pass", "peer": "pass"},
+        {"class": "LlamaModel", "backend": "onnx", "variant": "static", "ours": "fail", "peer": "pass",
+         "ours_error": "DispatchError: aten.index_put"},
+        {"class": "DetrForObjectDetection", "backend": "onnx", "variant": "static", "ours": "pass",
+         "peer": "fail", "peer_error": "ParityError: logits"},
+        {"class": "VitModel", "backend": "onnx", "variant": "static", "ours": "not compared", "peer": "pass"},
+    ]
+    path = tmp_path / "peer.json"
+    path.write_text(json.dumps({"meta": {}, "tables": pc.tabulate(rows), "items": rows}))
+    return path
+
+
+def test_peer_section_in_the_report(logs, tmp_path):
+    peer = _peer_json(tmp_path)
+    out = tmp_path / "conformance"
+    assert main(["merge", str(logs["log"]), "--out", str(out), "--date", "D", "--peer", str(peer)]) == 0
+    md = (out / "conformance.md").read_text()
+    assert "## Ours vs transformers.exporters" in md
+    assert f"| onnx/static | 3 | 1 | 1 | 1 | 0 | 1 | {peer} |" in md
+    assert "- DetrForObjectDetection: `ParityError: logits`" in md   # why the peer fails where we pass
+    assert "- LlamaModel: `DispatchError: aten.index_put`" in md     # why we fail where the peer passes
+    assert md.index("## Ours vs transformers.exporters") < md.index("## Top failure signatures")
+    data = json.loads((out / "results.json").read_text())
+    assert data["peer"] == [{"column": "onnx/static", "source": str(peer), "both pass": ["BertModel"],
+                             "ours only": ["DetrForObjectDetection"], "peer only": ["LlamaModel"],
+                             "both fail": [], "not compared": ["VitModel"]}]
+    assert 'id="peer"' in (out / "conformance.html").read_text()
+    # without --peer there is no section
+    main(["merge", str(logs["log"]), "--out", str(tmp_path / "plain"), "--date", "D"])
+    assert "Ours vs transformers.exporters" not in (tmp_path / "plain" / "conformance.md").read_text()
+
+
+def test_peer_file_that_is_not_a_comparison_is_refused(logs, tmp_path):
+    bad = tmp_path / "results.json"
+    bad.write_text(json.dumps({"results": []}))
+    with pytest.raises(SystemExit, match=r"--peer .*results.json: no 'tables' object; pass the file written by benchmarks/peer_compare.py --json"):
+        main(["merge", str(logs["log"]), "--out", str(tmp_path / "o"), "--peer", str(bad)])
+    with pytest.raises(SystemExit, match=r"--peer .*missing.json: cannot read it as JSON"):
+        main(["merge", str(logs["log"]), "--out", str(tmp_path / "o"), "--peer", str(tmp_path / "missing.json")])

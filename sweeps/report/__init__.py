@@ -36,6 +36,20 @@ def _installed_workarounds() -> list[str] | None:
     return [w["name"] for w in list_workarounds()]
 
 
+def _read_peer(path: str) -> dict:
+    """A ``benchmarks/peer_compare.py --json`` output: ``{"meta", "tables", "items"}``."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--peer {path}: cannot read it as JSON ({exc}); pass the file written by "
+                         "benchmarks/peer_compare.py --json") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("tables"), dict):
+        raise SystemExit(f"--peer {path}: no 'tables' object; pass the file written by "
+                         "benchmarks/peer_compare.py --json")
+    data.setdefault("meta", {})["path"] = path
+    return data
+
+
 def _merge(args: argparse.Namespace) -> int:
     from sweeps.report.load import load_any, merge
     from sweeps.report.render import Report
@@ -46,8 +60,9 @@ def _merge(args: argparse.Namespace) -> int:
               f"{dup['replaced']} ({dup['was']})", file=sys.stderr)
     registered = _read_registered(args.registered) if args.registered else _installed_workarounds()
     date = args.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    peer = [_read_peer(path) for path in args.peer]
     report = Report(results, duplicates=duplicates, sources=args.results, command=args.command,
-                    date=date, registered=registered, top=args.top)
+                    date=date, registered=registered, top=args.top, peer=peer)
     paths = report.write(args.out)
     all_row = report.summary[-1]
     print(f"{len(results)} items ({', '.join(f'{k} {v}' for k, v in all_row.counts.items() if v)})"
@@ -81,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the workarounds the installed exporters register)")
     m.add_argument("--top", type=int, default=20, help="failure signatures to list (default 20)")
     m.add_argument("--date", help="override the date stamp (reproducible output)")
+    m.add_argument("--peer", action="append", default=[], metavar="JSON",
+                   help="a benchmarks/peer_compare.py --json output to add as the 'ours vs "
+                   "transformers.exporters' section (repeatable; a later file's backend/variant wins)")
     m.set_defaults(func=_merge)
     d = sub.add_parser("diff", help="compare two runs (results.json or logs) and print Markdown")
     d.add_argument("old")

@@ -26,7 +26,7 @@ class Report:
 
     def __init__(self, results: list[Result], *, duplicates=(), sources=(), command: str = "",
                  date: str = "", versions: dict[str, str] | None = None,
-                 registered: list[str] | None = None, top: int = 20):
+                 registered: list[str] | None = None, top: int = 20, peer: list[dict] | None = None):
         self.results = results
         self.duplicates = list(duplicates)
         self.sources = [str(s) for s in sources]
@@ -40,6 +40,7 @@ class Report:
         self.columns, self.matrix = S.matrix(results)
         self.onnx_disabled = S.onnx_optimize_disabled(results)
         self.skips = skips_report()  # the current EXPORT_SKIPS with their age from git
+        self.peer = S.peer_rows(peer or [])
 
     # ── Markdown ──
 
@@ -63,8 +64,29 @@ class Report:
         out += ["", "pass % counts passes over items whose tiny model builds (not skipped, not "
                 "failing at stage `build`). `xpass`: an EXPORT_SKIPS entry whose model now passes; "
                 "remove the entry.", ""]
-        out += self._md_signatures() + self._md_workarounds() + self._md_skips() + self._md_onnx() + self._md_matrix()
+        out += self._md_peer() + self._md_signatures() + self._md_workarounds() + self._md_skips() + self._md_onnx() + self._md_matrix()
         return "\n".join(out) + "\n"
+
+    def _md_peer(self) -> list[str]:
+        if not self.peer:
+            return []
+        out = ["## Ours vs transformers.exporters", "",
+               "The peer run on the same tiny models and inputs, judged by our parity rule "
+               "(`benchmarks/peer_compare.py`). Its dynamic exports are checked at one extra shape, "
+               "ours at several Hypothesis-drawn shapes.", "",
+               "| backend/variant | compared | both pass | ours only | peer only | both fail | not compared | source |",
+               "|---|---:|---:|---:|---:|---:|---:|---|"]
+        for row in self.peer:
+            out.append(f"| {row.column} | {row.compared} | " + " | ".join(str(len(row.buckets[b])) for b in S.PEER_BUCKETS)
+                       + f" | {len(row.not_compared)} | {_md(row.source)} |")
+        out.append("")
+        for row in self.peer:
+            for bucket, side in (("ours only", "peer"), ("peer only", "ours")):
+                if row.buckets[bucket]:
+                    out += [f"{row.column}, **{bucket}** (why the {side} fails):", ""]
+                    out += [f"- {_md(c)}: `{_md(row.errors.get((c, side), '?'))}`" for c in row.buckets[bucket]]
+                    out.append("")
+        return out
 
     def _md_signatures(self) -> list[str]:
         shown = self.signatures[: self.top]
@@ -142,6 +164,8 @@ class Report:
             "versions": self.versions,
             "sources": self.sources,
             "duplicates": self.duplicates,
+            "peer": [{"column": r.column, "source": r.source, **{b: r.buckets[b] for b in S.PEER_BUCKETS},
+                      "not compared": r.not_compared} for r in self.peer],
             "summary": {row.column: {**row.counts, "total": row.total, "built": row.built}
                         for row in self.summary},
             "results": [r.to_dict() for r in self.results],

@@ -180,3 +180,34 @@ def cell_text(result: Result | None, limit: int = 70) -> str:
         label = "XPASS" if outcome == "xpass" else outcome
         return f"{label} ({clip(result.reason)})" if result.reason else label
     return f"{outcome} ({result.stage or '?'}: {clip(result.error)})"
+
+
+PEER_BUCKETS = ("both pass", "ours only", "peer only", "both fail")
+
+
+@dataclasses.dataclass
+class PeerRow:
+    """One backend/variant of a peer comparison (``benchmarks/peer_compare.py --json``)."""
+
+    column: str
+    source: str
+    buckets: dict[str, list[str]]
+    not_compared: list[str]
+    errors: dict[tuple[str, str], str]  # (class, "ours" | "peer") -> error signature
+
+    @property
+    def compared(self) -> int:
+        return sum(len(v) for v in self.buckets.values())
+
+
+def peer_rows(comparisons: Iterable[dict]) -> list[PeerRow]:
+    """Rows of the report's peer section, one per backend/variant; a later comparison wins."""
+    rows: dict[str, PeerRow] = {}
+    for data in comparisons:
+        source = data.get("meta", {}).get("path", "")
+        for column, table in data["tables"].items():
+            errors = {(c, "peer"): e for c, e in table.get("peer_errors", {}).items()}
+            errors.update({(c, "ours"): e for c, e in table.get("ours_errors", {}).items()})
+            rows[column] = PeerRow(column, source, {b: list(table.get(b, [])) for b in PEER_BUCKETS},
+                                   list(table.get("not compared", [])), errors)
+    return [rows[k] for k in sorted(rows)]
