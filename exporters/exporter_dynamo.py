@@ -155,6 +155,7 @@ from .patch_segmented_attention import _patch_segmented_attention  # noqa: E402,
 # Every Cache (and cache layer) is flattened by attribute traversal: tensors become leaves, everything
 # else goes into the context. Objects found in outputs that hold tensors but that pytree does not know
 # are registered the same way. Add a branch below for a type attribute traversal cannot reach.
+# A symbolic int attribute (traced under dynamic shapes) is recorded as None: it has no single value.
 
 _REGISTERED: set[type] = set()
 
@@ -169,6 +170,11 @@ def _flatten_to_context(obj: Any, tensors: list, path: str = "") -> Any:
         return (kind, tuple(_flatten_to_context(v, tensors, _join(path, str(i))) for i, v in enumerate(obj)))
     if isinstance(obj, dict):
         return ("dict", tuple((k, _flatten_to_context(v, tensors, _join(path, str(k)))) for k, v in obj.items()))
+    if isinstance(obj, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        # a size-dependent attribute of a dynamic export (a sliding-window layer's cumulative_length):
+        # it has no single value, and a symbol kept in the output spec drags the whole shape
+        # environment along (torch.onnx's deepcopy of the module call graph fails on its fake tensors)
+        return ("const", _Const(None))
     if _holds_tensors(obj):
         fields = tuple(
             (k, _flatten_to_context(v, tensors, _join(path, _alias(k)))) for k, v in vars(obj).items()

@@ -4,6 +4,7 @@ run in the ExecuTorch runtime. Five stages around the lowering."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,8 @@ import torch
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import _finite, trace
-from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, register_fx_node_fix
+from .utils import (FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, register_fx_node_fix,
+                    register_patch)
 
 # "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering);
 # the others are torch patches (stage 2, installed around torch.export).
@@ -85,6 +87,55 @@ def bound_dynamic_shapes(spec: Any, max_dim: int) -> Any:
 # lowering: @register_patch("executorch", "executorch.exir....").
 
 
+def _check_nonzero_stride(stride: torch.SymInt) -> None:
+    """Tell the shape environment a symbolic stride is >= 1. A stride is a product of sizes; when it
+    is a monomial (``u0``, ``32*u0*u1``) and not zero, each size in it is >= 1 too, which is what
+    lets ``32*u0 < 32`` be decided (``torch._check(32*u0 >= 1)`` alone does not refine ``u0``)."""
+    expr, shape_env = stride.node.expr, stride.node.shape_env
+    torch._check(stride >= 1, lambda: "0 in strides is not supported for ExecuTorch.")
+    if expr.is_Symbol or expr.is_Mul:
+        for symbol in expr.free_symbols:
+            if shape_env.var_to_range[symbol].lower >= 0:  # a size, not an arbitrary integer
+                torch._check(shape_env.create_symintnode(symbol, hint=None) >= 1)
+
+
+# executorch.exir imports the function by name in three modules: patch each binding.
+@register_patch("executorch", "executorch.exir.tensor.dim_order_from_stride",
+                "executorch.exir.tensor_layout.dim_order_from_stride",
+                "executorch.exir.emit._emitter.dim_order_from_stride")
+def _patch_dim_order_positive_strides(original):
+    """ExecuTorch orders a tensor's dims by sorting its strides. A data-dependent size (an unbacked
+    symbol, e.g. the image tokens a VLM selects with a mask) makes strides like ``u0`` or ``32*u0``,
+    and the sort then asks ``u0 < 1``, which torch cannot decide: "Could not guard on data-dependent
+    expression u0 < 1" (Glm4v, Idefics3, Cosmos3Omni and other VLMs, static exports included).
+    Strides are never negative and ExecuTorch already rejects a zero one, so tell the shape
+    environment each symbolic stride is >= 1 before the sort; ``u0 < 1`` is then known false.
+
+    before: dim_order_from_stride((u0, 1)) -> GuardOnDataDependentSymNode
+    after:  torch._check(u0 >= 1); dim_order_from_stride((u0, 1)) -> (0, 1)
+    A comparison that stays undecidable (``u0*(8//u0) < u0``) leaves that pair in row-major order.
+    """
+
+    def dim_order_from_stride(stride):
+        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, guard_or_false
+
+        for s in stride:
+            if isinstance(s, torch.SymInt):
+                _check_nonzero_stride(s)
+        try:
+            return original(stride)
+        except GuardOnDataDependentSymNode:
+            # still undecidable (u0*(8//u0) < u0): a pair whose order cannot be decided keeps its
+            # place, i.e. row-major, the layout torch gives data-dependent outputs; a wrong guess
+            # shows up as a parity failure, not a silent pass
+            order = sorted(range(len(stride)), key=functools.cmp_to_key(
+                lambda a, b: -1 if guard_or_false(stride[a] > stride[b]) else (1 if guard_or_false(stride[a] < stride[b]) else 0)))
+            return tuple(order)
+
+    return dim_order_from_stride
+
+
+
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────
 # Fixes that need the whole program: @register_fx_program_fix("executorch"),
 # fn(program, *, config) -> (program, modified). (Upper bounds for dynamic dims are set before
@@ -117,15 +168,83 @@ def _fix_gelu_tanh_explicit(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bo
         scaled = gm.graph.call_function(aten.mul.Tensor, (inner, math.sqrt(2.0 / math.pi)))
         one_plus = gm.graph.call_function(aten.add.Tensor, (gm.graph.call_function(aten.tanh.default, (scaled,)), 1.0))
         out = gm.graph.call_function(aten.mul.Tensor, (gm.graph.call_function(aten.mul.Tensor, (x, 0.5)), one_plus))
-    for new in (cube, inner, scaled, one_plus, out):
-        new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
-    out.meta["val"] = node.meta.get("val")
-    node.replace_all_uses_with(out)
-    gm.graph.erase_node(node)
+    _replace(gm, node, (cube, inner, scaled, one_plus, out))
     return True
 
 
+@register_fx_node_fix("executorch")
+def _fix_bucketize_as_comparisons(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The ExecuTorch runtime has no kernel for ``aten::bucketize.Tensor_out`` (the program lowers,
+    then fails to load: "Missing operator ... bucketize"; Idefics2/3, SmolVLM and Phi-4-multimodal
+    bucket patch coordinates with it). A bucket index is a count of boundaries below the value, so
+    compute it with a comparison and a sum, which the portable kernels have.
+
+    before: bucketize(x, boundaries, right=r, out_int32=i)
+    after:  sum((boundaries <= x[..., None] if r else boundaries < x[..., None]).to(int32 if i else int64), -1)
+    """
+    if node.op != "call_function" or node.target is not torch.ops.aten.bucketize.Tensor:
+        return False
+    x, boundaries = node.args[:2]
+    out_int32 = node.kwargs.get("out_int32", False)
+    right = node.kwargs.get("right", False)
+    aten = torch.ops.aten
+    with gm.graph.inserting_before(node):
+        column = gm.graph.call_function(aten.unsqueeze.default, (x, -1))
+        below = gm.graph.call_function(aten.le.Tensor if right else aten.lt.Tensor, (boundaries, column))
+        dtype = torch.int32 if out_int32 else torch.int64
+        counts = gm.graph.call_function(aten._to_copy.default, (below,), {"dtype": dtype})
+        out = gm.graph.call_function(aten.sum.dim_IntList, (counts, [-1]), {"dtype": dtype})
+    _replace(gm, node, (column, below, counts, out))
+    return True
+
+
+def _replace(gm: torch.fx.GraphModule, node: torch.fx.Node, new_nodes) -> None:
+    """Replace ``node`` by the last of ``new_nodes`` (which carry its source metadata) and erase it."""
+    for new in new_nodes:
+        new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
+    out = new_nodes[-1]
+    if "val" in node.meta:
+        out.meta["val"] = node.meta["val"]
+    node.replace_all_uses_with(out)
+    gm.graph.erase_node(node)
+
+
 # ── the exporter ─────────────────────────────────────────────────────────────
+
+
+def missing_kernels(buffer: bytes, registered) -> list[str]:
+    """The operators a .pte program calls (outside delegates) that the runtime has no kernel for,
+    as ``namespace::op.overload``, in program order."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    registered = set(registered)
+    names = []
+    for plan in deserialize_pte_binary(buffer).program.execution_plan:
+        for op in plan.operators:
+            name = f"{op.name}.{op.overload}" if op.overload else op.name
+            if name not in registered and name not in names:
+                names.append(name)
+    return names
+
+
+def load_forward(buffer: bytes):
+    """Load a .pte program and its ``forward`` method; a method that cannot load because the runtime
+    lacks a kernel names the missing operators instead of an error code."""
+    from executorch.runtime import Runtime, Verification
+
+    runtime = Runtime.get()
+    program = runtime.load_program(buffer, verification=Verification.Minimal)
+    try:
+        return program, program.load_method("forward")
+    except RuntimeError as exc:
+        missing = missing_kernels(buffer, runtime.operator_registry.operator_names)
+        if not missing:
+            raise
+        raise RuntimeError(
+            f"the ExecuTorch runtime has no kernel for {', '.join(missing)}, which the program calls "
+            "outside any delegate: lower the op to ops the runtime has (an executorch node fix) or "
+            f"link a kernel library that registers it ({exc})"
+        ) from exc
 
 
 class ExecutorchArtifact(Artifact):
@@ -134,11 +253,8 @@ class ExecutorchArtifact(Artifact):
 
     def __init__(self, buffer: bytes, **kwargs):
         super().__init__(**kwargs)
-        from executorch.runtime import Runtime, Verification
-
         self.buffer = buffer
-        self._program = Runtime.get().load_program(buffer, verification=Verification.Minimal)
-        self._method = self._program.load_method("forward")
+        self._program, self._method = load_forward(buffer)
 
     def _run(self, ordered):
         outputs = self._method.execute([t.contiguous() for t in ordered])

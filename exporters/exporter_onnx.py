@@ -75,6 +75,37 @@ def _fix_dead_assertions(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     return False
 
 
+@register_fx_node_fix("onnx")
+def _fix_scalar_minus_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """``1.0 - mask`` traces as ``aten.rsub.Scalar(mask, 1.0)``, which decomposes to
+    ``aten.sub.Tensor(1.0, mask)``: a Python number as ``self``, which torch.onnx's type promotion
+    cannot match to any overload ("Cannot find a compatible OpOverload for aten.sub"; Mllama's
+    cross-attention mask). Spell it as an add of the negated tensor, which promotes the same way.
+
+    before: rsub.Scalar(x, c, alpha=a) / sub.Tensor(c, x, alpha=a)    after: add.Tensor(mul.Tensor(x, -a), c)
+    """
+    if node.op != "call_function":
+        return False
+    aten = torch.ops.aten
+    if node.target is aten.rsub.Scalar:
+        x, number = node.args[:2]
+    elif node.target is aten.sub.Tensor and isinstance(node.args[0], (int, float)) and isinstance(node.args[1], torch.fx.Node):
+        number, x = node.args[:2]
+    else:
+        return False
+    alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
+    with gm.graph.inserting_before(node):
+        scaled = gm.graph.call_function(aten.mul.Tensor, (x, -alpha))
+        out = gm.graph.call_function(aten.add.Tensor, (scaled, number))
+    for new in (scaled, out):
+        new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
+    if "val" in node.meta:
+        out.meta["val"] = node.meta["val"]
+    node.replace_all_uses_with(out)
+    gm.graph.erase_node(node)
+    return True
+
+
 # ── Stage 4: ONNX translations ───────────────────────────────────────────────
 # Custom lowerings for aten ops whose default translation is missing or wrong: write an ``_aten_*``
 # onnxscript function and add it to _ONNX_TRANSLATION_TABLE, keyed by the aten overload.

@@ -643,3 +643,35 @@ def test_index_ranges_built_from_baked_sizes_stay_concrete():
     inputs = {"x": torch.randn(8, 3), "image_grid_thw": torch.tensor([[1, 2, 4]])}
     art = exporters.DynamoExporter(registry=Registry()).export(_WindowIndex(), inputs)
     assert_close(flatten_outputs(_WindowIndex()(**inputs)), art(**inputs), "dynamo")
+
+
+class _Window:
+    """A cache-like output object whose size-dependent int attribute becomes a SymInt under dynamic shapes."""
+
+    def __init__(self, keys, seen):
+        self.keys = keys
+        self.cumulative_length = seen
+
+
+class _ReturnsWindow(torch.nn.Module):
+    def forward(self, x):
+        return x * 2, _Window(x + 1, x.shape[1])
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_symbolic_int_attributes_of_outputs_export_dynamic(backend):
+    """A sliding-window cache layer keeps ``cumulative_length = seq_len``: a SymInt in the output spec
+    under dynamic shapes, which dragged the shape environment into the spec (torch.onnx failed with
+    "Cannot access data pointer of Tensor" deep-copying it). It is recorded as None."""
+    from exporters.exporter_dynamo import _flatten_to_context, register_pytree_nodes
+
+    register_pytree_nodes(_Window(torch.ones(1), 3))
+    x = torch.randn(2, 5)
+    exporter = get_exporter(backend)
+    art = exporter.export(_ReturnsWindow(), {"x": x}, config=exporter.config_class(dynamic=True))
+    other = torch.randn(3, 7)
+    out = art(x=other)
+    torch.testing.assert_close(out[art.output_names[0]], other * 2)
+    torch.testing.assert_close(out[art.output_names[1]], other + 1)
+    tensors: list = []
+    assert _flatten_to_context(_Window(x, 5), tensors)[2][1] == ("cumulative_length", ("const", exporters.exporter_dynamo._Const(5)))

@@ -345,3 +345,98 @@ def test_executorch_gelu_tanh_is_spelled_out():
     assert len(gelus) == 1 and gelus[0].kwargs.get("approximate", "none") == "none"  # the exact one is kept
     torch.testing.assert_close(gm(x), G()(x), atol=1e-6, rtol=1e-6)
     assert fired.names() == ["fix:executorch:_fix_gelu_tanh_explicit"]
+
+
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("out_int32", [False, True])
+def test_executorch_bucketize_becomes_a_comparison_count(right, out_int32):
+    """The ExecuTorch runtime has no bucketize kernel; the node fix counts boundaries instead, with
+    the same dtype and the same side for values equal to a boundary."""
+    from exporters.utils import FiredLog, apply_fx_node_fixes
+
+    class B(torch.nn.Module):
+        def forward(self, x, boundaries):
+            return torch.bucketize(x, boundaries, right=right, out_int32=out_int32)
+
+    boundaries = torch.tensor([0.0, 0.25, 0.5, 0.75])
+    x = torch.tensor([[-1.0, 0.0, 0.1, 0.25], [0.5, 0.6, 0.75, 2.0]])  # values on the boundaries too
+    gm = torch.export.export(B(), (x, boundaries)).module()
+    fix = [e for e in DEFAULT_REGISTRY.fixes("executorch", "node") if e.fn is et._fix_bucketize_as_comparisons]
+    fired = FiredLog()
+    assert apply_fx_node_fixes(fix, gm, fired)
+    assert not [n for n in gm.graph.nodes if n.target is torch.ops.aten.bucketize.Tensor]
+    got, want = gm(x, boundaries), B()(x, boundaries)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    assert fired.names() == ["fix:executorch:_fix_bucketize_as_comparisons"]
+
+
+def test_executorch_dim_order_of_data_dependent_strides():
+    """A tensor with a data-dependent size u0 has strides like 32*u0; ExecuTorch's dim-order sort asks
+    ``32*u0 < 32`` and cannot guard on it. The patch records that a nonzero stride's sizes are >= 1,
+    and the sort then decides it."""
+    from executorch.exir.tensor import dim_order_from_stride
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+
+    def strides():
+        with FakeTensorMode(shape_env=ShapeEnv()):
+            n = torch.ones(10, dtype=torch.bool).nonzero().shape[0]  # unbacked u0
+            torch._check(n <= 10)
+            return torch.empty_strided((2, n, 4, 8), (32 * n, 32, 8, 1)).stride()
+
+    with pytest.raises(GuardOnDataDependentSymNode):
+        dim_order_from_stride(strides())
+    assert et._patch_dim_order_positive_strides(dim_order_from_stride)(strides()) == (0, 1, 2, 3)
+    assert et._patch_dim_order_positive_strides(dim_order_from_stride)((12, 4, 1)) == (0, 1, 2)
+    assert et._patch_dim_order_positive_strides(dim_order_from_stride)((1, 3)) == (1, 0)  # permuted
+
+    def undecidable():
+        with FakeTensorMode(shape_env=ShapeEnv()):
+            n = torch.ones(10, dtype=torch.bool).nonzero().shape[0]
+            torch._check(n <= 10)
+            return (n * (8 // n), n, 1)  # n*(8//n) < n cannot be decided
+
+    assert et._patch_dim_order_positive_strides(dim_order_from_stride)(undecidable()) == (0, 1, 2)
+
+
+def test_executorch_missing_kernel_is_named():
+    """A program that calls an op the runtime has no kernel for fails to load with the op's name,
+    not an error code."""
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    class B(torch.nn.Module):
+        def forward(self, x):
+            return torch.bucketize(x, torch.tensor([0.1, 0.5]), right=True)
+
+    program = torch.export.export(B(), (torch.rand(4),))
+    buffer = to_edge_transform_and_lower(program, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer
+    assert et.missing_kernels(buffer, ["dim_order_ops::_clone_dim_order.out"]) == ["aten::bucketize.Tensor_out"]
+    with pytest.raises(RuntimeError, match=r"no kernel for aten::bucketize.Tensor_out, which the program calls"):
+        et.load_forward(buffer)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_onnx_scalar_minus_tensor_exports_and_matches(dtype):
+    """``1.0 - mask`` (aten.rsub.Scalar, decomposed by torch.onnx into sub(1.0, mask)) has no overload
+    torch.onnx's type promotion can match; the node fix rewrites it and the ONNX model agrees with
+    eager, including the int -> float promotion."""
+    from exporters import OnnxExporter
+
+    class R(torch.nn.Module):
+        def forward(self, mask):
+            return (1.0 - mask) * 2, 3 - mask
+
+    from exporters import ExportStageError
+    from exporters.utils import Registry
+
+    mask = torch.tensor([[0, 1, 1], [1, 0, 0]], dtype=dtype)
+    if dtype == torch.int64:  # an int mask is what fails without the workarounds (Mllama's)
+        with pytest.raises(ExportStageError, match="lower"):
+            OnnxExporter(registry=Registry()).export(R(), {"mask": mask})
+    art = OnnxExporter().export(R(), {"mask": mask})
+    out = art(mask=mask)
+    want = R()(mask)
+    got = list(out.values())
+    assert [g.dtype for g in got] == [w.dtype for w in want]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert "fix:onnx:_fix_scalar_minus_tensor" in art.workarounds_fired
