@@ -46,13 +46,20 @@ def _patch_refix_after_decompositions(original):
     """Re-run the FX node fixes on the graph torch.onnx has just decomposed."""
     @functools.wraps(original)
     def decompose(exported_program, registry):
+        for target, function in _ONNX_COMPLEX_TRANSLATION_TABLE.items():
+            # torch.onnx.export's custom_translation_table registers real-valued functions only
+            registry.register_op(target, function, is_complex=True)
         program = original(exported_program, registry)
         reg, fired = _CURRENT.get("registry"), _CURRENT.get("fired")
         if reg is not None:
             apply_fx_node_fixes(reg.fixes("onnx", "node"), program.graph_module, fired)
             for node in program.graph.nodes:  # custom translations this program will use
-                if node.op == "call_function" and node.target in _ONNX_TRANSLATION_TABLE:
+                if node.op != "call_function":
+                    continue
+                if node.target in _ONNX_TRANSLATION_TABLE:
                     fired.add(f"translation:onnx:{_ONNX_TRANSLATION_TABLE[node.target].__name__}")
+                if node.target in _ONNX_COMPLEX_TRANSLATION_TABLE and _is_complex(node.args[0]):
+                    fired.add(f"translation:onnx:{_ONNX_COMPLEX_TRANSLATION_TABLE[node.target].__name__}")
         return program
 
     return decompose
@@ -127,6 +134,31 @@ def _aten_is_all_true(self):
 _ONNX_TRANSLATION_TABLE: dict[Any, Any] = {
     torch.ops.aten._is_all_true.default: _aten_is_all_true,
 }
+
+
+def _aten_unsqueeze_complex(self, dim: int):
+    """``unsqueeze`` of a complex tensor, which torchlib lacks ("No ONNX function found for
+    aten.unsqueeze ... complex-valued input"; the complex rotary embeddings of Llama 4 and
+    DeepSeek-V2). torch.onnx carries a complex tensor as a real one with a trailing (real, imag)
+    axis, so a negative ``dim`` counts from before that axis.
+
+    before: aten.unsqueeze(z, dim) on complex z    after: Unsqueeze(z_as_real, dim if dim >= 0 else dim - 1)
+    """
+    from onnxscript import opset18 as op
+
+    return op.Unsqueeze(self, op.Constant(value_ints=[dim if dim >= 0 else dim - 1]))
+
+
+# Registered with is_complex=True on the registry of the export in progress (by the stage-2 patch
+# above): custom_translation_table cannot register complex-valued functions.
+_ONNX_COMPLEX_TRANSLATION_TABLE: dict[Any, Any] = {
+    torch.ops.aten.unsqueeze.default: _aten_unsqueeze_complex,
+}
+
+
+def _is_complex(arg: Any) -> bool:
+    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.is_complex()
 
 
 # ── Stage 5: ONNX IR fixes ───────────────────────────────────────────────────

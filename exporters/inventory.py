@@ -38,7 +38,8 @@ def list_workarounds(registry: Registry | None = None) -> list[dict[str, str]]:
     for entry in reg.all_workarounds():
         fn = entry.factory if isinstance(entry, PatchEntry) else entry.fn
         rows.append({"name": entry.name, "backend": entry.backend, "stage": _stage(entry), "doc": _doc(fn)})
-    for fn in dict.fromkeys(exporter_onnx._ONNX_TRANSLATION_TABLE.values()):
+    translations = [*exporter_onnx._ONNX_TRANSLATION_TABLE.values(), *exporter_onnx._ONNX_COMPLEX_TRANSLATION_TABLE.values()]
+    for fn in dict.fromkeys(translations):
         rows.append({"name": f"translation:onnx:{fn.__name__}", "backend": "onnx",
                      "stage": "4: ONNX translations", "doc": _doc(fn)})
     for fn in exporter_onnx._IR_FIXES:

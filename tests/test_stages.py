@@ -440,3 +440,26 @@ def test_onnx_scalar_minus_tensor_exports_and_matches(dtype):
     assert [g.dtype for g in got] == [w.dtype for w in want]
     assert all(torch.equal(g, w) for g, w in zip(got, want))
     assert "fix:onnx:_fix_scalar_minus_tensor" in art.workarounds_fired
+
+
+def test_onnx_unsqueeze_of_a_complex_tensor():
+    """torchlib has no complex ``unsqueeze``; the complex translation inserts the axis before the
+    trailing (real, imag) axis, for positive and negative dims, and matches eager."""
+    from exporters import ExportStageError, OnnxExporter
+    from exporters.utils import Registry
+
+    class Rope(torch.nn.Module):  # the complex rotary embedding of Llama 4 / DeepSeek-V2
+        def forward(self, x, angles):
+            z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+            freqs = torch.polar(torch.ones_like(angles), angles)
+            rotated = z * freqs.unsqueeze(0)
+            return torch.view_as_real(rotated).flatten(-2), torch.view_as_real(freqs.unsqueeze(-1))
+
+    x, angles = torch.randn(2, 5, 8), torch.randn(5, 4)
+    with pytest.raises(ExportStageError, match="aten.unsqueeze"):
+        OnnxExporter(registry=Registry()).export(Rope(), {"x": x, "angles": angles})
+    art = OnnxExporter().export(Rope(), {"x": x, "angles": angles})
+    got = art(x=x, angles=angles)
+    for name, want in zip(art.output_names, Rope()(x, angles)):
+        torch.testing.assert_close(got[name], want, atol=1e-5, rtol=1e-5)
+    assert "translation:onnx:_aten_unsqueeze_complex" in art.workarounds_fired
