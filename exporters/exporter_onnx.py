@@ -131,8 +131,39 @@ def _aten_is_all_true(self):
     return op.Cast(op.ReduceMin(as_int, keepdims=0), to=9)  # bool
 
 
+# Giles (2010), "Approximating the erfinv function": single-precision coefficients, relative error
+# below 4e-7 on (-1, 1); the central branch for w < 5, the tail branch otherwise.
+_ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087,
+                   -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+_ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773,
+                -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
+
+
+def _aten_erfinv(self):
+    """``erfinv`` (``prims.erf_inv`` after decomposition) has no ONNX function ("No ONNX function
+    found for prims.erf_inv"; Gemma 3n's activation sparsity takes ``Normal(0, 1).icdf``). Compute it
+    with Giles' polynomial approximation.
+
+    before: prims.erf_inv(x)    after: x * poly(w), w = -log((1 - x)(1 + x)), one of two branches
+    """
+    from onnxscript import opset18 as op
+
+    def const(value):
+        return op.CastLike(op.Constant(value_float=value), self)
+
+    w = op.Neg(op.Log(op.Mul(op.Sub(const(1.0), self), op.Add(const(1.0), self))))
+    central, tail = op.Sub(w, const(2.5)), op.Sub(op.Sqrt(w), const(3.0))
+    p_central, p_tail = const(_ERFINV_CENTRAL[0]), const(_ERFINV_TAIL[0])
+    for a, b in zip(_ERFINV_CENTRAL[1:], _ERFINV_TAIL[1:]):
+        p_central = op.Add(const(a), op.Mul(p_central, central))
+        p_tail = op.Add(const(b), op.Mul(p_tail, tail))
+    return op.Mul(op.Where(op.Less(w, const(5.0)), p_central, p_tail), self)
+
+
 _ONNX_TRANSLATION_TABLE: dict[Any, Any] = {
     torch.ops.aten._is_all_true.default: _aten_is_all_true,
+    torch.ops.aten.erfinv.default: _aten_erfinv,
+    torch.ops.prims.erf_inv.default: _aten_erfinv,
 }
 
 

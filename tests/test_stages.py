@@ -463,3 +463,23 @@ def test_onnx_unsqueeze_of_a_complex_tensor():
     for name, want in zip(art.output_names, Rope()(x, angles)):
         torch.testing.assert_close(got[name], want, atol=1e-5, rtol=1e-5)
     assert "translation:onnx:_aten_unsqueeze_complex" in art.workarounds_fired
+
+
+def test_onnx_erfinv_translation_matches_torch(monkeypatch):
+    """``Normal(0, 1).icdf`` (Gemma 3n) lowers to prims.erf_inv, which has no ONNX function; the
+    translation follows torch within float32 precision across the range, tails included."""
+    from exporters import ExportStageError, OnnxExporter
+
+    class Icdf(torch.nn.Module):  # as Gemma 3n: the icdf of a tensor built in forward
+        def forward(self, x):
+            p = torch.cat([torch.linspace(1e-6, 1 - 1e-6, 501), torch.tensor([0.5, 0.999999, 1e-7])])
+            return x * torch.distributions.normal.Normal(0, 1).icdf(p)
+
+    x = torch.full((504,), 2.0)
+    art = OnnxExporter().export(Icdf(), {"x": x})
+    torch.testing.assert_close(art(x=x)["output"], Icdf()(x), atol=1e-5, rtol=1e-4)
+    assert "translation:onnx:_aten_erfinv" in art.workarounds_fired
+    for target in (torch.ops.aten.erfinv.default, torch.ops.prims.erf_inv.default):
+        monkeypatch.delitem(onx._ONNX_TRANSLATION_TABLE, target)
+    with pytest.raises(ExportStageError, match="erf_inv"):  # without the translation
+        OnnxExporter().export(Icdf(), {"x": x})
