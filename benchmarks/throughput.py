@@ -49,14 +49,15 @@ def sweep(name: str, classes: list[str], *args: str) -> tuple[str, float]:
 
 def throughput(backend: str, classes: list[str], workers: list[int], variant: str | None) -> None:
     results = {}
+    label = f"{backend} {variant}" if variant else backend
     for n in workers:
         args = [f"--backend={backend}", "-n", str(n)] + ([f"--variant={variant}"] if variant else [])
-        log, wall = sweep(f"throughput-{backend}{'-' + variant if variant else ''}-n{n}", classes, *args)
+        log, wall = sweep(f"throughput-{label.replace(' ', '-')}-n{n}", classes, *args)
         outcomes = collections.Counter(_outcome(json.loads(line)) for line in open(log) if '"when": "call"' in line)
         items = sum(outcomes.values())
         results[n] = items / wall * 60
         counts = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
-        print(f"{backend}{' ' + variant if variant else ''} -n {n}: {items} items ({counts}) in {wall:.1f} s "
+        print(f"{label} -n {n}: {items} items ({counts}) in {wall:.1f} s "
               f"= {results[n]:.1f} items/min", flush=True)
     if 0 in results and 2 in results:
         print(f"{backend}: -n 2 / -n 0 speed-up = {results[2] / results[0]:.2f}x")

@@ -14,7 +14,7 @@ import torch
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import _finite, trace
 from .utils import (FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, register_fx_node_fix,
-                    register_patch)
+                    register_patch, replace_node)
 
 # "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering);
 # the others are torch patches (stage 2, installed around torch.export).
@@ -116,9 +116,13 @@ def _patch_dim_order_positive_strides(original):
     A comparison that stays undecidable (``u0*(8//u0) < u0``) leaves that pair in row-major order.
     """
 
-    def dim_order_from_stride(stride):
-        from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, guard_or_false
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, guard_or_false
 
+    def decided_order(stride, a: int, b: int) -> int:
+        """-1 if dim a's stride is known to be larger, 1 if known smaller, 0 if undecidable."""
+        return -1 if guard_or_false(stride[a] > stride[b]) else (1 if guard_or_false(stride[a] < stride[b]) else 0)
+
+    def dim_order_from_stride(stride):
         for s in stride:
             if isinstance(s, torch.SymInt):
                 _check_nonzero_stride(s)
@@ -128,12 +132,10 @@ def _patch_dim_order_positive_strides(original):
             # still undecidable (u0*(8//u0) < u0): a pair whose order cannot be decided keeps its
             # place, i.e. row-major, the layout torch gives data-dependent outputs; a wrong guess
             # shows up as a parity failure, not a silent pass
-            order = sorted(range(len(stride)), key=functools.cmp_to_key(
-                lambda a, b: -1 if guard_or_false(stride[a] > stride[b]) else (1 if guard_or_false(stride[a] < stride[b]) else 0)))
-            return tuple(order)
+            by_stride = functools.cmp_to_key(lambda a, b: decided_order(stride, a, b))
+            return tuple(sorted(range(len(stride)), key=by_stride))
 
     return dim_order_from_stride
-
 
 
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────
@@ -168,7 +170,7 @@ def _fix_gelu_tanh_explicit(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bo
         scaled = gm.graph.call_function(aten.mul.Tensor, (inner, math.sqrt(2.0 / math.pi)))
         one_plus = gm.graph.call_function(aten.add.Tensor, (gm.graph.call_function(aten.tanh.default, (scaled,)), 1.0))
         out = gm.graph.call_function(aten.mul.Tensor, (gm.graph.call_function(aten.mul.Tensor, (x, 0.5)), one_plus))
-    _replace(gm, node, (cube, inner, scaled, one_plus, out))
+    replace_node(gm, node, (cube, inner, scaled, one_plus, out))
     return True
 
 
@@ -194,19 +196,8 @@ def _fix_bucketize_as_comparisons(gm: torch.fx.GraphModule, node: torch.fx.Node)
         dtype = torch.int32 if out_int32 else torch.int64
         counts = gm.graph.call_function(aten._to_copy.default, (below,), {"dtype": dtype})
         out = gm.graph.call_function(aten.sum.dim_IntList, (counts, [-1]), {"dtype": dtype})
-    _replace(gm, node, (column, below, counts, out))
+    replace_node(gm, node, (column, below, counts, out))
     return True
-
-
-def _replace(gm: torch.fx.GraphModule, node: torch.fx.Node, new_nodes) -> None:
-    """Replace ``node`` by the last of ``new_nodes`` (which carry its source metadata) and erase it."""
-    for new in new_nodes:
-        new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
-    out = new_nodes[-1]
-    if "val" in node.meta:
-        out.meta["val"] = node.meta["val"]
-    node.replace_all_uses_with(out)
-    gm.graph.erase_node(node)
 
 
 # ── the exporter ─────────────────────────────────────────────────────────────

@@ -14,7 +14,7 @@ import torch
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import trace
-from .utils import FiredLog, apply_fx_node_fixes, apply_patches, register_fx_node_fix, register_patch
+from .utils import FiredLog, apply_fx_node_fixes, apply_patches, register_fx_node_fix, register_patch, replace_node
 
 # Paths under these prefixes are ONNX patches (stage 2, installed around torch.onnx.export);
 # every other "onnx" patch is a torch patch (stage 1, installed around torch.export).
@@ -104,12 +104,7 @@ def _fix_scalar_minus_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) -> b
     with gm.graph.inserting_before(node):
         scaled = gm.graph.call_function(aten.mul.Tensor, (x, -alpha))
         out = gm.graph.call_function(aten.add.Tensor, (scaled, number))
-    for new in (scaled, out):
-        new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
-    if "val" in node.meta:
-        out.meta["val"] = node.meta["val"]
-    node.replace_all_uses_with(out)
-    gm.graph.erase_node(node)
+    replace_node(gm, node, (scaled, out))
     return True
 
 

@@ -373,6 +373,22 @@ def _graph_modules(gm: torch.fx.GraphModule) -> Iterator[torch.fx.GraphModule]:
             yield sub
 
 
+_SOURCE_META = ("stack_trace", "nn_module_stack", "source_fn_stack")
+
+
+def replace_node(gm: torch.fx.GraphModule, node: torch.fx.Node, new_nodes: Iterable[torch.fx.Node]) -> None:
+    """For node fixes: replace ``node`` by the last of ``new_nodes`` (which all take its source
+    metadata, so errors and graph dumps still point at the model's line) and erase it."""
+    new_nodes = list(new_nodes)
+    for new in new_nodes:
+        new.meta.update({k: v for k, v in node.meta.items() if k in _SOURCE_META})
+    out = new_nodes[-1]
+    if "val" in node.meta:
+        out.meta["val"] = node.meta["val"]
+    node.replace_all_uses_with(out)
+    gm.graph.erase_node(node)
+
+
 def apply_fx_node_fixes(entries: Iterable[FixEntry], gm: torch.fx.GraphModule, fired: FiredLog) -> bool:
     """Run each node fix over every node; returns whether any changed the graph."""
     entries = list(entries)

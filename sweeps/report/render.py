@@ -70,10 +70,7 @@ class Report:
     def _md_peer(self) -> list[str]:
         if not self.peer:
             return []
-        out = ["## Ours vs transformers.exporters", "",
-               "The peer run on the same tiny models and inputs, judged by our parity rule "
-               "(`benchmarks/peer_compare.py`). Its dynamic exports are checked at one extra shape, "
-               "ours at several Hypothesis-drawn shapes.", "",
+        out = ["## Ours vs transformers.exporters", "", S.PEER_NOTE, "",
                "| backend/variant | compared | both pass | ours only | peer only | both fail | not compared | source |",
                "|---|---:|---:|---:|---:|---:|---:|---|"]
         for row in self.peer:
@@ -152,7 +149,8 @@ class Report:
         return template.render(report=self, outcomes=OUTCOMES, cell_text=S.cell_text,
                                families=sorted({r.model_type for r in self.results if r.model_type}),
                                backends=sorted({r.backend for r in self.results if r.backend}),
-                               variants=sorted({r.variant for r in self.results if r.variant}))
+                               variants=sorted({r.variant for r in self.results if r.variant}),
+                               peer_buckets=S.PEER_BUCKETS)
 
     # ── JSON ──
 

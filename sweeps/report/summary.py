@@ -183,6 +183,9 @@ def cell_text(result: Result | None, limit: int = 70) -> str:
 
 
 PEER_BUCKETS = ("both pass", "ours only", "peer only", "both fail")
+PEER_NOTE = ("The peer run on the same tiny models and inputs, judged by our parity rule "
+             "(`benchmarks/peer_compare.py`). Its dynamic exports are checked at one extra shape, "
+             "ours at several Hypothesis-drawn shapes.")
 
 
 @dataclasses.dataclass
