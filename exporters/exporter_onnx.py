@@ -108,6 +108,37 @@ def _fix_scalar_minus_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) -> b
     return True
 
 
+@register_fx_node_fix("onnx")
+def _fix_noop_squeeze(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """``x.squeeze(d)`` on a dim whose size is not 1 is a no-op in torch, but ONNX ``Squeeze``
+    raises on it ("Dimension of input 0 must be 1 instead of 8" at session load) and onnxscript's
+    ``aten_squeeze_dim`` emits a plain Squeeze (onnx/onnx#3764, pytorch/pytorch#36796). Pixtral's
+    projector (Mistral 3) and the Parakeet/Nemotron RNNT decoders squeeze such dims. Drop the dims
+    whose traced size is a concrete int other than 1; a symbolic size is left to the exporter.
+
+    before: squeeze.dim(x[8, 32], 0)   after: alias(x)
+    before: squeeze.dims(x[1, 8, 1], [0, 1, 2])   after: squeeze.dims(x, [0, 2])
+    """
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target not in (aten.squeeze.dim, aten.squeeze.dims):
+        return False
+    x = node.args[0]
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() == 0:
+        return False
+    dims = node.args[1] if node.target is aten.squeeze.dims else [node.args[1]]
+    keep = [d for d in dims if not (isinstance(val.shape[d], int) and val.shape[d] != 1)]
+    if len(keep) == len(dims):
+        return False
+    with gm.graph.inserting_before(node):
+        if keep:
+            new = gm.graph.call_function(aten.squeeze.dims, (x, keep))
+        else:
+            new = gm.graph.call_function(aten.alias.default, (x,))
+    replace_node(gm, node, (new,))
+    return True
+
+
 # ── Stage 4: ONNX translations ───────────────────────────────────────────────
 # Custom lowerings for aten ops whose default translation is missing or wrong: write an ``_aten_*``
 # onnxscript function and add it to _ONNX_TRANSLATION_TABLE, keyed by the aten overload.

@@ -442,6 +442,28 @@ def test_onnx_scalar_minus_tensor_exports_and_matches(dtype):
     assert "fix:onnx:_fix_scalar_minus_tensor" in art.workarounds_fired
 
 
+def test_onnx_squeeze_of_a_dim_that_is_not_one():
+    """torch's ``squeeze(d)`` leaves a dim of size != 1 alone; ONNX Squeeze refuses it when the
+    session loads (Mistral 3's projector, the RNNT decoders). The node fix drops such dims, keeps
+    the size-1 ones, and the model matches eager."""
+    from exporters import ExportStageError, OnnxExporter
+    from exporters.utils import Registry
+
+    class S(torch.nn.Module):
+        def forward(self, x, y):
+            return x.squeeze(0) * 2, y.squeeze((0, 1, 2)) + 1
+
+    x, y = torch.randn(8, 4), torch.randn(1, 3, 1, 5)
+    with pytest.raises(ExportStageError, match="Squeeze"):
+        OnnxExporter(registry=Registry()).export(S(), {"x": x, "y": y})
+    art = OnnxExporter().export(S(), {"x": x, "y": y})
+    got = list(art(x=x, y=y).values())
+    want = S()(x, y)
+    assert [tuple(g.shape) for g in got] == [(8, 4), (3, 5)]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert "fix:onnx:_fix_noop_squeeze" in art.workarounds_fired
+
+
 def test_onnx_unsqueeze_of_a_complex_tensor():
     """torchlib has no complex ``unsqueeze``; the complex translation inserts the axis before the
     trailing (real, imag) axis, for positive and negative dims, and matches eager."""
