@@ -445,6 +445,9 @@ def _peer_json(tmp_path):
         {"class": "DetrForObjectDetection", "backend": "onnx", "variant": "static", "ours": "pass",
          "peer": "fail", "peer_error": "ParityError: logits"},
         {"class": "VitModel", "backend": "onnx", "variant": "static", "ours": "not compared", "peer": "pass"},
+        # stale: our log said fail when the peer ran; the merged report (the fake sweep) says pass
+        {"class": "BertModel", "backend": "onnx", "variant": "dynamic", "ours": "fail", "ours_error": "old",
+         "peer": "fail", "peer_error": "ShapeMismatch"},
     ]
     path = tmp_path / "peer.json"
     path.write_text(json.dumps({"meta": {}, "tables": pc.tabulate(rows), "items": rows}))
@@ -458,11 +461,13 @@ def test_peer_section_in_the_report(logs, tmp_path):
     md = (out / "conformance.md").read_text()
     assert "## Ours vs transformers.exporters" in md
     assert f"| onnx/static | 3 | 1 | 1 | 1 | 0 | 1 | {peer} |" in md
+    assert f"| onnx/dynamic | 1 | 0 | 1 | 0 | 0 | 0 | {peer} |" in md   # our side re-judged: now a pass
     assert "- DetrForObjectDetection: `ParityError: logits`" in md   # why the peer fails where we pass
     assert "- LlamaModel: `DispatchError: aten.index_put`" in md     # why we fail where the peer passes
     assert md.index("## Ours vs transformers.exporters") < md.index("## Top failure signatures")
     data = json.loads((out / "results.json").read_text())
-    assert data["peer"] == [{"column": "onnx/static", "source": str(peer), "both pass": ["BertModel"],
+    assert data["peer"][0]["ours only"] == ["BertModel"] and data["peer"][0]["both fail"] == []
+    assert data["peer"][1:] == [{"column": "onnx/static", "source": str(peer), "both pass": ["BertModel"],
                              "ours only": ["DetrForObjectDetection"], "peer only": ["LlamaModel"],
                              "both fail": [], "not compared": ["VitModel"]}]
     assert 'id="peer"' in (out / "conformance.html").read_text()

@@ -40,7 +40,7 @@ class Report:
         self.columns, self.matrix = S.matrix(results)
         self.onnx_disabled = S.onnx_optimize_disabled(results)
         self.skips = skips_report()  # the current EXPORT_SKIPS with their age from git
-        self.peer = S.peer_rows(peer or [])
+        self.peer = S.peer_rows(peer or [], results)
 
     # ── Markdown ──
 

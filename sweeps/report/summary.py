@@ -185,7 +185,8 @@ def cell_text(result: Result | None, limit: int = 70) -> str:
 PEER_BUCKETS = ("both pass", "ours only", "peer only", "both fail")
 PEER_NOTE = ("The peer run on the same tiny models and inputs, judged by our parity rule "
              "(`benchmarks/peer_compare.py`). Its dynamic exports are checked at one extra shape, "
-             "ours at several Hypothesis-drawn shapes.")
+             "ours at several Hypothesis-drawn shapes. Our side is judged from this report's merged results, "
+             "so fixes merged after the peer run count.")
 
 
 @dataclasses.dataclass
@@ -203,14 +204,54 @@ class PeerRow:
         return sum(len(v) for v in self.buckets.values())
 
 
-def peer_rows(comparisons: Iterable[dict]) -> list[PeerRow]:
-    """Rows of the report's peer section, one per backend/variant; a later comparison wins."""
+PEER_OURS_PASS = frozenset({"pass", "xpass"})
+PEER_OURS_FAIL = frozenset({"fail", "xfail", "crash"})
+PEER_PRE_EXPORT = ("build", "eager")  # a failure here is the tiny model's, not an exporter's verdict
+
+
+def _ours_verdict(result: Result) -> tuple[str, str | None]:
+    """Our side of a peer item, judged from a merged record as benchmarks/peer_compare.py judges it."""
+    if result.outcome in PEER_OURS_PASS:
+        return "pass", None
+    if result.outcome in PEER_OURS_FAIL and result.stage not in PEER_PRE_EXPORT:
+        return "fail", result.error or result.reason
+    return "not compared", None
+
+
+def peer_rows(comparisons: Iterable[dict], results: Iterable[Result] = ()) -> list[PeerRow]:
+    """Rows of the report's peer section, one per backend/variant; a later comparison wins.
+
+    The peer's verdicts come from the comparison's per-item rows; OUR side is re-judged from the merged
+    ``results`` where they hold the item, so a fix or re-run merged after the peer run moves the class
+    to the right bucket (the comparison's own "ours" is a snapshot of the log it read). A file without
+    per-item rows is taken as tabulated."""
+    merged = {(r.model_class, r.backend, r.variant): r for r in results}
     rows: dict[str, PeerRow] = {}
     for data in comparisons:
         source = data.get("meta", {}).get("path", "")
-        for column, table in data["tables"].items():
-            errors = {(c, "peer"): e for c, e in table.get("peer_errors", {}).items()}
-            errors.update({(c, "ours"): e for c, e in table.get("ours_errors", {}).items()})
-            rows[column] = PeerRow(column, source, {b: list(table.get(b, [])) for b in PEER_BUCKETS},
-                                   list(table.get("not compared", [])), errors)
+        if not data.get("items"):
+            for column, table in data["tables"].items():
+                errors = {(c, "peer"): e for c, e in table.get("peer_errors", {}).items()}
+                errors.update({(c, "ours"): e for c, e in table.get("ours_errors", {}).items()})
+                rows[column] = PeerRow(column, source, {b: list(table.get(b, [])) for b in PEER_BUCKETS},
+                                       list(table.get("not compared", [])), errors)
+            continue
+        tables: dict[str, PeerRow] = {}
+        for item in sorted(data["items"], key=lambda i: (i["backend"], i["variant"], i["class"])):
+            column, cls = f"{item['backend']}/{item['variant']}", item["class"]
+            row = tables.setdefault(column, PeerRow(column, source, {b: [] for b in PEER_BUCKETS}, [], {}))
+            result = merged.get((cls, item["backend"], item["variant"]))
+            ours, ours_error = _ours_verdict(result) if result else (item.get("ours"), item.get("ours_error"))
+            peer = item.get("peer")
+            if ours not in ("pass", "fail") or peer not in ("pass", "fail"):
+                row.not_compared.append(cls)
+                continue
+            bucket = {(True, True): "both pass", (True, False): "ours only",
+                      (False, True): "peer only", (False, False): "both fail"}[ours == "pass", peer == "pass"]
+            row.buckets[bucket].append(cls)
+            if peer == "fail":
+                row.errors[cls, "peer"] = item.get("peer_error") or "?"
+            if ours == "fail":
+                row.errors[cls, "ours"] = ours_error or "?"
+        rows.update(tables)
     return [rows[k] for k in sorted(rows)]
