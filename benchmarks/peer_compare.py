@@ -2,15 +2,19 @@
 
     python benchmarks/peer_compare.py --results results/dynamo-static.jsonl \\
         [--model PATTERN ...] [--limit N] [--backend B ...] [--variant V ...] \\
-        [--jobs 1] [--timeout 600] [--json OUT] [--markdown OUT] [--match-onnx-optimize]
+        [--jobs 1] [--timeout 600] [--json OUT] [--markdown OUT] [--match-onnx-optimize] \\
+        [--rows ROWS.jsonl] [--resume] [--max-items-per-child 25]
 
 Our side is read from a sweep log (pytest-reportlog JSONL, or the report's results.json), loaded
 with ``sweeps.report.load.load_any``: our exporters are not re-run. Our outcome ``pass`` and
 ``xpass`` (the item passed) count as a pass; ``fail``, ``xfail`` (a known failure) and ``crash``
 as a failure; ``skipped`` items are not compared.
 
-The peer side is run now, one child process per (class, backend, variant), so a crash or a hang
-loses that item only (``--timeout`` seconds each, ``--jobs`` at a time). In the child:
+The peer side is run now in spawned child processes (``--jobs`` at a time), each running up to
+``--max-items-per-child`` items so torch and transformers are imported once per child, not per item;
+a crash or a hang (``--timeout`` seconds per item) loses that item only, and the child is replaced.
+Rows are appended to ``--rows`` (default ``<--json>.rows.jsonl``) as they arrive; ``--resume`` reruns
+only the items not in it, so a long run can be stopped and continued. For each item, in the child:
 
 1. build:   ``sweeps.zoo.build_tiny(entry, seed=0)``: the same tiny model and inputs as our sweep
             (``sweeps.runner.reference`` builds exactly this);
@@ -450,72 +454,119 @@ def peer_item(class_name: str, backend: str, variant: str, onnx_optimize: bool |
     return row
 
 
-def _child(conn, log_path, args):
+def _child(conn, log_path, fn=None):
+    """A worker: peer items in, rows out (``fn(*item)``, default ``peer_item``), until it gets None.
+    Its output goes to ``log_path``."""
+    fn = fn or peer_item
     if log_path:
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     else:
         fd = os.open(os.devnull, os.O_WRONLY)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     try:
-        conn.send(peer_item(*args))
+        while (args := conn.recv()) is not None:
+            print(f"=== {args[1]}/{args[2]} {args[0]}", flush=True)
+            conn.send(fn(*args))
+    except EOFError:
+        pass
     finally:
         conn.close()
 
 
+class _Worker:
+    """A spawned child that runs peer items one after another (torch and transformers are imported
+    once per child, not once per item); it is replaced after ``max_items`` items, a crash or a timeout."""
+
+    def __init__(self, ctx, log_dir: str | None, index: int, fn=None):
+        self.conn, child = ctx.Pipe(duplex=True)
+        log = os.path.join(log_dir, f"worker-{index}.log") if log_dir else None
+        self.proc = ctx.Process(target=_child, args=(child, log, fn), daemon=True)
+        self.proc.start()
+        child.close()
+        self.done = 0
+        self.item = None
+        self.started = 0.0
+
+    def give(self, item) -> None:
+        self.item, self.started = item, time.monotonic()
+        self.conn.send(item)
+
+    def stop(self, kill: bool = False) -> None:
+        if not kill:
+            try:
+                self.conn.send(None)
+            except (BrokenPipeError, OSError):
+                kill = True
+            self.proc.join(30)
+        if kill or self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+
+
 def run_items(items: list[tuple], *, jobs: int = 1, timeout: float = 600, log_dir: str | None = None,
-              progress=None) -> list[dict[str, Any]]:
-    """``peer_item(*item)`` for each item, each in its own (spawned) child process, ``jobs`` at a time;
-    a child that dies or runs past ``timeout`` seconds gives a "crash" / "timeout" row."""
+              progress=None, max_items: int = 25, fn=None) -> list[dict[str, Any]]:
+    """``peer_item(*item)`` for each item in spawned children, ``jobs`` at a time, each child running up
+    to ``max_items`` items; an item whose child dies or runs past ``timeout`` seconds gives a "crash" /
+    "timeout" row, and only that item is lost: the child is replaced and the rest go on."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     pending = list(items)
-    running: list[tuple] = []  # (process, conn, item, started)
+    workers: list[_Worker] = []
     rows = []
+    spawned = 0
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
 
-    def finish(item, row):
+    def finish(row):
         rows.append(row)
         if progress:
             progress(len(rows), len(items), row)
 
-    while pending or running:
-        while pending and len(running) < max(jobs, 1):
-            item = pending.pop(0)
-            parent, child = ctx.Pipe(duplex=False)
-            log = os.path.join(log_dir, f"{item[1]}-{item[2]}-{item[0]}.log") if log_dir else None
-            proc = ctx.Process(target=_child, args=(child, log, item), daemon=True)
-            proc.start()
-            child.close()
-            running.append((proc, parent, item, time.monotonic()))
-        time.sleep(0.2)
-        for entry in list(running):
-            proc, conn, item, started = entry
-            row = None
-            if conn.poll():
-                try:
-                    row = conn.recv()
-                except EOFError:
-                    row = None
-                proc.join(30)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
-                if row is None:
-                    row = _dead_row(item, "crash", f"child exited with code {proc.exitcode}", started)
-            elif not proc.is_alive():
-                row = _dead_row(item, "crash", f"child exited with code {proc.exitcode}", started)
-            elif time.monotonic() - started > timeout:
-                proc.kill()
-                proc.join()
-                row = _dead_row(item, "timeout", f"timed out after {timeout:g}s", started)
-            else:
-                continue
-            conn.close()
-            running.remove(entry)
-            finish(item, row)
+    try:
+        while pending or any(w.item for w in workers):
+            for w in list(workers):  # retire idle children that reached their quota
+                if w.item is None and w.done >= max_items:
+                    w.stop()
+                    workers.remove(w)
+            while pending and len(workers) < max(jobs, 1):
+                spawned += 1
+                workers.append(_Worker(ctx, log_dir, spawned, fn))
+            for w in workers:
+                if w.item is None and pending:
+                    w.give(pending.pop(0))
+            time.sleep(0.2)
+            for w in list(workers):
+                if w.item is None:
+                    continue
+                row = None
+                if w.conn.poll():
+                    try:
+                        row = w.conn.recv()
+                    except EOFError:
+                        row = None
+                    if row is None:
+                        row = _dead_row(w.item, "crash", f"child exited with code {w.proc.exitcode}", w.started)
+                        w.stop(kill=True)
+                        workers.remove(w)
+                    else:
+                        w.item, w.done = None, w.done + 1
+                elif not w.proc.is_alive():
+                    row = _dead_row(w.item, "crash", f"child exited with code {w.proc.exitcode}", w.started)
+                    w.stop(kill=True)
+                    workers.remove(w)
+                elif time.monotonic() - w.started > timeout:
+                    row = _dead_row(w.item, "timeout", f"timed out after {timeout:g}s", w.started)
+                    w.stop(kill=True)
+                    workers.remove(w)
+                else:
+                    continue
+                finish(row)
+    finally:
+        for w in workers:
+            w.stop(kill=w.item is not None)
     return rows
 
 
@@ -531,6 +582,25 @@ def _dead_row(item, stage, message, started) -> dict[str, Any]:
     cls, backend, variant = item[:3]
     return {"class": cls, "backend": backend, "variant": variant, "peer": "fail", "peer_stage": stage,
             "peer_error": f"{stage}: {message}", "peer_duration_s": round(time.monotonic() - started, 3)}
+
+
+def read_rows(path: str, items: list[tuple]) -> list[dict[str, Any]]:
+    """Peer rows already written to ``path`` (JSONL) for the selected items; a later row of the same
+    item wins, a torn last line (the run was killed mid-write) is dropped."""
+    wanted = set(items)
+    rows: dict[tuple, dict] = {}
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            key = (row.get("class"), row.get("backend"), row.get("variant"))
+            if key in wanted:
+                rows[key] = {k: v for k, v in row.items() if not k.startswith("ours")}
+    return list(rows.values())
 
 
 # ── main ──────────────────────────────────────────────────────────────────────
@@ -550,7 +620,16 @@ def main(argv=None) -> int:
     parser.add_argument("--log-dir", help="keep each peer child's stdout/stderr here")
     parser.add_argument("--json", dest="json_out", help="write tables and per-item rows as JSON")
     parser.add_argument("--markdown", help="write the tables as Markdown")
+    parser.add_argument("--rows", help="append each peer row to this JSONL as it arrives (default: JSON + "
+                                       "'.rows.jsonl' when --json is given)")
+    parser.add_argument("--resume", action="store_true",
+                        help="take the rows already in the --rows file and run only the other items")
+    parser.add_argument("--max-items-per-child", type=int, default=25,
+                        help="peer items one child runs before it is replaced (default 25)")
     args = parser.parse_args(argv)
+    rows_path = args.rows or (args.json_out + ".rows.jsonl" if args.json_out else None)
+    if args.resume and not rows_path:
+        parser.error("--resume needs --rows or --json (the rows file to resume from)")
 
     ours = load_ours(args.results)
     items, notes = select_items(ours, models=args.model or None, limit=args.limit,
@@ -558,20 +637,30 @@ def main(argv=None) -> int:
     if not items:
         print("nothing to compare" + ("".join(f"\n  {n}" for n in notes)), file=sys.stderr)
         return 1
-    print(f"comparing {len(items)} items against transformers.exporters ({args.jobs} at a time)", file=sys.stderr)
+    done_rows = read_rows(rows_path, items) if args.resume else []
+    done = {(r["class"], r["backend"], r["variant"]) for r in done_rows}
+    todo = [i for i in items if i not in done]
+    if rows_path and not args.resume:
+        open(rows_path, "w").close()
+    print(f"comparing {len(items)} items against transformers.exporters ({args.jobs} at a time)"
+          + (f"; {len(done_rows)} taken from {rows_path}" if done_rows else ""), file=sys.stderr)
 
     def progress(done, total, row):
+        if rows_path:
+            with open(rows_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row, default=str) + "\n")
         extra = f" {row.get('peer_error')}" if row["peer"] != "pass" else ""
         print(f"[{done}/{total}] {row['backend']}/{row['variant']} {row['class']}: peer {row['peer']} "
               f"({row.get('peer_duration_s', 0):.0f}s){extra}", file=sys.stderr, flush=True)
 
     peer_args = []
-    for cls, backend, variant in items:
+    for cls, backend, variant in todo:
         optimize = None
         if args.match_onnx_optimize and backend == "onnx":
             optimize = ours[(cls, backend, variant)].onnx_optimize
         peer_args.append((cls, backend, variant, optimize))
-    rows = run_items(peer_args, jobs=args.jobs, timeout=args.timeout, log_dir=args.log_dir, progress=progress)
+    rows = done_rows + run_items(peer_args, jobs=args.jobs, timeout=args.timeout, log_dir=args.log_dir,
+                                 progress=progress, max_items=args.max_items_per_child)
     for row in rows:
         record = ours[(row["class"], row["backend"], row["variant"])]
         row.update(ours_row(record))

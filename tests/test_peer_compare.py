@@ -186,3 +186,35 @@ def test_dynamic_dims_of_an_onnx_graph():
                                     SimpleNamespace(name="pixel_values", shape=[2, 3, 30, 30])])
     dims = pc.peer_dynamic_dims("onnx", SimpleNamespace(graph=graph), {"input_ids": None, "pixel_values": None})
     assert dims == {"input_ids": {1: {"min": None, "max": None}}}
+
+
+@pytest.mark.timeout(120)
+def test_children_are_reused_and_a_crash_or_hang_loses_one_item(tmp_path):
+    """Items run in reused children (max_items each); a crash and a hang cost their own item only,
+    the child is replaced and the remaining items still run."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from _peer_fake import fake_item
+
+    items = [(c, "dynamo", "static", None) for c in ("A", "B", "C", "Crash", "D", "Hang", "E")]
+    seen = []
+    rows = pc.run_items(items, timeout=15, max_items=2, fn=fake_item, log_dir=str(tmp_path),
+                        progress=lambda done, total, row: seen.append((done, total, row["class"])))
+    by = {r["class"]: r for r in rows}
+    assert sorted(by) == sorted(c for c, *_ in items) and len(seen) == len(items)
+    assert (by["Crash"]["peer"], by["Crash"]["peer_stage"]) == ("fail", "crash")
+    assert (by["Hang"]["peer"], by["Hang"]["peer_stage"]) == ("fail", "timeout")
+    assert all(by[c]["peer"] == "pass" for c in "ABCDE")
+    assert by["A"]["pid"] == by["B"]["pid"] != by["C"]["pid"]   # two items per child, then a new one
+    assert by["D"]["pid"] != by["C"]["pid"] and by["E"]["pid"] != by["D"]["pid"]  # replaced after crash/hang
+
+
+def test_resume_reads_written_rows_and_drops_a_torn_line(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"class": "A", "backend": "onnx", "variant": "static", "peer": "pass"}) + "\n"
+                    + json.dumps({"class": "Z", "backend": "onnx", "variant": "static", "peer": "fail"}) + "\n"
+                    + json.dumps({"class": "A", "backend": "onnx", "variant": "static", "peer": "fail",
+                                  "ours": "pass"}) + "\n"
+                    + '{"class": "B", "backe')
+    got = pc.read_rows(str(rows), [("A", "onnx", "static"), ("B", "onnx", "static")])
+    assert got == [{"class": "A", "backend": "onnx", "variant": "static", "peer": "fail"}]  # later row wins
+    assert pc.read_rows(str(tmp_path / "missing.jsonl"), [("A", "onnx", "static")]) == []
