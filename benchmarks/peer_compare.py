@@ -18,7 +18,9 @@ only the items not in it, so a long run can be stopped and continued. For each i
 
 1. build:   ``sweeps.zoo.build_tiny(entry, seed=0)``: the same tiny model and inputs as our sweep
             (``sweeps.runner.reference`` builds exactly this);
-2. eager:   the model's own outputs at those inputs, computed before the export, as our sweep does;
+2. eager:   ``sweeps.zoo.run_eager``: the model's own outputs, computed before the export, as our sweep
+            does (it switches to the input layout alternative the zoo validated where the generic
+            inputs are refused, so the peer gets exactly our inputs);
 3. export:  the peer's public API only: ``AutoHfExporter.from_config(cfg).export(model, inputs, cfg)``
             with ``DynamoConfig`` / ``OnnxConfig`` / ``ExecutorchConfig(dynamic=...)``. "dynamic" is
             the peer's own definition, ``dynamic=True`` with no ``dynamic_shapes``: every input axis
@@ -393,14 +395,16 @@ def peer_item(class_name: str, backend: str, variant: str, onnx_optimize: bool |
     try:
         import torch
 
-        from sweeps.zoo import build_tiny, resolve_models
+        from sweeps.zoo import build_tiny, resolve_models, run_eager
 
         (entry,) = [e for e in resolve_models([class_name]) if e.class_name == class_name]
         tiny = build_tiny(entry, seed=SEED, check=False)
-        model, inputs = tiny.model, tiny.inputs
         stage = "eager"
+        # the zoo's eager check, as our sweep runs it: where the generic inputs are refused it switches
+        # to the layout alternative the zoo validated, so both sides get the same inputs
         with torch.no_grad():
-            eager_raw = model(**inputs)
+            eager_raw = run_eager(tiny, SEED)
+        model, inputs = tiny.model, tiny.inputs
         stage = "export"
         from transformers import exporters as peer
 
