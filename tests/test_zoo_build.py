@@ -269,3 +269,29 @@ def test_random_masking_and_sampling_models_get_deterministic_inputs():
     torch.testing.assert_close(a.last_hidden_state, b.last_hidden_state, rtol=0, atol=0)
     assert torch.equal(a.ids_restore, b.ids_restore)
     assert build_tiny("VibeVoiceAcousticTokenizerModel").inputs["sample"] is False
+
+
+# one class per RT-DETR-family model type (pp_doclayout_v2 has no bare *Model)
+QUERY_TOPK_CLASSES = ["RTDetrModel", "RTDetrV2Model", "DFineModel", "Deimv2Model",
+                      "PPDocLayoutV2ForObjectDetection", "PPDocLayoutV3Model", "PPDocLayoutV4Model"]
+
+
+@pytest.mark.parametrize("name", QUERY_TOPK_CLASSES)
+def test_detr_query_scores_have_no_topk_ties(name, monkeypatch):
+    # the decoder queries are torch.topk(encoder scores, num_queries); on (near-)tied scores ONNX TopK and
+    # torch.topk pick different anchors, so the overrides' init std must keep the scores well apart
+    seen = []
+    real_topk = torch.topk
+
+    def spy(x, k, *args, **kwargs):
+        if not seen:  # the first top-k of the forward is the encoder's query selection
+            seen.append((x.detach().clone(), k))
+        return real_topk(x, k, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "topk", spy)
+    t = build_tiny(name)  # runs one eager forward
+    scores, k = seen[0]
+    assert k == t.config.num_queries and k < scores.shape[1]
+    ranked = scores.sort(dim=1, descending=True).values[:, : k + 1]
+    min_gap = (ranked[:, :-1] - ranked[:, 1:]).min().item()
+    assert min_gap > 1e-4, f"{name}: encoder query scores within {min_gap:.2g} of each other around the top-{k}"

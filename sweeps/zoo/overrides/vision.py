@@ -34,6 +34,13 @@ _UVDOC_TABLES = {
                       [[16, 12], [16, 7], [16, 4]], [[16, 18], [16, 12], [16, 6]]],
 }
 
+# RT-DETR family: the decoder queries are the torch.topk(num_queries) of per-anchor encoder scores. At the default
+# normal(0, 0.01/0.02) conv init the HGNetV2 backbone / hybrid encoder shrink features to ~1e-15, every score equals
+# the enc_score_head bias, and ONNX TopK (lowest index first) and torch.topk break that full tie differently. The
+# std is tuned per type: the encoder's conv stack is exponential in it (0.3 explodes D-FINE's encoder to 1e9)
+_TOPK_SCORE_REASON = ("conv features vanish (~1e-15) at the 0.01 init std, so all encoder query scores tie and the "
+                      "top-k query selection is arbitrary; these stds keep them >= 1e-3 apart with O(1) activations")
+
 OVERRIDES: dict[str, dict] = {
     "beit": _FOUR_TAPS,
     "levit": {
@@ -157,14 +164,21 @@ OVERRIDES: dict[str, dict] = {
     },
     "pp_doclayout_v2": {
         "reason": "per-label score thresholds and reading-order priorities default to None (set by checkpoints): one per label (2); "
-                  "the reading-order box embeddings (171/170 wide over 1024 positions, names the shrinker does not know) dominate the size",
-        "config": {"class_thresholds": [0.5, 0.5], "class_order": [0, 1],
+                  "the reading-order box embeddings (171/170 wide over 1024 positions, names the shrinker does not know) dominate the size; "
+                  + _TOPK_SCORE_REASON,
+        "config": {"class_thresholds": [0.5, 0.5], "class_order": [0, 1], "initializer_range": 0.25, "backbone_config.initializer_range": 0.3,
                    "reading_order_config.coordinate_size": 8, "reading_order_config.shape_size": 8},
     },
     "pp_doclayout_v3": {
-        "reason": "x4_feat_dim is the width of the backbone's stride-4 stage (stage_out_channels[0]; a name the shrinker keeps)",
-        "config": {"x4_feat_dim": 16},
+        "reason": "x4_feat_dim is the width of the backbone's stride-4 stage (stage_out_channels[0]; a name the shrinker keeps); "
+                  + _TOPK_SCORE_REASON,
+        "config": {"x4_feat_dim": 16, "initializer_range": 0.25, "backbone_config.initializer_range": 0.3},
     },
+    "pp_doclayout_v4": {"reason": _TOPK_SCORE_REASON, "config": {"initializer_range": 0.25, "backbone_config.initializer_range": 0.3}},
+    "d_fine": {"reason": _TOPK_SCORE_REASON, "config": {"initializer_range": 0.2, "backbone_config.initializer_range": 0.25}},
+    "deimv2": {"reason": _TOPK_SCORE_REASON, "config": {"initializer_range": 0.2, "backbone_config.initializer_range": 0.2}},
+    "rt_detr": {"reason": _TOPK_SCORE_REASON + " (its ResNet backbone is Kaiming-initialised)", "config": {"initializer_range": 0.2}},
+    "rt_detr_v2": {"reason": _TOPK_SCORE_REASON + " (its ResNet backbone is Kaiming-initialised)", "config": {"initializer_range": 0.2}},
     "sam": {
         "reason": "the prompt encoder's dense grid (image_embedding_size) must equal image_size / patch_size of the vision tower, "
                   "and the random-Fourier positional embedding (2 * num_pos_feats) the neck width",
