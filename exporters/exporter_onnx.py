@@ -139,6 +139,102 @@ def _fix_noop_squeeze(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     return True
 
 
+@register_fx_node_fix("onnx")
+def _fix_searchsorted_as_comparisons(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """``torch.searchsorted`` has no ONNX function ("No ONNX function found for aten.searchsorted";
+    MusicFlamingo maps encoder rows to audio samples with it; under dynamic shapes torch.onnx's own
+    decomposition of ``isin`` emits one, in Grounding DINO). In a sorted sequence the insertion
+    point is the count of boundaries before it, so count them with a comparison and a sum. The
+    comparison is negated, not flipped: torch's binary search puts a NaN value after every boundary.
+    A ``sorter`` only permutes the boundaries, which leaves the count unchanged. A 1-D sequence is
+    shared by all values; an N-D one is searched row by row (same leading dims, as torch requires).
+
+    before: searchsorted(seq, v, right=r, side=s, out_int32=i, sorter=p)
+    after:  sum(~(seq > v[..., None]) if r or s == "right" else ~(seq >= v[..., None]), -1, int32 if i else int64)
+    """
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target not in (aten.searchsorted.Tensor, aten.searchsorted.Scalar):
+        return False
+    seq, values = node.args[:2]
+    seq_val = seq.meta.get("val") if isinstance(seq, torch.fx.Node) else None
+    if not isinstance(seq_val, torch.Tensor) or seq_val.dim() == 0 or seq_val.is_complex():
+        return False
+    right, side = node.kwargs.get("right", False), node.kwargs.get("side")
+    if side not in (None, "left", "right") or (side == "left" and right):
+        return False
+    right = right or side == "right"
+    dtype = torch.int32 if node.kwargs.get("out_int32", False) else torch.int64
+    if node.target is aten.searchsorted.Scalar:
+        if seq_val.dim() != 1 or isinstance(values, bool) or not isinstance(values, (int, float)):
+            return False
+        compare, compare_args = (aten.gt.Scalar if right else aten.ge.Scalar), (seq, values)
+    else:
+        val = values.meta.get("val") if isinstance(values, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or val.is_complex() or (seq_val.dim() > 1 and val.dim() != seq_val.dim()):
+            return False
+        compare = aten.gt.Tensor if right else aten.ge.Tensor
+    graph = gm.graph
+    with graph.inserting_before(node):
+        new = []
+        if node.target is aten.searchsorted.Tensor:
+            new.append(graph.call_function(aten.unsqueeze.default, (values, -1)))  # [..., K, 1]
+            if seq_val.dim() > 1:
+                new.append(graph.call_function(aten.unsqueeze.default, (seq, -2)))  # [..., 1, M]
+            compare_args = (new[-1] if seq_val.dim() > 1 else seq, new[0])
+        new.append(graph.call_function(compare, compare_args))
+        new.append(graph.call_function(aten.logical_not.default, (new[-1],)))  # boundary sorts before the value
+        new.append(graph.call_function(aten._to_copy.default, (new[-1],), {"dtype": dtype}))
+        new.append(graph.call_function(aten.sum.dim_IntList, (new[-1], [-1]), {"dtype": dtype}))
+    for n in new:  # torch.onnx's decomposition of isin brings searchsorted in after run_decompositions,
+        _set_fake_val(n)  # where lowering reads every node's meta["val"]
+    replace_node(gm, node, new)
+    return True
+
+
+def _set_fake_val(node: torch.fx.Node) -> None:
+    """Give a node a node fix created the ``meta["val"]`` its op computes on its inputs' fake values."""
+    from torch._guards import detect_fake_mode
+
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    fake_mode = detect_fake_mode([v for v in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)])
+    if fake_mode is None:
+        return
+    with fake_mode:
+        node.meta["val"] = node.target(*args, **kwargs)
+
+
+@register_fx_node_fix("onnx")
+def _fix_sym_numel_as_sizes(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """``t.numel()`` of a tensor with a data-dependent size traces as ``aten.sym_numel``, which has
+    no ONNX function ("No ONNX function found for aten.sym_numel"; Inkling 2 checks its placeholder
+    counts against ``inputs_embeds[mask].numel()``). The element count is the product of the sizes,
+    and ``sym_size`` lowers to Shape.
+
+    before: sym_numel(x[a, b, c])    after: sym_size.int(x, 0) * sym_size.int(x, 1) * sym_size.int(x, 2)
+    """
+    import operator
+
+    if node.op != "call_function" or node.target is not torch.ops.aten.sym_numel.default:
+        return False
+    x = node.args[0]
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() == 0:
+        return False
+    new, total = [], None
+    with gm.graph.inserting_before(node):
+        for d in range(val.dim()):
+            size = gm.graph.call_function(torch.ops.aten.sym_size.int, (x, d))
+            size.meta["val"] = val.shape[d]
+            new.append(size)
+            if total is not None:
+                product = gm.graph.call_function(operator.mul, (total, size))
+                product.meta["val"] = total.meta["val"] * val.shape[d]
+                new.append(product)
+            total = new[-1]
+    replace_node(gm, node, new)
+    return True
+
+
 # ── Stage 4: ONNX translations ───────────────────────────────────────────────
 # Custom lowerings for aten ops whose default translation is missing or wrong: write an ``_aten_*``
 # onnxscript function and add it to _ONNX_TRANSLATION_TABLE, keyed by the aten overload.
@@ -186,10 +282,104 @@ def _aten_erfinv(self):
     return op.Mul(op.Where(op.Less(w, const(5.0)), p_central, p_tail), self)
 
 
+@functools.cache
+def _cumulative_extreme_scans():
+    """The Scan bodies of cummax / cummin over axis 0, as onnxscript functions (built on first use,
+    so that importing this module does not compile them). Each step keeps the running extreme ``m``
+    and its index ``k``; it takes the new element when it is NaN, or when ``m`` is not NaN and the
+    element is >= (<= for min) ``m``: torch's rule, so ties and NaNs go to the latest index."""
+    import onnxscript
+    from onnxscript import opset18 as op
+    from onnxscript.function_libs.torch_lib.tensor_typing import TTensor
+    from onnxscript.onnx_types import INT64
+
+    domain = onnxscript.values.Opset("pkg.exporters.onnx", 1)
+
+    def compile_(function):
+        # torch.onnx reads the signature from the annotations, which must be objects, not the strings
+        # that this module's ``from __future__ import annotations`` would make of them
+        function.__annotations__ = {"x": TTensor, "return": INT64}
+        return onnxscript.script(domain, default_opset=op)(function)
+
+    @compile_
+    def cummax_indices_dim0(x):
+        @onnxscript.graph()
+        def step(m, k, t, xt):
+            take = op.Or(op.Not(op.Equal(xt, xt)), op.And(op.Equal(m, m), op.GreaterOrEqual(xt, m)))
+            take = op.Or(take, op.Equal(t, op.Constant(value_int=0)))
+            k_out = op.Where(take, t, k)
+            return op.Where(take, xt, m), k_out, op.Add(t, op.Constant(value_int=1)), op.Identity(k_out)
+
+        rest = op.Shape(x, start=1)
+        m0 = op.Expand(op.CastLike(op.Constant(value_int=0), x), rest)
+        k0 = op.Expand(op.Constant(value_int=0), rest)
+        m_last, k_last, t_last, indices = op.Scan(m0, k0, op.Constant(value_int=0), x, body=step, num_scan_inputs=1)
+        return indices
+
+    @compile_
+    def cummin_indices_dim0(x):
+        @onnxscript.graph()
+        def step(m, k, t, xt):
+            take = op.Or(op.Not(op.Equal(xt, xt)), op.And(op.Equal(m, m), op.LessOrEqual(xt, m)))
+            take = op.Or(take, op.Equal(t, op.Constant(value_int=0)))
+            k_out = op.Where(take, t, k)
+            return op.Where(take, xt, m), k_out, op.Add(t, op.Constant(value_int=1)), op.Identity(k_out)
+
+        rest = op.Shape(x, start=1)
+        m0 = op.Expand(op.CastLike(op.Constant(value_int=0), x), rest)
+        k0 = op.Expand(op.Constant(value_int=0), rest)
+        m_last, k_last, t_last, indices = op.Scan(m0, k0, op.Constant(value_int=0), x, body=step, num_scan_inputs=1)
+        return indices
+
+    return {"max": cummax_indices_dim0, "min": cummin_indices_dim0}
+
+
+def _cumulative_extreme(self, dim: int, kind: str):
+    import onnx_ir as ir
+    from onnxscript import opset18 as op
+
+    rank = len(self.shape)
+    if rank == 0:  # torch: the value itself, at index 0
+        return op.Identity(self), op.Constant(value_int=0)
+    dim = dim % rank
+    perm = [dim] + [d for d in range(rank) if d != dim]
+    x = op.Transpose(self, perm=perm) if dim else self
+    # no ordering comparison on bool in ONNX: compare as uint8 (False < True, as in torch)
+    indices = _cumulative_extreme_scans()[kind](op.Cast(x, to=2) if self.dtype == ir.DataType.BOOL else x)
+    # the values are gathered, not carried: ORT's Where drops the sign of a -0.0 it selects
+    values = op.GatherElements(x, indices, axis=0)
+    if dim:
+        back = [perm.index(d) for d in range(rank)]
+        values, indices = op.Transpose(values, perm=back), op.Transpose(indices, perm=back)
+    return values, indices
+
+
+def _aten_cummax(self, dim: int):
+    """``torch.cummax`` has no ONNX function ("No ONNX function found for aten.cummax"; Grounding
+    DINO finds each token's previous delimiter with it), and ONNX has no CumMax. Scan along ``dim``
+    carrying the running maximum and its index with torch's update rule (ties and NaNs go to the
+    latest index), then gather the values at those indices.
+
+    before: aten.cummax(x, dim)    after: i = Scan(step)(Transpose(x, dim first)); (GatherElements(x, i), i), transposed back
+    """
+    return _cumulative_extreme(self, dim, "max")
+
+
+def _aten_cummin(self, dim: int):
+    """``torch.cummin``, as ``_aten_cummax`` with <= (Grounding DINO's next delimiter, right after its
+    cummax; the same "No ONNX function found").
+
+    before: aten.cummin(x, dim)    after: i = Scan(step)(Transpose(x, dim first)); (GatherElements(x, i), i), transposed back
+    """
+    return _cumulative_extreme(self, dim, "min")
+
+
 _ONNX_TRANSLATION_TABLE: dict[Any, Any] = {
     torch.ops.aten._is_all_true.default: _aten_is_all_true,
     torch.ops.aten.erfinv.default: _aten_erfinv,
     torch.ops.prims.erf_inv.default: _aten_erfinv,
+    torch.ops.aten.cummax.default: _aten_cummax,
+    torch.ops.aten.cummin.default: _aten_cummin,
 }
 
 
@@ -251,6 +441,22 @@ _IR_FIXES = (_fix_ir_topk_sorted,)
 
 # ── the exporter ─────────────────────────────────────────────────────────────
 
+def onnx_output_names(input_names: list[str], output_names: list[str]) -> list[str]:
+    """The graph's output names: ``output_names``, except that one equal to an input name (Gemma 3n's
+    audio encoder returns its subsampled ``audio_mel_mask``) becomes ``output.<name>``, since an ONNX
+    graph defines each name once ("Duplicate definition of name" at session load). The artifact still
+    returns it under the model's name: outputs are read by position."""
+    taken = set(input_names)
+    names = []
+    for name in output_names:
+        new = name if name not in taken else f"output.{name}"
+        while new in taken:
+            new = f"output.{new}"
+        taken.add(new)
+        names.append(new)
+    return names
+
+
 class OnnxArtifact(Artifact):
     backend = "onnx"
     file_name = "model.onnx"
@@ -268,6 +474,7 @@ class OnnxArtifact(Artifact):
             self.model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
         )
         self._onnx_inputs = [i.name for i in self.session.get_inputs()]
+        self._onnx_outputs = [o.name for o in self.session.get_outputs()]  # in output_names' order
         self._narrow_to_onnx_shapes()
 
     def _narrow_to_onnx_shapes(self) -> None:
@@ -284,7 +491,7 @@ class OnnxArtifact(Artifact):
 
     def _run(self, ordered):
         feed = {name: t.detach().cpu().numpy() for name, t in zip(self.input_names, ordered) if name in self._onnx_inputs}
-        outputs = self.session.run(self.output_names, feed)
+        outputs = self.session.run(self._onnx_outputs, feed)
         return [torch.from_numpy(o) for o in outputs]
 
     def _save_model(self, path):
@@ -323,7 +530,7 @@ class OnnxExporter(Exporter):
                     kwargs={},
                     dynamo=True,
                     input_names=traced.input_names,
-                    output_names=traced.output_names,
+                    output_names=onnx_output_names(traced.input_names, traced.output_names),
                     custom_translation_table=dict(_ONNX_TRANSLATION_TABLE),
                     optimize=config.optimize,
                     opset_version=config.opset,

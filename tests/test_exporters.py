@@ -675,3 +675,22 @@ def test_symbolic_int_attributes_of_outputs_export_dynamic(backend):
     torch.testing.assert_close(out[art.output_names[1]], other + 1)
     tensors: list = []
     assert _flatten_to_context(_Window(x, 5), tensors)[2][1] == ("cumulative_length", ("const", exporters.exporter_dynamo._Const(5)))
+
+
+def test_onnx_output_named_like_an_input():
+    """A model that returns an output under one of its input names (Gemma 3n's audio encoder returns
+    the subsampled ``audio_mel_mask``): the ONNX graph names it ``output.<name>`` (a graph defines each
+    name once) and the artifact returns it under the model's name."""
+    from exporters.exporter_onnx import onnx_output_names
+
+    class M(torch.nn.Module):
+        def forward(self, x, mask):
+            return {"hidden": x * 2, "mask": mask[:, ::2]}
+
+    x, mask = torch.randn(2, 4), torch.tensor([[True, False, True, True]] * 2)
+    art = get_exporter("onnx").export(M(), {"x": x, "mask": mask})
+    assert art.output_names == ["hidden", "mask"]
+    assert [o.name for o in art.session.get_outputs()] == ["hidden", "output.mask"]
+    got = art(x=x, mask=mask)
+    assert torch.equal(got["mask"], mask[:, ::2]) and torch.equal(got["hidden"], x * 2)
+    assert onnx_output_names(["a", "output.a"], ["a", "b"]) == ["output.output.a", "b"]

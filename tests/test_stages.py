@@ -505,3 +505,118 @@ def test_onnx_erfinv_translation_matches_torch(monkeypatch):
         monkeypatch.delitem(onx._ONNX_TRANSLATION_TABLE, target)
     with pytest.raises(ExportStageError, match="erf_inv"):  # without the translation
         OnnxExporter().export(Icdf(), {"x": x})
+
+
+def test_onnx_cummax_cummin_translation_matches_torch(monkeypatch):
+    """ONNX has no CumMax / CumMin and torchlib no function for them (Grounding DINO's delimiter
+    search); the Scan translations follow torch's index rule (ties and NaNs go to the latest index),
+    keep the values bit for bit (-0.0 included), take bool and int inputs, any dim, and dynamic sizes."""
+    from exporters import ExportStageError, OnnxExporter
+    from exporters.exporter_onnx import OnnxConfig
+
+    class Cum(torch.nn.Module):
+        def forward(self, x, ids, mask):
+            prev = torch.cummax(torch.where(mask, ids, -1), dim=1)  # as Grounding DINO
+            low = torch.cummin(x, dim=-1)
+            high = torch.cummax(x, dim=0)
+            flags = torch.cummax(mask, dim=1)
+            return (*prev, *low, *high, *flags)
+
+    def check(art, x, ids, mask):
+        got = art(x=x, ids=ids, mask=mask)
+        for name, want in zip(art.output_names, Cum()(x, ids, mask)):
+            assert got[name].dtype == want.dtype and got[name].shape == want.shape
+            if want.is_floating_point():
+                assert torch.equal(got[name].isnan(), want.isnan())
+                assert torch.equal(torch.signbit(got[name]), torch.signbit(want))
+                want, got[name] = want.nan_to_num(), got[name].nan_to_num()
+            assert torch.equal(got[name], want), name
+
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0, nan, 5.0, nan, 7.0],
+                      [-0.0, 0.0, -0.0, 1.0, 1.0, 0.0, 2.0, 2.0],
+                      [-inf, -inf, 4.0, 4.0, inf, inf, -1.0, nan]])
+    ids = torch.arange(8).expand(3, 8)
+    mask = torch.tensor([[0, 1, 0, 0, 1, 1, 0, 1], [1, 0, 0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    art = OnnxExporter().export(Cum(), {"x": x, "ids": ids, "mask": mask})
+    check(art, x, ids, mask)
+    assert {"translation:onnx:_aten_cummax", "translation:onnx:_aten_cummin"} <= set(art.workarounds_fired)
+
+    dynamic = OnnxExporter().export(Cum(), {"x": x, "ids": ids, "mask": mask}, OnnxConfig(dynamic=True))
+    x2 = torch.randint(-2, 3, (5, 13)).float()
+    check(dynamic, x2, torch.arange(13).expand(5, 13), torch.rand(5, 13) > 0.6)
+
+    for target in (torch.ops.aten.cummax.default, torch.ops.aten.cummin.default):
+        monkeypatch.delitem(onx._ONNX_TRANSLATION_TABLE, target)
+    with pytest.raises(ExportStageError, match="aten.cummax"):  # without the translations
+        OnnxExporter().export(Cum(), {"x": x, "ids": ids, "mask": mask})
+
+
+def test_onnx_searchsorted_as_comparisons():
+    """``torch.searchsorted`` has no ONNX function (MusicFlamingo); the node fix counts the boundaries
+    before each value and matches eager for left/right/side, out_int32, a sorter, a Python scalar,
+    NaN values, mixed dtypes, row-wise N-D sequences, and a searchsorted from torch.onnx's own
+    decomposition of ``isin`` under dynamic shapes."""
+    from exporters import ExportStageError, OnnxExporter
+    from exporters.exporter_onnx import OnnxConfig
+    from exporters.utils import Registry
+
+    class Search(torch.nn.Module):
+        def forward(self, seq, values, rows, row_values):
+            shuffled = seq[torch.tensor([3, 0, 2, 1, 4])]
+            return (
+                torch.searchsorted(seq, values),  # int64 boundaries, float values: as MusicFlamingo
+                torch.searchsorted(seq, values, right=True),
+                torch.searchsorted(seq, values, side="right", out_int32=True),
+                torch.searchsorted(shuffled, values, sorter=torch.tensor([1, 3, 2, 0, 4])),
+                torch.searchsorted(rows, row_values),
+                torch.searchsorted(rows, row_values, right=True),
+                torch.searchsorted(seq, 3),
+                torch.searchsorted(seq, 2.5, right=True),
+            )
+
+    inputs = {
+        "seq": torch.tensor([1, 3, 3, 5, 8]),
+        "values": torch.tensor([[0.0, 3.0, 3.5, float("nan"), 9.0], [8.0, 8.5, 1.0, 1.0, -1.0]]),
+        "rows": torch.tensor([[1, 2, 2, 4], [0, 0, 5, 5]]),
+        "row_values": torch.tensor([[2, 3, 0], [5, 0, 6]]),
+    }
+    with pytest.raises(ExportStageError, match="aten.searchsorted"):
+        OnnxExporter(registry=Registry()).export(Search(), inputs)
+    art = OnnxExporter().export(Search(), inputs)
+    got = art(**inputs)
+    for name, want in zip(art.output_names, Search()(**inputs)):
+        assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
+    assert "fix:onnx:_fix_searchsorted_as_comparisons" in art.workarounds_fired
+
+    class Isin(torch.nn.Module):  # Grounding DINO's delimiter mask: with dynamic sizes, torch.onnx's
+        def forward(self, ids):  # decomposition of isin brings in a searchsorted after the first fixes
+            return torch.isin(ids, torch.tensor([101, 102, 1012, 1029]))
+
+    ids = torch.tensor([[101, 5, 1012, 7, 8, 102, 3], [3, 101, 4, 4, 1029, 9, 102]])
+    art = OnnxExporter().export(Isin(), {"ids": ids}, OnnxConfig(dynamic=True))
+    for x in (ids, torch.randint(1000, 1030, (3, 11))):
+        assert torch.equal(art(ids=x)["output"], Isin()(x))
+    assert "fix:onnx:_fix_searchsorted_as_comparisons" in art.workarounds_fired
+
+
+def test_onnx_sym_numel_of_a_data_dependent_size():
+    """``repeat_interleave`` by a constant count tensor has a data-dependent size whose ``numel``
+    torch.onnx's decomposition checks with ``aten.sym_numel``, which has no ONNX function (Inkling 2's
+    patch index). The node fix spells it as the product of ``sym_size``; the model matches eager."""
+    from exporters import ExportStageError, OnnxExporter
+    from exporters.utils import Registry
+
+    class Patches(torch.nn.Module):  # as Inkling 2's vision model
+        def forward(self, x):
+            per_image = torch.tensor([[1, 2, 2], [1, 1, 2]]).prod(-1)
+            index = torch.arange(x.shape[0]) + torch.repeat_interleave(torch.arange(1, 3), per_image)
+            return x.repeat(2, 1)[index] * 2, index
+
+    x = torch.randn(6, 3)
+    with pytest.raises(ExportStageError, match="aten.sym_numel"):
+        OnnxExporter(registry=Registry()).export(Patches(), {"x": x})
+    art = OnnxExporter().export(Patches(), {"x": x})
+    got = list(art(x=x).values())
+    assert all(torch.equal(g, w) for g, w in zip(got, Patches()(x)))
+    assert "fix:onnx:_fix_sym_numel_as_sizes" in art.workarounds_fired
