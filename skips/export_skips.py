@@ -385,4 +385,17 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "so the frame count is pinned (guard input_features.size(1) // 8 == 8). Remove when both encoders "
                "run their chunks without a Python loop over the frame count (pad to whole chunks and batch them)",
     ),
+    ExportSkip(
+        classes=("EfficientLoFTRForKeypointMatching", "EfficientLoFTRModel"),
+        variants=("dynamic",),
+        stage="export",
+        reason="the aggregated attention pools the coarse features by q_aggregation_stride 4 and upsamples the result "
+               "back by scale_factor 4 before the residual add (models/efficientloftr/modeling_efficientloftr.py:"
+               "461-475), so the image size must be a multiple of 32: the guard Eq(-x/8 + 4*((x/8)//4), 0), which "
+               "torch.export's dim-constraint solver hands to sympy, and sympy raises NotImplementedError ('cannot be "
+               "solved using solve_univariate_inequality', torch/fx/experimental/symbolic_shapes.py DimConstraints."
+               "solve) instead of suggesting Dim multiples; the fine stage also takes int(fine_height // "
+               "coarse_height) (line 619). Remove when torch's solver handles floor-division congruences (or the "
+               "exporter declares the image dims as 32 * Dim)",
+    ),
 )
