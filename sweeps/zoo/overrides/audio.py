@@ -120,8 +120,12 @@ OVERRIDES: dict[str, dict] = {
     },
     "univnet": {
         "reason": "kernel-predictor residual blocks are built with model_in_channels but run on kernel_predictor_hidden_channels "
-                  "(64 == 64 upstream); the predicted kernels have 24 * model_hidden_channels**2 channels: 8 keeps that small",
+                  "(64 == 64 upstream); the predicted kernels have 24 * model_hidden_channels**2 channels: 8 keeps that small; "
+                  "the vocoder's Gaussian noise_sequence is an input (forward draws torch.randn when it is None, which "
+                  "no backend can match and ONNX cannot lower): (B, frames of input_features, model_in_channels)",
         "config": {"kernel_predictor_hidden_channels": 8, "model_hidden_channels": 8},
+        "inputs": {"tensors": {"input_features": {"shape": ["B", 64, "num_mel_bins"]},
+                               "noise_sequence": {"shape": ["B", 64, "model_in_channels"]}}},
     },
     "moonshine_streaming": {
         "reason": "the decoder layers read config.num_key_value_heads, which the config class does not define (MHA decoder)",
