@@ -185,22 +185,10 @@ def _fix_searchsorted_as_comparisons(gm: torch.fx.GraphModule, node: torch.fx.No
         new.append(graph.call_function(aten.logical_not.default, (new[-1],)))  # boundary sorts before the value
         new.append(graph.call_function(aten._to_copy.default, (new[-1],), {"dtype": dtype}))
         new.append(graph.call_function(aten.sum.dim_IntList, (new[-1], [-1]), {"dtype": dtype}))
-    for n in new:  # torch.onnx's decomposition of isin brings searchsorted in after run_decompositions,
-        _set_fake_val(n)  # where lowering reads every node's meta["val"]
+    # torch.onnx's decomposition of isin brings searchsorted in after run_decompositions, where lowering
+    # reads every node's meta["val"]: replace_node computes the new nodes' vals
     replace_node(gm, node, new)
     return True
-
-
-def _set_fake_val(node: torch.fx.Node) -> None:
-    """Give a node a node fix created the ``meta["val"]`` its op computes on its inputs' fake values."""
-    from torch._guards import detect_fake_mode
-
-    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
-    fake_mode = detect_fake_mode([v for v in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)])
-    if fake_mode is None:
-        return
-    with fake_mode:
-        node.meta["val"] = node.target(*args, **kwargs)
 
 
 @register_fx_node_fix("onnx")

@@ -376,6 +376,23 @@ def _graph_modules(gm: torch.fx.GraphModule) -> Iterator[torch.fx.GraphModule]:
 _SOURCE_META = ("stack_trace", "nn_module_stack", "source_fn_stack")
 
 
+def set_fake_val(node: torch.fx.Node) -> None:
+    """Give a node that a node fix created the ``meta["val"]`` its op computes on its inputs' fake
+    values: torch.onnx's lowering reads every node's val (KeyError: 'val' otherwise), and so do later
+    fixes. Left unset when the inputs carry no fake tensors."""
+    from torch._guards import detect_fake_mode
+
+    if node.op != "call_function" or any("val" not in n.meta for n in node.all_input_nodes):
+        return  # nothing to compute it from (e.g. an ExecuTorch edge graph before its vals are set)
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
+    leaves = [v for v in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+    fake_mode = detect_fake_mode(leaves)
+    if fake_mode is None:
+        return
+    with fake_mode:
+        node.meta["val"] = node.target(*args, **kwargs)
+
+
 def replace_node(gm: torch.fx.GraphModule, node: torch.fx.Node, new_nodes: Iterable[torch.fx.Node]) -> None:
     """For node fixes: replace ``node`` by the last of ``new_nodes`` (which all take its source
     metadata, so errors and graph dumps still point at the model's line) and erase it."""
@@ -385,6 +402,9 @@ def replace_node(gm: torch.fx.GraphModule, node: torch.fx.Node, new_nodes: Itera
     out = new_nodes[-1]
     if "val" in node.meta:
         out.meta["val"] = node.meta["val"]
+    for new in new_nodes:  # in creation order: an intermediate's inputs have their val first
+        if "val" not in new.meta:
+            set_fake_val(new)
     node.replace_all_uses_with(out)
     gm.graph.erase_node(node)
 

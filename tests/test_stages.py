@@ -620,3 +620,25 @@ def test_onnx_sym_numel_of_a_data_dependent_size():
     got = list(art(x=x).values())
     assert all(torch.equal(g, w) for g, w in zip(got, Patches()(x)))
     assert "fix:onnx:_fix_sym_numel_as_sizes" in art.workarounds_fired
+
+
+def test_node_fixes_give_every_new_node_a_fake_val():
+    """torch.onnx's lowering reads each node's meta['val'] (CHMv2 failed with KeyError: 'val'):
+    replace_node computes it for every node a fix adds, not just the one that takes the old node's place."""
+    from exporters.exporter_onnx import _fix_scalar_minus_tensor
+    from exporters.utils import FiredLog, FixEntry, apply_fx_node_fixes
+
+    class R(torch.nn.Module):
+        def forward(self, mask):
+            return (1.0 - mask) * 2
+
+    ep = torch.export.export(R(), (torch.ones(2, 3, dtype=torch.int64),))
+    ep = ep.run_decompositions()
+    entry = FixEntry(backend="onnx", kind="node", fn=_fix_scalar_minus_tensor)
+    assert apply_fx_node_fixes([entry], ep.graph_module, FiredLog())
+    nodes = [n for n in ep.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.mul.Tensor in {n.target for n in nodes}   # the fix's intermediate node
+    missing = [n.name for n in nodes if "val" not in n.meta]
+    assert not missing, missing
+    mul = next(n for n in nodes if n.target is torch.ops.aten.mul.Tensor and n.args[1] == -1)
+    assert tuple(mul.meta["val"].shape) == (2, 3)
