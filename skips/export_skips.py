@@ -361,7 +361,7 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "placeholder count is)",
     ),
     ExportSkip(
-        classes=("Idefics3Model",),
+        classes=("Idefics3ForConditionalGeneration", "Idefics3Model"),
         backends=("dynamo", "onnx"),
         variants=("dynamic",),
         stage="shapes",
