@@ -71,11 +71,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-BUCKETS = ("both pass", "ours only", "peer only", "both fail")
-OURS_PASS = frozenset({"pass", "xpass"})
-OURS_FAIL = frozenset({"fail", "xfail", "crash"})
+from sweeps.report.summary import (PEER_BUCKETS as BUCKETS, PEER_OURS_FAIL as OURS_FAIL,  # noqa: E402
+                                   PEER_OURS_PASS as OURS_PASS, PEER_PRE_EXPORT as PRE_EXPORT_STAGES,
+                                   ours_verdict, peer_bucket as bucket_of)
+
 SEED = 0
-PRE_EXPORT_STAGES = ("build", "eager")
 PEER_CONFIGS = {"dynamo": "DynamoConfig", "onnx": "OnnxConfig", "executorch": "ExecutorchConfig"}
 MAX_SHAPE_CANDIDATES = 5
 ASYMMETRY_NOTE = (
@@ -97,12 +97,10 @@ def ours_status(outcome: str) -> str | None:
 
 
 def ours_row(record) -> dict[str, Any]:
-    """Our side of a row. A failure before the export (build, eager) is not an exporter's verdict, and
-    the peer's child rebuilds the model with today's zoo: such items are not compared."""
-    status = ours_status(record.outcome)
-    if status == "fail" and record.stage in PRE_EXPORT_STAGES:
-        status = "not compared"
-    return {"ours": status, "ours_outcome": record.outcome, "ours_stage": record.stage,
+    """Our side of a row, judged by ``sweeps.report.summary.ours_verdict`` (the report's rule): a failure
+    before the export (build, eager) is not an exporter's verdict, and the peer's child rebuilds the
+    model with today's zoo, so such items are not compared."""
+    return {"ours": ours_verdict(record), "ours_outcome": record.outcome, "ours_stage": record.stage,
             "ours_error": _clean(record.error or record.reason)}
 
 
@@ -152,16 +150,6 @@ def select_items(ours: Mapping[tuple[str, str, str], Any], *, models: list[str] 
 
 
 # ── bucketing ─────────────────────────────────────────────────────────────────
-
-def bucket_of(ours_pass: bool, peer_pass: bool) -> str:
-    if ours_pass and peer_pass:
-        return "both pass"
-    if ours_pass:
-        return "ours only"
-    if peer_pass:
-        return "peer only"
-    return "both fail"
-
 
 def tabulate(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Rows ``{class, backend, variant, ours, peer, ours_error, peer_error, ...}`` (ours/peer: "pass",

@@ -271,55 +271,39 @@ def _aten_erfinv(self):
 
 
 @functools.cache
-def _cumulative_extreme_scans():
-    """The Scan bodies of cummax / cummin over axis 0, as onnxscript functions (built on first use,
-    so that importing this module does not compile them). Each step keeps the running extreme ``m``
-    and its index ``k``; it takes the new element when it is NaN, or when ``m`` is not NaN and the
-    element is >= (<= for min) ``m``: torch's rule, so ties and NaNs go to the latest index."""
+def _cumulative_extreme_scan():
+    """The Scan of cummax / cummin over axis 0, as an onnxscript function (built on first use, so that
+    importing this module does not compile it). Each step keeps the running extreme ``m`` and its index
+    ``k``; it takes the new element when it is NaN, or when ``m`` is not NaN and the element is >= ``m``
+    (``is_max``) or <= ``m`` (not ``is_max``, carried unchanged): torch's rule, so ties and NaNs go to
+    the latest index."""
     import onnxscript
     from onnxscript import opset18 as op
     from onnxscript.function_libs.torch_lib.tensor_typing import TTensor
-    from onnxscript.onnx_types import INT64
+    from onnxscript.onnx_types import BOOL, INT64
 
+    def cumulative_extreme_indices_dim0(x, is_max):
+        @onnxscript.graph()
+        def step(m, k, t, mx, xt):
+            # ORT has no bool Where: pick the comparison with And/Or
+            better = op.Or(op.And(mx, op.GreaterOrEqual(xt, m)), op.And(op.Not(mx), op.LessOrEqual(xt, m)))
+            take = op.Or(op.Not(op.Equal(xt, xt)), op.And(op.Equal(m, m), better))
+            take = op.Or(take, op.Equal(t, op.Constant(value_int=0)))
+            k_out = op.Where(take, t, k)
+            return op.Where(take, xt, m), k_out, op.Add(t, op.Constant(value_int=1)), op.Identity(mx), op.Identity(k_out)
+
+        rest = op.Shape(x, start=1)
+        m0 = op.Expand(op.CastLike(op.Constant(value_int=0), x), rest)
+        k0 = op.Expand(op.Constant(value_int=0), rest)
+        m_last, k_last, t_last, mx_last, indices = op.Scan(m0, k0, op.Constant(value_int=0), is_max, x, body=step,
+                                                           num_scan_inputs=1)
+        return indices
+
+    # torch.onnx reads the signature from the annotations, which must be objects, not the strings that
+    # this module's ``from __future__ import annotations`` would make of them
+    cumulative_extreme_indices_dim0.__annotations__ = {"x": TTensor, "is_max": BOOL, "return": INT64}
     domain = onnxscript.values.Opset("pkg.exporters.onnx", 1)
-
-    def compile_(function):
-        # torch.onnx reads the signature from the annotations, which must be objects, not the strings
-        # that this module's ``from __future__ import annotations`` would make of them
-        function.__annotations__ = {"x": TTensor, "return": INT64}
-        return onnxscript.script(domain, default_opset=op)(function)
-
-    @compile_
-    def cummax_indices_dim0(x):
-        @onnxscript.graph()
-        def step(m, k, t, xt):
-            take = op.Or(op.Not(op.Equal(xt, xt)), op.And(op.Equal(m, m), op.GreaterOrEqual(xt, m)))
-            take = op.Or(take, op.Equal(t, op.Constant(value_int=0)))
-            k_out = op.Where(take, t, k)
-            return op.Where(take, xt, m), k_out, op.Add(t, op.Constant(value_int=1)), op.Identity(k_out)
-
-        rest = op.Shape(x, start=1)
-        m0 = op.Expand(op.CastLike(op.Constant(value_int=0), x), rest)
-        k0 = op.Expand(op.Constant(value_int=0), rest)
-        m_last, k_last, t_last, indices = op.Scan(m0, k0, op.Constant(value_int=0), x, body=step, num_scan_inputs=1)
-        return indices
-
-    @compile_
-    def cummin_indices_dim0(x):
-        @onnxscript.graph()
-        def step(m, k, t, xt):
-            take = op.Or(op.Not(op.Equal(xt, xt)), op.And(op.Equal(m, m), op.LessOrEqual(xt, m)))
-            take = op.Or(take, op.Equal(t, op.Constant(value_int=0)))
-            k_out = op.Where(take, t, k)
-            return op.Where(take, xt, m), k_out, op.Add(t, op.Constant(value_int=1)), op.Identity(k_out)
-
-        rest = op.Shape(x, start=1)
-        m0 = op.Expand(op.CastLike(op.Constant(value_int=0), x), rest)
-        k0 = op.Expand(op.Constant(value_int=0), rest)
-        m_last, k_last, t_last, indices = op.Scan(m0, k0, op.Constant(value_int=0), x, body=step, num_scan_inputs=1)
-        return indices
-
-    return {"max": cummax_indices_dim0, "min": cummin_indices_dim0}
+    return onnxscript.script(domain, default_opset=op)(cumulative_extreme_indices_dim0)
 
 
 def _cumulative_extreme(self, dim: int, kind: str):
@@ -333,7 +317,8 @@ def _cumulative_extreme(self, dim: int, kind: str):
     perm = [dim] + [d for d in range(rank) if d != dim]
     x = op.Transpose(self, perm=perm) if dim else self
     # no ordering comparison on bool in ONNX: compare as uint8 (False < True, as in torch)
-    indices = _cumulative_extreme_scans()[kind](op.Cast(x, to=2) if self.dtype == ir.DataType.BOOL else x)
+    is_max = op.Constant(value=ir.tensor(kind == "max"))
+    indices = _cumulative_extreme_scan()(op.Cast(x, to=2) if self.dtype == ir.DataType.BOOL else x, is_max)
     # the values are gathered, not carried: ORT's Where drops the sign of a -0.0 it selects
     values = op.GatherElements(x, indices, axis=0)
     if dim:

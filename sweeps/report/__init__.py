@@ -97,8 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--top", type=int, default=20, help="failure signatures to list (default 20)")
     m.add_argument("--date", help="override the date stamp (reproducible output)")
     m.add_argument("--peer", action="append", default=[], metavar="JSON",
-                   help="a benchmarks/peer_compare.py --json output to add as the 'ours vs "
-                   "transformers.exporters' section (repeatable; a later file's backend/variant wins)")
+                   help="a benchmarks/peer_compare.py --json output to add as the peer comparison "
+                   "section (repeatable; a later file's backend/variant wins)")
     m.set_defaults(func=_merge)
     d = sub.add_parser("diff", help="compare two runs (results.json or logs) and print Markdown")
     d.add_argument("old")

@@ -70,7 +70,7 @@ class Report:
     def _md_peer(self) -> list[str]:
         if not self.peer:
             return []
-        out = ["## Ours vs transformers.exporters", "", S.PEER_NOTE, "",
+        out = [f"## {S.PEER_TITLE}", "", S.PEER_NOTE, "",
                "| backend/variant | compared | both pass | ours only | peer only | both fail | not compared | source |",
                "|---|---:|---:|---:|---:|---:|---:|---|"]
         for row in self.peer:
@@ -150,7 +150,7 @@ class Report:
                                families=sorted({r.model_type for r in self.results if r.model_type}),
                                backends=sorted({r.backend for r in self.results if r.backend}),
                                variants=sorted({r.variant for r in self.results if r.variant}),
-                               peer_buckets=S.PEER_BUCKETS)
+                               peer_buckets=S.PEER_BUCKETS, peer_title=S.PEER_TITLE, peer_note=S.PEER_NOTE)
 
     # ── JSON ──
 

@@ -183,6 +183,7 @@ def cell_text(result: Result | None, limit: int = 70) -> str:
 
 
 PEER_BUCKETS = ("both pass", "ours only", "peer only", "both fail")
+PEER_TITLE = "Ours vs transformers.exporters"  # the peer is named, never imported (see benchmarks/peer_compare.py)
 PEER_NOTE = ("The peer run on the same tiny models and inputs, judged by our parity rule "
              "(`benchmarks/peer_compare.py`). Its dynamic exports are checked at one extra shape, "
              "ours at several Hypothesis-drawn shapes. Our side is judged from this report's merged results, "
@@ -204,18 +205,24 @@ class PeerRow:
         return sum(len(v) for v in self.buckets.values())
 
 
-PEER_OURS_PASS = frozenset({"pass", "xpass"})
+PEER_OURS_PASS = frozenset({"pass", "xpass"})     # the item passed
 PEER_OURS_FAIL = frozenset({"fail", "xfail", "crash"})
 PEER_PRE_EXPORT = ("build", "eager")  # a failure here is the tiny model's, not an exporter's verdict
 
 
-def _ours_verdict(result: Result) -> tuple[str, str | None]:
-    """Our side of a peer item, judged from a merged record as benchmarks/peer_compare.py judges it."""
+def ours_verdict(result: Result) -> str:
+    """Our side of a peer comparison: "pass", "fail", or "not compared" (skipped, or failed before any
+    export: the peer rebuilds the model with today's zoo). benchmarks/peer_compare.py judges the same way."""
     if result.outcome in PEER_OURS_PASS:
-        return "pass", None
+        return "pass"
     if result.outcome in PEER_OURS_FAIL and result.stage not in PEER_PRE_EXPORT:
-        return "fail", result.error or result.reason
-    return "not compared", None
+        return "fail"
+    return "not compared"
+
+
+def peer_bucket(ours_pass: bool, peer_pass: bool) -> str:
+    """Which of PEER_BUCKETS an item compared on both sides falls in."""
+    return PEER_BUCKETS[2 * (not ours_pass) + (not peer_pass)]
 
 
 def peer_rows(comparisons: Iterable[dict], results: Iterable[Result] = ()) -> list[PeerRow]:
@@ -241,14 +248,15 @@ def peer_rows(comparisons: Iterable[dict], results: Iterable[Result] = ()) -> li
             column, cls = f"{item['backend']}/{item['variant']}", item["class"]
             row = tables.setdefault(column, PeerRow(column, source, {b: [] for b in PEER_BUCKETS}, [], {}))
             result = merged.get((cls, item["backend"], item["variant"]))
-            ours, ours_error = _ours_verdict(result) if result else (item.get("ours"), item.get("ours_error"))
+            if result:
+                ours, ours_error = ours_verdict(result), result.error or result.reason
+            else:
+                ours, ours_error = item.get("ours"), item.get("ours_error")
             peer = item.get("peer")
             if ours not in ("pass", "fail") or peer not in ("pass", "fail"):
                 row.not_compared.append(cls)
                 continue
-            bucket = {(True, True): "both pass", (True, False): "ours only",
-                      (False, True): "peer only", (False, False): "both fail"}[ours == "pass", peer == "pass"]
-            row.buckets[bucket].append(cls)
+            row.buckets[peer_bucket(ours == "pass", peer == "pass")].append(cls)
             if peer == "fail":
                 row.errors[cls, "peer"] = item.get("peer_error") or "?"
             if ours == "fail":
