@@ -170,7 +170,7 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
         record("stage", stage)
         return artifact
     except BaseException as exc:
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, StageFailure)) or _is_pytest_outcome(exc):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, StageFailure)) or is_pytest_outcome(exc):
             raise
         raise StageFailure(stage, exc) from exc
     finally:
@@ -216,8 +216,13 @@ def _rss_mb() -> float | None:
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
-def _is_pytest_outcome(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith("_pytest")
+def is_pytest_outcome(exc: BaseException) -> bool:
+    """pytest's skip/xfail/fail outcomes, and pytest-timeout's ``Failed: Timeout``. By isinstance:
+    ``Failed`` sets its ``__module__`` to "builtins", so a check on the module name misses it and a
+    timeout was recorded as a failure of whatever stage it interrupted."""
+    from _pytest.outcomes import OutcomeException
+
+    return isinstance(exc, OutcomeException)
 
 
 def keep_dir_for(case: Case, root: str) -> str:

@@ -142,7 +142,7 @@ def check_dynamic_shapes(artifact, model, inputs, backend: str, repro: str) -> i
         from hypothesis.errors import Unsatisfiable
 
         if not isinstance(exc, Unsatisfiable):
-            raise
+            raise _unwrap_replay(exc) from exc
     if not checked and refused:
         sizes, why = refused[0]
         raise ShapeMismatch(
@@ -150,3 +150,36 @@ def check_dynamic_shapes(artifact, model, inputs, backend: str, repro: str) -> i
             f"e.g. sizes {format_sizes(sizes)}: {why}\nrepro: {repro} --sizes {format_sizes(sizes)}"
         )
     return len(checked)
+
+
+def _leaves(exc: BaseException):
+    """The exceptions an error group holds, each with its chain of causes (Hypothesis wraps a
+    BaseException raised in a draw in a ``_WrappedBaseException`` caused by it)."""
+    subs = getattr(exc, "exceptions", None)
+    for sub in subs or ():
+        yield from _leaves(sub)
+    if not subs:
+        while exc is not None:
+            yield exc
+            exc = exc.__cause__
+
+
+def _unwrap_replay(exc: Exception) -> BaseException:
+    """What a Hypothesis error group stands for. A pytest outcome raised inside a draw (pytest-timeout's
+    ``Failed: Timeout`` lands mid-forward) is re-raised as itself: Hypothesis reads it as a failing
+    example, replays it, sees a different result and reports ``FlakyFailure``, which hid four timeouts.
+    A mismatch that does not recur on replay is reported as that mismatch, marked as such."""
+    from hypothesis.errors import FlakyFailure
+
+    from sweeps.runner import is_pytest_outcome
+
+    leaves = list(_leaves(exc))
+    for leaf in leaves:
+        if is_pytest_outcome(leaf):
+            return leaf
+    if isinstance(exc, FlakyFailure):
+        for leaf in leaves:
+            if isinstance(leaf, ShapeMismatch):
+                return ShapeMismatch(f"{leaf} (did not recur when Hypothesis replayed the same sizes: "
+                                     "the model or the artifact is not deterministic at them)")
+    return exc

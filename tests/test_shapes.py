@@ -230,3 +230,35 @@ def test_wrong_artifact_raises_shape_mismatch_with_repro_and_sizes(bert_dynamic,
     # the --sizes in the repro parses and names drawn sizes for traced dims
     sizes = parse_sizes(message.split("--sizes ", 1)[1].split()[0])
     assert sizes and set(sizes) <= set(size_groups(artifact))
+
+
+class _FirstCallOnly:
+    """An artifact that misbehaves on its first call only (``effect(outputs)``), then answers right."""
+
+    def __init__(self, artifact, effect):
+        self._artifact, self._effect, self.calls = artifact, effect, 0
+        self.input_specs = artifact.input_specs
+        self.dynamic_dims = artifact.dynamic_dims
+
+    def __call__(self, **inputs):
+        self.calls += 1
+        outputs = self._artifact(**inputs)
+        return self._effect(outputs) if self.calls == 1 else outputs
+
+
+def _timeout(outputs):
+    pytest.fail("Timeout (>300.0s) from pytest-timeout.")  # what pytest-timeout raises mid-forward
+
+
+def test_a_timeout_inside_a_draw_is_reraised_as_the_timeout_not_a_flaky_failure(bert_dynamic, no_shrinking):
+    model, inputs, artifact = bert_dynamic
+    with pytest.raises(pytest.fail.Exception, match="Timeout"):
+        check_dynamic_shapes(_FirstCallOnly(artifact, _timeout), model, inputs, "dynamo", "repro")
+
+
+def test_a_mismatch_that_does_not_recur_on_replay_is_reported_as_that_mismatch(bert_dynamic, no_shrinking):
+    model, inputs, artifact = bert_dynamic
+    wrong_once = _FirstCallOnly(artifact, lambda out: {k: v + 1 if v.is_floating_point() else v for k, v in out.items()})
+    with pytest.raises(ShapeMismatch, match="did not recur") as info:
+        check_dynamic_shapes(wrong_once, model, inputs, "dynamo", "python -m sweeps.repro dynamo-dynamic-BertModel")
+    assert "--sizes " in str(info.value)
