@@ -20,7 +20,7 @@ from torch.export.graph_signature import ConstantArgument, OutputKind
 from torch.utils import _pytree as pytree
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
-from .specialize import ConcreteValues, concrete, specialized_inputs
+from .specialize import ConcreteValues, concrete, scalar_int_buffers_baked, specialized_inputs
 from .utils import FiredLog, PatchEntry, apply_patches, leaf_names_and_values, register_patch
 
 
@@ -51,7 +51,8 @@ class Traced:
 
 
 @contextlib.contextmanager
-def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], constants: Mapping[str, Any]):
+def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], constants: Mapping[str, Any],
+                           baked_buffers: list[torch.Tensor] = ()):
     original = model.__dict__.get("forward")
     bound_forward = model.forward
 
@@ -59,7 +60,7 @@ def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], cons
         kwargs.update(zip(tensor_names, args))
         # baked tensor inputs go in as real copies whose values stay concrete (exporters/specialize.py)
         baked = {k: concrete(v) if isinstance(v, torch.Tensor) else v for k, v in constants.items()}
-        tensors = [v for v in baked.values() if isinstance(v, torch.Tensor)]
+        tensors = [v for v in baked.values() if isinstance(v, torch.Tensor)] + list(baked_buffers)
         with ConcreteValues(tensors) if tensors else contextlib.nullcontext():
             return bound_forward(**kwargs, **baked)
 
@@ -116,13 +117,18 @@ def _patch_experts_batched_mm(original):
     function and no ExecuTorch kernel exist for it. transformers' own ``batched_mm`` implementation
     computes the same experts with a gather and a batched matmul, which every backend lowers.
 
-    before: experts_implementation="grouped_mm"    after: "batched_mm" (while tracing only)
+    The decorated class's own ``eager`` forward loops ``for expert_idx in expert_hit`` over the
+    ``nonzero()`` of the routing mask, a data-dependent iteration count torch.export cannot trace;
+    a model that asks for it (OpenAI Privacy Filter defaults to ``eager`` for accumulation order)
+    gets ``batched_mm`` too: the same experts, summed in another order.
+
+    before: experts_implementation="grouped_mm" or "eager"    after: "batched_mm" (while tracing only)
     """
     from transformers.integrations import moe
 
     def get_interface(self, experts_implementation, default):
         fn = original(self, experts_implementation, default)
-        return moe.batched_mm_experts_forward if fn is moe.grouped_mm_experts_forward else fn
+        return moe.batched_mm_experts_forward if fn in (moe.grouped_mm_experts_forward, default) else fn
 
     return get_interface
 
@@ -476,7 +482,8 @@ def trace(
         dynamic_shapes = None
     state = _snapshot_state(model)
     try:
-        with flat_forward_signature(model, names, constants), apply_patches(patches, fired):
+        with scalar_int_buffers_baked(model) as baked_buffers, \
+                flat_forward_signature(model, names, constants, baked_buffers), apply_patches(patches, fired):
             program = torch.export.export(
                 model, args=(), kwargs=tensors, dynamic_shapes=dynamic_shapes, strict=config.strict
             )

@@ -12,10 +12,17 @@ refuses others, naming the input (``Artifact.check_inputs``).
 
 ``ExportConfig.specialize`` chooses the inputs: ``None`` (default) bakes every integer input whose
 name matches ``SPECIALIZED_INPUTS``; a tuple names them; ``()`` bakes none.
+
+Scalar integer buffers are baked the same way (``scalar_int_buffers_baked``): a 0-dim integer
+buffer that is not saved with the weights (``persistent=False``) is a constant of the architecture
+(Encodec's, Mimi's and PocketTTS's causal conv keep stride, kernel_size and padding_total so and
+compute their padding from them). torch.export lifts buffers as traced inputs, so that padding
+became an unbacked ``.item()``; baked, it is the int it always is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import weakref
 from collections.abc import Iterable, Mapping
@@ -81,3 +88,32 @@ def concrete(value: torch.Tensor) -> torch.Tensor:
     """A real (untraced) copy of a baked input, made outside any active trace."""
     with _disable_current_modes(), torch._C.DisableTorchFunction():
         return value.detach().clone()
+
+
+def scalar_int_buffers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+    """``(module, name)`` of every 0-dim integer non-persistent buffer (see the module docstring)."""
+    found = []
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if (buf is not None and buf.dim() == 0 and name in module._non_persistent_buffers_set
+                    and not (buf.is_floating_point() or buf.is_complex() or buf.dtype == torch.bool)):
+                found.append((module, name))
+    return found
+
+
+@contextlib.contextmanager
+def scalar_int_buffers_baked(model: torch.nn.Module):
+    """While tracing, each scalar integer buffer is a plain attribute holding a real copy (torch.export
+    does not lift it); yields the copies, for ``ConcreteValues``. The buffers are back afterwards."""
+    moved = []
+    try:
+        for module, name in scalar_int_buffers(model):
+            buf = module._buffers.pop(name)
+            copy = concrete(buf)
+            module.__dict__[name] = copy
+            moved.append((module, name, buf))
+        yield [module.__dict__[name] for module, name, _ in moved]
+    finally:
+        for module, name, buf in moved:
+            module.__dict__.pop(name, None)
+            module._buffers[name] = buf

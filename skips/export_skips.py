@@ -105,26 +105,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "traced",
     ),
     ExportSkip(
-        classes=("EncodecModel",),
-        stage="export",
-        reason="EncodecConv1d keeps stride, kernel_size and padding_total as tensor buffers "
-               "(models/encodec/modeling_encodec.py:122-124), so the padding computed from them is a tensor and "
-               "_pad1d's 'if length <= max_pad' (line 150) is a branch on buffer values (Eq(u0, 1)). Remove when "
-               "EncodecConv1d keeps these as Python ints and computes the extra padding with integer arithmetic",
-    ),
-    ExportSkip(
-        classes=("MimiEncoderModel", "MimiModel", "PocketTTSAudioTokenizerEncoderModel",
-                 "PocketTTSAudioTokenizerModel"),
-        stage="export",
-        reason="the Encodec-style causal conv keeps stride/kernel_size/padding_total as tensor buffers "
-               "(models/mimi/modeling_mimi.py:286-288, models/pocket_tts_audio_tokenizer/"
-               "modeling_pocket_tts_audio_tokenizer.py:259-261) and pads by the tensor from "
-               "_get_extra_padding_for_conv1d, so every conv output length becomes an unbacked symbol and the "
-               "transformer's sdpa_attention_forward 'q_length > 1' (integrations/sdpa_attention.py:159) cannot be "
-               "decided. Remove when MimiConv1d / PocketTTSAudioTokenizerConv1d hold these as Python ints and compute "
-               "the padding with integer arithmetic",
-    ),
-    ExportSkip(
         classes=("EomtForUniversalSegmentation", "EomtDinov3ForUniversalSegmentation"),
         stage="export",
         reason="the mask-annealing probabilities are a buffer read in Python control flow: "
@@ -272,15 +252,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "(models/longcat_flash/modeling_longcat_flash.py:187-192), a data-dependent iteration; not decorated "
                "with @use_experts_implementation (zero/identity experts). Remove when LongcatFlashExperts uses "
                "@use_experts_implementation (or a dense dispatch that handles the zero experts)",
-    ),
-    ExportSkip(
-        classes=("OpenAIPrivacyFilterForTokenClassification", "OpenAIPrivacyFilterModel"),
-        stage="export",
-        reason="OpenAIPrivacyFilterPreTrainedModel.get_correct_experts_implementation defaults to 'eager' for "
-               "accumulation-order accuracy (models/openai_privacy_filter/modeling_openai_privacy_filter.py:422-425), "
-               "so the decorated experts run their eager loop 'for expert_idx in expert_hit' (line 281), a "
-               "data-dependent iteration over nonzero(). Remove when the sweep builds it with "
-               "experts_implementation='batched_mm' (or transformers defaults it to a vectorized implementation)",
     ),
     ExportSkip(
         classes=("Step3p7ForConditionalGeneration", "Step3p7Model"),

@@ -81,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         cause = root_cause(failure.__cause__)
         with open(os.path.join(keep, "error.txt"), "w") as f:
             f.write("".join(traceback.format_exception(cause)))
-        print(f"FAIL at {failure.stage}: {error_signature(cause)}")
-        detail = [ln.strip() for ln in str(cause).splitlines()[1:4] if ln.strip()]
+        lines = str(cause).splitlines() or [""]
+        print(f"FAIL at {failure.stage}: {type(cause).__name__}: {lines[0][:1000]}")  # the real numbers
+        print(f"  signature (the report groups by it): {error_signature(cause)}")
+        detail = [ln.strip() for ln in lines[1:4] if ln.strip()]
         for line_ in detail:  # e.g. which output differs and by how much
             print(f"  {line_}")
         print(f"artifacts: {keep}")

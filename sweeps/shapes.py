@@ -73,6 +73,26 @@ def parse_sizes(text: str) -> dict[int, int]:
 EAGER_REJECTS, ARTIFACT_REJECTS, COMPARED = "eager rejects", "artifact rejects", "compared"
 
 
+def guard_refusal(artifact, sizes: Mapping[int, int]) -> str:
+    """Why the artifact's input checks (bounds, shared dims, recorded guards) refuse the traced inputs
+    resized to ``sizes``, or "" when they take them. Runs on meta tensors: shapes only."""
+    from exporters import InputError
+
+    check = getattr(artifact, "check_inputs", None)
+    if check is None:
+        return ""
+    metas = {}
+    for name in artifact.input_names:
+        shape, dtype, dims = artifact.input_specs[name]
+        new_shape = [sizes.get(size, size) if d in dims else size for d, size in enumerate(shape)]
+        metas[name] = torch.empty(new_shape, dtype=dtype, device="meta")
+    try:
+        check(metas)
+    except InputError as exc:
+        return str(exc)
+    return ""
+
+
 def check_at(artifact, model, inputs, sizes, backend: str) -> tuple[str, str]:
     """Compare artifact and eager at ``sizes``. Returns ``(verdict, detail)``: COMPARED, or
     EAGER_REJECTS when the model itself does not take the shape, or ARTIFACT_REJECTS when the
@@ -114,9 +134,18 @@ def check_dynamic_shapes(artifact, model, inputs, backend: str, repro: str) -> i
     checked = []
     refused: list[tuple[dict, str]] = []  # shapes eager takes but the artifact's guards refuse
 
+    def admitted(sizes) -> bool:
+        """Whether the artifact's recorded guards take these sizes (checked on meta tensors, no compute).
+        A guard such as ``s3 == 8 * (s3 // 8)`` (a patch grid) admits one size in eight: drawing past
+        it finds the shapes the artifact was exported for; the refusals are kept for the report."""
+        detail = guard_refusal(artifact, sizes)
+        if detail:
+            refused.append((sizes, detail))
+        return not detail
+
     def sizes_strategy():
         parts = {k: st.integers(lo, hi) for k, (lo, hi) in groups.items()}
-        return st.fixed_dictionaries(parts).filter(lambda s: any(s[k] != k for k in s))
+        return st.fixed_dictionaries(parts).filter(lambda s: any(s[k] != k for k in s)).filter(admitted)
 
     from sweeps.plugin import hypothesis_profile
 

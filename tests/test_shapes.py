@@ -262,3 +262,23 @@ def test_a_mismatch_that_does_not_recur_on_replay_is_reported_as_that_mismatch(b
     with pytest.raises(ShapeMismatch, match="did not recur") as info:
         check_dynamic_shapes(wrong_once, model, inputs, "dynamo", "python -m sweeps.repro dynamo-dynamic-BertModel")
     assert "--sizes " in str(info.value)
+
+
+class _EightWide(torch.nn.Module):
+    """Splits its last dim into groups of 8: torch.export records ``s1 == 8 * (s1 // 8)``."""
+
+    def forward(self, x):
+        b, n = x.shape
+        return x.view(b, n // 8, 8).sum(-1)
+
+
+def test_draws_respect_the_artifacts_recorded_guards():
+    from exporters import DynamoConfig, DynamoExporter
+    from sweeps.shapes import guard_refusal
+
+    model, inputs = _EightWide(), {"x": torch.randn(2, 32)}
+    artifact = DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
+    assert "(x.size()[1] // 8)" in guard_refusal(artifact, {2: 3, 32: 37})
+    assert guard_refusal(artifact, {2: 3, 32: 40}) == ""
+    # one size in eight passes the guard: the draws find those instead of giving up on refusals
+    assert check_dynamic_shapes(artifact, model, inputs, "dynamo", "repro") > 0

@@ -642,3 +642,55 @@ def test_node_fixes_give_every_new_node_a_fake_val():
     assert not missing, missing
     mul = next(n for n in nodes if n.target is torch.ops.aten.mul.Tensor and n.args[1] == -1)
     assert tuple(mul.meta["val"].shape) == (2, 3)
+
+
+class _CausalPadConv(torch.nn.Module):
+    """Encodec's causal conv in small: stride/kernel/padding as 0-dim int64 non-persistent buffers, and
+    the right padding computed from them as a tensor (models/encodec/modeling_encodec.py:122-135)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(2, 3, kernel_size=4, stride=2)
+        self.stride = torch.nn.Buffer(torch.tensor(2), persistent=False)
+        self.kernel_size = torch.nn.Buffer(torch.tensor(4), persistent=False)
+        self.padding_total = torch.nn.Buffer(torch.tensor(2), persistent=False)
+        self.steps = torch.nn.Buffer(torch.tensor(0))  # persistent: saved state, not baked
+        self.scale = torch.nn.Buffer(torch.tensor(0.5), persistent=False)  # float: not baked
+
+    def forward(self, x):
+        length = x.shape[-1]
+        n_frames = torch.ceil((length - self.kernel_size + self.padding_total) / self.stride + 1).to(torch.int64) - 1
+        extra = n_frames * self.stride + self.kernel_size - self.padding_total - length
+        padded = torch.nn.functional.pad(x, (self.padding_total, extra))
+        if padded.shape[-1] <= 4:  # a branch on the padded length, like _pad1d's 'if length <= max_pad'
+            padded = torch.nn.functional.pad(padded, (0, 1))
+        return self.conv(padded) * self.scale
+
+
+def test_stage1_scalar_int_buffers_are_baked_while_tracing_and_restored():
+    from exporters import DynamoConfig, DynamoExporter
+    from exporters.specialize import scalar_int_buffers
+
+    model = _CausalPadConv().eval()
+    x = torch.randn(1, 2, 9)
+    assert sorted(n for _, n in scalar_int_buffers(model)) == ["kernel_size", "padding_total", "stride"]
+    with pytest.raises(Exception, match="(?i)data.dependent|unbacked|guard"):
+        torch.export.export(model, (x,))  # the failure the bake removes
+    artifact = DynamoExporter().export(model, {"x": x}, DynamoConfig())
+    (out,) = artifact(x=x).values()
+    torch.testing.assert_close(out, model(x))
+    assert {n for n, _ in model.named_buffers()} == {"stride", "kernel_size", "padding_total", "steps", "scale"}
+    assert model._non_persistent_buffers_set == {"stride", "kernel_size", "padding_total", "scale"}
+    assert "stride" not in model.__dict__
+
+
+def test_stage2_experts_eager_and_grouped_mm_trace_as_batched_mm():
+    from transformers.integrations import moe
+
+    get_interface = dyn._patch_experts_batched_mm(moe.ExpertsInterface.get_interface)
+
+    def own_eager_loop(self, *args):  # a decorated class's own forward: 'for expert_idx in expert_hit'
+        raise AssertionError("the data-dependent loop must not be traced")
+
+    for requested in ("eager", "grouped_mm", "batched_mm"):
+        assert get_interface(moe.ALL_EXPERTS_FUNCTIONS, requested, own_eager_loop) is moe.batched_mm_experts_forward
