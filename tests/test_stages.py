@@ -694,3 +694,27 @@ def test_stage2_experts_eager_and_grouped_mm_trace_as_batched_mm():
 
     for requested in ("eager", "grouped_mm", "batched_mm"):
         assert get_interface(moe.ALL_EXPERTS_FUNCTIONS, requested, own_eager_loop) is moe.batched_mm_experts_forward
+
+
+def test_stage2_pixel_shuffle_int_matches_internvl_and_exports_dynamic():
+    from transformers.models.internvl.modeling_internvl import InternVLModel
+
+    patched = dyn._patch_pixel_shuffle_int(InternVLModel.pixel_shuffle)
+    x = torch.randn(2, 6, 4, 8)
+    for scale in (0.5, 0.25):
+        y = torch.randn(2, 8, 8, 16)
+        torch.testing.assert_close(patched(None, y, scale), InternVLModel.pixel_shuffle(None, y, scale), rtol=0, atol=0)
+    torch.testing.assert_close(patched(None, x), InternVLModel.pixel_shuffle(None, x), rtol=0, atol=0)
+
+    class Shuffle(torch.nn.Module):
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, v):
+            return self.fn(None, v)
+
+    dims = {"v": {1: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO}}
+    with pytest.raises(Exception, match="Invalid ranges|ValueRange"):
+        torch.export.export(Shuffle(InternVLModel.pixel_shuffle), (), {"v": x}, dynamic_shapes=dims)
+    torch.export.export(Shuffle(patched), (), {"v": x}, dynamic_shapes=dims)
