@@ -295,3 +295,23 @@ def test_detr_query_scores_have_no_topk_ties(name, monkeypatch):
     ranked = scores.sort(dim=1, descending=True).values[:, : k + 1]
     min_gap = (ranked[:, :-1] - ranked[:, 1:]).min().item()
     assert min_gap > 1e-4, f"{name}: encoder query scores within {min_gap:.2g} of each other around the top-{k}"
+
+
+def test_reinit_redraws_matching_parameters_seeded_and_names_a_pattern_that_matches_nothing():
+    import torch
+
+    from sweeps.zoo.build import _reinit
+
+    def gated():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+        torch.nn.init.zeros_(model[1].weight)
+        return model
+
+    a, b = gated(), gated()
+    before = a[0].weight.clone()
+    _reinit(a, {"1.weight": 0.02}, seed=0, model_type="toy")
+    _reinit(b, {"1.weight": 0.02}, seed=0, model_type="toy")
+    assert a[1].weight.abs().sum() > 0 and torch.equal(a[1].weight, b[1].weight)
+    assert torch.equal(a[0].weight, before)  # only the matching parameter is re-drawn
+    with pytest.raises(KeyError, match=r"reinit pattern '\*\.router\.gate\.weight' matches no parameter"):
+        _reinit(a, {"*.router.gate.weight": 0.02}, seed=0, model_type="toy")

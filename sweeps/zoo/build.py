@@ -524,6 +524,7 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
             raise BlockedByPackage(f"{entry.class_name}: {reason}") from exc
         raise
     model = model.float().eval()
+    _reinit(model, ov.get("reinit"), seed, entry.model_type)
     config = model.config
     inputs = make_inputs(model, config, seed=seed, spec=ov.get("inputs"))
     inputs = place_multimodal_tokens(model, config, inputs, seed)
@@ -531,6 +532,27 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
     if check:
         run_eager(tiny, seed)
     return tiny
+
+
+def _reinit(model: torch.nn.Module, spec: dict[str, float] | None, seed: int, model_type: str) -> None:
+    """An override's ``reinit``: re-draw the parameters matching each name glob from normal(0, std),
+    seeded. For weights a model's ``_init_weights`` sets to a constant that leaves the tiny model
+    degenerate (a zero router gate ties every expert score, so top-k picks by tie order)."""
+    import fnmatch
+
+    if not spec:
+        return
+    gen = torch.Generator().manual_seed(seed + 11)
+    params = dict(model.named_parameters())
+    for pattern, std in spec.items():
+        names = sorted(n for n in params if fnmatch.fnmatchcase(n, pattern))
+        if not names:
+            raise KeyError(f"override for {model_type!r}: reinit pattern {pattern!r} matches no parameter "
+                           f"(e.g. {sorted(params)[:5]})")
+        with torch.no_grad():
+            for name in names:
+                p = params[name]
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * std)
 
 
 def run_eager(tiny: TinyModel, seed: int = 0) -> Any:

@@ -15,6 +15,8 @@ can add entries in parallel.  Each entry::
                                                   # shape dims int / "B" / "S" / config expression),
                                                   # values {name: python value} (a non-tensor kwarg,
                                                   # e.g. sample=False; baked by the exporters)
+        "reinit": {"param.name.glob": std},       # re-drawn from normal(0, std) after init, seeded
+                                                  # (a constant init that degenerates the tiny model)
     }
 
 Merged here; a model type defined in two modules is an error.  Prefer a better generic

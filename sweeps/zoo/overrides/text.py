@@ -1,6 +1,12 @@
 """Overrides for text models (data only; see sweeps/zoo/overrides/__init__.py for the format)."""
 
 OVERRIDES: dict[str, dict] = {
+    "afmoe": {
+        "reason": "AfmoePreTrainedModel._init_weights zeroes router.gate (and expert_bias), so every expert "
+                  "scores sigmoid(0) = 0.5 and top-k picks by tie order, which torch (nth_element) and ONNX "
+                  "TopK (lower index first) define differently; a drawn gate makes the routing a real choice",
+        "reinit": {"*.router.gate.weight": 0.02},
+    },
     "reformer": {
         "reason": "axial position shape/dims must factor max_position_embeddings and sum to hidden_size",
         "config": {"axial_pos_shape": [4, 4], "axial_pos_embds_dim": [16, 16], "max_position_embeddings": 16,
