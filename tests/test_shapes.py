@@ -282,3 +282,24 @@ def test_draws_respect_the_artifacts_recorded_guards():
     assert guard_refusal(artifact, {2: 3, 32: 40}) == ""
     # one size in eight passes the guard: the draws find those instead of giving up on refusals
     assert check_dynamic_shapes(artifact, model, inputs, "dynamo", "repro") > 0
+
+
+class _TiedToTokens(torch.nn.Module):
+    """Idefics2 in small: the patch grid of ``pixels`` must hold exactly as many patches as the text
+    has image tokens (16), so torch.export records ``(h // 8) * (w // 8) == 16``: the patch grid takes
+    33..39 only. (Idefics2 itself ties more groups; there only one-group moves were admitted.)"""
+
+    def forward(self, ids, pixels):
+        b, h, w = pixels.shape
+        torch._check((h // 8) * (w // 8) == 16)
+        patches = pixels[:, : h // 8 * 8, : w // 8 * 8].reshape(b, 16, -1).mean(-1)
+        return ids.float().sum(-1, keepdim=True) + patches
+
+
+def test_draws_reach_shapes_where_a_guard_ties_one_group_to_the_others():
+    from exporters import DynamoConfig, DynamoExporter
+
+    model = _TiedToTokens()
+    inputs = {"ids": torch.randint(0, 9, (2, 7)), "pixels": torch.randn(2, 32, 32)}
+    artifact = DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
+    assert check_dynamic_shapes(artifact, model, inputs, "dynamo", "repro") > 0
