@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"artifacts: {keep}")
         print(f"repro: {line}")
         return 1
-    print(f"PASS ({props.get('duration_s')} s; workarounds fired: {props.get('workarounds_fired') or 'none'})")
+    shapes = f"; dynamic shapes compared: {props['shapes_checked']}" if "shapes_checked" in props else ""
+    print(f"PASS ({props.get('duration_s')} s; workarounds fired: {props.get('workarounds_fired') or 'none'}{shapes})")
     print(f"artifacts: {keep}")
     print(f"repro: {line}")
     return 0

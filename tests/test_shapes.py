@@ -303,3 +303,38 @@ def test_draws_reach_shapes_where_a_guard_ties_one_group_to_the_others():
     inputs = {"ids": torch.randint(0, 9, (2, 7)), "pixels": torch.randn(2, 32, 32)}
     artifact = DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
     assert check_dynamic_shapes(artifact, model, inputs, "dynamo", "repro") > 0
+
+
+class _PinnedFrames(torch.nn.Module):
+    """MusicFlamingo in small: the encoder's frames must downsample to 64 positions, so torch.export
+    records ``1 + (frames - 1) // 2 == 64``: of [2, 262] only 127 (and the traced 128) pass."""
+
+    def forward(self, x):
+        torch._check(1 + (x.shape[1] - 1) // 2 == 64)
+        return x * 2
+
+
+def test_draws_find_the_few_sizes_a_guard_leaves_a_group():
+    from exporters import DynamoConfig, DynamoExporter
+
+    model, inputs = _PinnedFrames(), {"x": torch.randn(1, 128)}  # batch 1: only the frames are dynamic
+    artifact = DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True))
+    assert check_dynamic_shapes(artifact, model, inputs, "dynamo", "repro") > 0
+
+
+def test_refused_shapes_fail_the_check_only_when_eager_runs_at_one():
+    from sweeps.shapes import _raise_if_eager_takes_a_refused_shape
+
+    artifact = FakeArtifact({"x": ((2, 7), torch.float32, {1: _dim("s0", 2, 20)})})
+    artifact.input_names = ["x"]
+    inputs = {"x": torch.randn(2, 7)}
+    refused = [({7: 9}, "guard: x.size()[1] == 7")]
+
+    def strict(x):  # eager takes only the traced width too
+        if x.shape[1] != 7:
+            raise ValueError("width must be 7")
+        return x
+
+    _raise_if_eager_takes_a_refused_shape(strict, inputs, artifact, refused, "repro")  # nothing to compare
+    with pytest.raises(ShapeMismatch, match=r"eager runs at sizes 7=9, which they refuse: guard: x.size\(\)\[1\] == 7"):
+        _raise_if_eager_takes_a_refused_shape(lambda x: x * 2, inputs, artifact, refused, "repro")
