@@ -250,39 +250,38 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "per-image sizes from mask values, no random patch sampling in eval)",
     ),
     ExportSkip(
-        classes=("DbrxForCausalLM", "DbrxModel"),
-        stage="export",
-        reason="DbrxExperts.forward loops 'for expert_idx in expert_hit' over the nonzero() of the routing mask "
-               "(models/dbrx/modeling_dbrx.py:292-295), a data-dependent iteration count (Eq(u0, 0) in unbind); "
-               "the class is not decorated with @use_experts_implementation, so the exporter's batched_mm switch "
-               "does not apply. Remove when DbrxExperts uses @use_experts_implementation (or a dense dispatch)",
-    ),
-    ExportSkip(
         classes=("LongcatFlashForCausalLM", "LongcatFlashModel"),
-        stage="export",
-        reason="LongcatFlashExperts.forward loops 'for expert_idx_tensor in expert_hit' over nonzero() of the "
-               "routing mask with int(expert_idx_tensor.item()) and 'if token_idx.numel() == 0: continue' "
-               "(models/longcat_flash/modeling_longcat_flash.py:187-192), a data-dependent iteration; not decorated "
-               "with @use_experts_implementation (zero/identity experts). Remove when LongcatFlashExperts uses "
-               "@use_experts_implementation (or a dense dispatch that handles the zero experts)",
+        backends=("executorch",),
+        variants=("dynamic",),
+        stage="shapes",
+        reason="the .pte comes out static: LongcatFlashMLA.forward builds key_states with kv_nope.new_empty(...) "
+               "(models/longcat_flash/modeling_longcat_flash.py:380), which ExecuTorch's MemoryFormatOpsPass rewrites "
+               "to _empty_dim_order(int[] size); the schema takes int[], not SymInt[], so to_edge adds Eq(s72, 2) and "
+               "Eq(s70, 7) and pins batch and sequence, and the program refuses other sizes ('Attempted to resize a "
+               "static tensor', 0x12). Remove when _empty_dim_order takes SymInt[] (or the model builds key_states "
+               "without new_empty, e.g. torch.cat)",
     ),
     ExportSkip(
         classes=("Step3p7ForConditionalGeneration", "Step3p7Model"),
-        stage="export",
-        reason="Step3p7Experts.forward loops 'for expert_idx in hit' over nonzero() of the routing mask "
-               "(models/step3p7/modeling_step3p7.py:564-565), a data-dependent iteration (Eq(u4, 0) in unbind); "
-               "the class is not decorated with @use_experts_implementation, so the exporter's batched_mm switch "
-               "does not apply. Remove when Step3p7Experts uses @use_experts_implementation",
+        backends=("executorch",),
+        stage="lower",
+        reason="Step3p7VisionModel.forward builds grid_thw = torch.tensor([[1, grid_h, grid_w]]) "
+               "(models/step3p7/modeling_step3p7.py:424-425) and get_vision_position_ids reads it back with .item(), "
+               "so arange(0, u65) has no finite upper bound, which ExecuTorch's memory planning needs ('Cannot "
+               "evaluate a finite upper bound for symbolic expression u65'); dynamic also stops earlier at XNNPACK's "
+               "'reshape only supports 1 dynamic dimension' on gate_states.unsqueeze(-1) (line 742). Remove when the "
+               "vision tower computes its position ids from the Python grid sizes it already has",
     ),
     ExportSkip(
         classes=("SwitchTransformersForConditionalGeneration", "SwitchTransformersModel"),
-        stage="export",
-        reason="SwitchTransformersSparseMLP.forward loops 'for expert_idx in expert_hit' over the nonzero() of "
-               "the routing mask (models/switch_transformers/modeling_switch_transformers.py:174), a "
-               "data-dependent iteration count (Eq(u0, 0) in unbind); the experts are not decorated with "
-               "@use_experts_implementation, so the exporter's batched_mm switch does not apply (the router's "
-               "in-forward classifier cast is handled by the torch.nn.Module.to patch). Remove when the sparse MLP "
-               "uses @use_experts_implementation (or a dense dispatch)",
+        backends=("executorch",),
+        variants=("dynamic",),
+        stage="lower",
+        reason="XNNPACK's reshape supports a single dynamic dimension and the router's "
+               "torch.max(router_probs, dim=-1).values.unsqueeze(-1) (models/switch_transformers/"
+               "modeling_switch_transformers.py:109) reshapes (batch, seq, 1) with two; lowering raises 'XNNPACK "
+               "reshape only supports 1 dynamic dimension'. Remove when XNNPACK's partitioner leaves such reshapes to "
+               "the portable kernels",
     ),
     ExportSkip(
         classes=("HunYuanVLForConditionalGeneration", "HunYuanVLModel"),
