@@ -340,60 +340,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "feature-map sizes with integer size arithmetic (no math.log2 / sqrt / Python loops over patch counts)",
     ),
     ExportSkip(
-        classes=("CohereCompassVisionModel", "Qwen3VLMoeVisionModel", "Qwen3VLVisionModel",
-                 "Qwen3_5MoeVisionModel", "Qwen3_5VisionModel"),
-        backends=("dynamo", "onnx"),
-        variants=("dynamic",),
-        stage="shapes",
-        reason="hidden_states has no dim that can vary: the patch count is fixed by the baked grid_thw, and the "
-               "patch width (in_channels * temporal_patch_size * patch_size**2 = 384) is a config constant that the "
-               "patch embed views as (-1, C, T, P, P) (models/qwen3_vl/modeling_qwen3_vl.py:98, qwen3_vl_moe:624, "
-               "qwen3_5:967, qwen3_5_moe:1056, cohere_compass:640), so torch.export keeps it symbolic under the guard "
-               "s0 * s1 // 384 == s0. The only width eager takes, (48, 8), is a single patch broadcast against 48 "
-               "position embeddings ('hidden_states + pos_embeds', qwen3_vl:691), which the artifact refuses. Remove "
-               "when the patch embed views with the row count, view(hidden_states.shape[0], C, T, P, P), so eager "
-               "rejects other widths and the export pins the dim",
-    ),
-    ExportSkip(
-        classes=("MiniCPMV4_6ForConditionalGeneration", "MiniCPMV4_6Model",
-                 "MiniCPMV4_7ForConditionalGeneration", "MiniCPMV4_7Model"),
-        backends=("dynamo", "onnx"),
-        variants=("dynamic",),
-        stage="shapes",
-        reason="the vision embeddings add the position embeddings of the baked target_sizes (32 patches) to the "
-               "patches of the packed pixel strip by broadcasting, unchecked (models/minicpmv4_6/"
-               "modeling_minicpmv4_6.py:92, minicpmv4_7:97): eager takes a 1-patch strip (1, 3, 8, 8) by repeating "
-               "that patch 32 times, the export assumes no broadcast (guard pixel_values.size(3) // 8 != 1) and "
-               "refuses it, and that is the only drawn shape eager accepts (seq 9 and width 257 match). Remove when "
-               "the embeddings check the patch count against target_sizes (torch_compilable_check, as the "
-               "placeholder count is)",
-    ),
-    ExportSkip(
-        classes=("Idefics3ForConditionalGeneration", "Idefics3Model"),
-        backends=("dynamo", "onnx"),
-        variants=("dynamic",),
-        stage="shapes",
-        reason="the image size is pinned: get_image_features counts a padding image's values with "
-               "pixel_values.shape[1:].numel() (models/idefics3/modeling_idefics3.py:581), which specializes height "
-               "and width to 32 (Eq(s4, 32)), and the connector's pixel_shuffle takes int(seq ** 0.5) (line 396). "
-               "pixel_attention_mask's dims stay symbolic but only the traced 32 passes its unfold guard "
-               "(size(3) == 8 * (size(3) // 8), patch grid == 4), while eager takes a 34x34 mask over 32x32 pixels "
-               "(unfold drops the rest, lines 599-600). Remove when Idefics3 counts image values with symbolic "
-               "size arithmetic and pixel_shuffle takes the patch grid from the mask instead of a square root",
-    ),
-    ExportSkip(
-        classes=("Nemotron3_5TranscribeModel",),
-        backends=("dynamo", "onnx"),
-        variants=("dynamic",),
-        stage="shapes",
-        reason="the audio is encoded in Python-counted chunks: Nemotron3_5TranscribeAudioModel._get_chunks loops "
-               "'for start in range(0, num_frames, chunk_length)' (models/nemotron3_5_transcribe/"
-               "modeling_nemotron3_5_transcribe.py:626) and the diarization model loops over range(..., "
-               "end_chunk_idx, chunk_length) (models/nemotron3_diarization/modeling_nemotron3_diarization.py:797), "
-               "so the frame count is pinned (guard input_features.size(1) // 8 == 8). Remove when both encoders "
-               "run their chunks without a Python loop over the frame count (pad to whole chunks and batch them)",
-    ),
-    ExportSkip(
         classes=("EfficientLoFTRForKeypointMatching", "EfficientLoFTRModel"),
         variants=("dynamic",),
         stage="export",
