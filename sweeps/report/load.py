@@ -89,11 +89,13 @@ def normalize_error(text: str | None, limit: int = 200) -> str | None:
     line = lines[0]
     if line.startswith("E "):
         line = line[2:].strip()
-    line = re.sub(r"0x[0-9a-fA-F]+", "0x…", line)
     if _CRASH.search(line):
         return "worker crashed"
-    line = re.sub(r"\s+", " ", line)
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    # the same masking as the signatures recorded by the sweep (numbers, symbols, names, paths), so a
+    # failure read from the test's text (a timeout) groups with the one recorded as a property
+    from sweeps.signature import normalize_message
+
+    return normalize_message(line, limit)
 
 
 def parse_test_id(nodeid: str) -> dict[str, str]:
