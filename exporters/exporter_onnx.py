@@ -269,14 +269,11 @@ def _fix_sym_numel_as_sizes(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bo
     with gm.graph.inserting_before(node):
         for d in range(val.dim()):
             size = gm.graph.call_function(torch.ops.aten.sym_size.int, (x, d))
-            size.meta["val"] = val.shape[d]
             new.append(size)
             if total is not None:
-                product = gm.graph.call_function(operator.mul, (total, size))
-                product.meta["val"] = total.meta["val"] * val.shape[d]
-                new.append(product)
+                new.append(gm.graph.call_function(operator.mul, (total, size)))
             total = new[-1]
-    replace_node(gm, node, new)
+    replace_node(gm, node, new)  # computes the new nodes' vals (exporters.utils.set_fake_val)
     return True
 
 

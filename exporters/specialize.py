@@ -105,14 +105,14 @@ def scalar_int_buffers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, st
 def scalar_int_buffers_baked(model: torch.nn.Module):
     """While tracing, each scalar integer buffer is a plain attribute holding a real copy (torch.export
     does not lift it); yields the copies, for ``ConcreteValues``. The buffers are back afterwards."""
-    moved = []
+    moved, copies = [], []
     try:
         for module, name in scalar_int_buffers(model):
             buf = module._buffers.pop(name)
-            copy = concrete(buf)
-            module.__dict__[name] = copy
             moved.append((module, name, buf))
-        yield [module.__dict__[name] for module, name, _ in moved]
+            copies.append(concrete(buf))
+            module.__dict__[name] = copies[-1]
+        yield copies
     finally:
         for module, name, buf in moved:
             module.__dict__.pop(name, None)

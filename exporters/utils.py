@@ -388,6 +388,8 @@ def set_fake_val(node: torch.fx.Node) -> None:
     leaves = [v for v in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
     fake_mode = detect_fake_mode(leaves)
     if fake_mode is None:
+        if not leaves and getattr(node.target, "__module__", None) == "_operator":
+            node.meta["val"] = node.target(*args, **kwargs)  # size arithmetic on SymInts: no tensor involved
         return
     with fake_mode:
         node.meta["val"] = node.target(*args, **kwargs)

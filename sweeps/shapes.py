@@ -39,14 +39,20 @@ def size_groups(artifact) -> dict[int, tuple[int, int]]:
     return {k: v for k, v in groups.items() if v[0] <= v[1] and (v[0], v[1]) != (k, k)}
 
 
+def resized_shape(artifact, name: str, sizes: Mapping[int, int]) -> list[int]:
+    """Input ``name``'s traced shape with every dynamic dim of traced size ``k`` set to ``sizes[k]``."""
+    dims = artifact.dynamic_dims.get(name, {})
+    return [sizes.get(size, size) if d in dims else size for d, size in enumerate(artifact.input_specs[name][0])]
+
+
 def resize_inputs(inputs: Mapping[str, Any], artifact, sizes: Mapping[int, int]) -> dict[str, Any]:
-    """The traced inputs with every dynamic dim of traced size ``k`` resized to ``sizes[k]``."""
+    """The traced inputs resized to ``resized_shape`` by wrapping indices (see the module docstring)."""
     out = dict(inputs)
     for name, dims in artifact.dynamic_dims.items():
         tensor = inputs[name]
+        target = resized_shape(artifact, name, sizes)
         for d in dims:
-            old = tensor.shape[d]
-            new = sizes.get(artifact.input_specs[name][0][d], old)
+            old, new = tensor.shape[d], target[d]
             if new != old:
                 index = torch.arange(new) % old
                 tensor = tensor.index_select(d, index)
@@ -81,11 +87,8 @@ def guard_refusal(artifact, sizes: Mapping[int, int]) -> str:
     check = getattr(artifact, "check_inputs", None)
     if check is None:
         return ""
-    metas = {}
-    for name in artifact.input_names:
-        shape, dtype, dims = artifact.input_specs[name]
-        new_shape = [sizes.get(size, size) if d in dims else size for d, size in enumerate(shape)]
-        metas[name] = torch.empty(new_shape, dtype=dtype, device="meta")
+    metas = {name: torch.empty(resized_shape(artifact, name, sizes), dtype=artifact.input_specs[name][1], device="meta")
+             for name in artifact.input_names}
     try:
         check(metas)
     except InputError as exc:
@@ -134,19 +137,26 @@ def check_dynamic_shapes(artifact, model, inputs, backend: str, repro: str) -> i
     checked = []
     refused: list[tuple[dict, str]] = []  # drawn shapes the artifact's recorded guards refuse
 
+    refusals: dict[tuple, str] = {}  # guard_refusal per set of sizes: draws repeat, the scan below overlaps them
+
+    def refusal(sizes) -> str:
+        key = tuple(sorted((k, v) for k, v in sizes.items() if v != k))
+        if key not in refusals:
+            refusals[key] = guard_refusal(artifact, sizes)
+        return refusals[key]
+
     def admitted(sizes) -> bool:
         """Whether the artifact's recorded guards take these sizes (checked on meta tensors, no compute).
         A guard such as ``s3 == 8 * (s3 // 8)`` (a patch grid) admits one size in eight: drawing past
         it finds the shapes the artifact was exported for; the refusals are kept for the report."""
-        detail = guard_refusal(artifact, sizes)
+        detail = refusal(sizes)
         if detail:
             refused.append((sizes, detail))
         return not detail
 
     # the sizes each group takes alone, the others at their traced sizes: a guard can pin a group to a
     # few values (1 + (frames - 1) // 2 == 64: 127 or 128), which uniform draws over [2, 1024] never hit
-    moves = {k: [v for v in range(lo, hi + 1) if v != k and not guard_refusal(artifact, {k: v})]
-             for k, (lo, hi) in groups.items()}
+    moves = {k: [v for v in range(lo, hi + 1) if v != k and not refusal({k: v})] for k, (lo, hi) in groups.items()}
 
     def sizes_strategy():
         # each group keeps its traced size or moves: guards often tie a group to the others' traced

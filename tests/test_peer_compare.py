@@ -218,3 +218,28 @@ def test_resume_reads_written_rows_and_drops_a_torn_line(tmp_path):
     got = pc.read_rows(str(rows), [("A", "onnx", "static"), ("B", "onnx", "static")])
     assert got == [{"class": "A", "backend": "onnx", "variant": "static", "peer": "fail"}]  # later row wins
     assert pc.read_rows(str(tmp_path / "missing.jsonl"), [("A", "onnx", "static")]) == []
+
+
+def test_library_code_never_imports_the_peer():
+    """exporters/, sweeps/ and skips/ may name transformers.exporters (the report's peer section title)
+    but never import it: only benchmarks/ may. Checked on the syntax tree, imports inside functions
+    and importlib.import_module("...") strings included."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    offenders = []
+    for folder in ("exporters", "sweeps", "skips"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+                elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+                      in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
+                    names = [str(node.args[0].value)]
+                if any(n == "transformers.exporters" or n.startswith("transformers.exporters.") for n in names):
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not offenders, f"library code imports the peer: {offenders}"

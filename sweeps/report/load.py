@@ -27,6 +27,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from sweeps.signature import normalize_message
+
 OUTCOMES: tuple[str, ...] = ("pass", "xfail", "xpass", "fail", "crash", "skipped")
 KNOWN_BACKENDS = ("dynamo", "onnx", "executorch")
 KNOWN_VARIANTS = ("static", "dynamic")
@@ -93,8 +95,6 @@ def normalize_error(text: str | None, limit: int = 200) -> str | None:
         return "worker crashed"
     # the same masking as the signatures recorded by the sweep (numbers, symbols, names, paths), so a
     # failure read from the test's text (a timeout) groups with the one recorded as a property
-    from sweeps.signature import normalize_message
-
     return normalize_message(line, limit)
 
 
