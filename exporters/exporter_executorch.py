@@ -99,10 +99,12 @@ def _check_nonzero_stride(stride: torch.SymInt) -> None:
                 torch._check(shape_env.create_symintnode(symbol, hint=None) >= 1)
 
 
-# executorch.exir imports the function by name in three modules: patch each binding.
+# executorch.exir imports the function by name in four modules: patch each binding (the view-copy
+# pass of to_executorch calls its own, which left Glm4v, Qwen3.5 and Cohere Compass failing there).
 @register_patch("executorch", "executorch.exir.tensor.dim_order_from_stride",
                 "executorch.exir.tensor_layout.dim_order_from_stride",
-                "executorch.exir.emit._emitter.dim_order_from_stride")
+                "executorch.exir.emit._emitter.dim_order_from_stride",
+                "executorch.exir.passes.replace_view_copy_with_view_pass.dim_order_from_stride")
 def _patch_dim_order_positive_strides(original):
     """ExecuTorch orders a tensor's dims by sorting its strides. A data-dependent size (an unbacked
     symbol, e.g. the image tokens a VLM selects with a mask) makes strides like ``u0`` or ``32*u0``,
@@ -136,6 +138,32 @@ def _patch_dim_order_positive_strides(original):
             return tuple(sorted(range(len(stride)), key=by_stride))
 
     return dim_order_from_stride
+
+
+@register_patch("executorch", "executorch.exir.passes.replace_view_copy_with_view_pass._is_view_copy")
+def _patch_view_copy_keeps_dynamism(original):
+    """to_executorch turns each view_copy into a view sharing its base's memory, and refuses one whose
+    shape dynamism differs from its base's: "_ViewSpec is incompatible with its base on creation. It
+    has shape_dynamism=1, but its base has shape_dynamism=0". That is a view of a static tensor into
+    data-dependent dims (Glm4v's vision tower splits its 6 patches by grid sizes it reads with
+    .tolist()). Leave such a node a view_copy (a copy, which the portable runtime has a kernel for)
+    instead of failing the lowering.
+
+    before: view_copy(static (6, d)) -> (6//u0, u0, d): Exception at to_executorch
+    after:  that view_copy stays a copy; every other view_copy still becomes a view
+    """
+
+    from executorch.exir.tensor import determine_tensor_dynanism
+
+    def is_view_copy(node) -> bool:
+        if not original(node):
+            return False
+        base_spec, val = node.args[0].meta.get("spec"), node.meta.get("val")
+        if base_spec is None or val is None:
+            return True
+        return determine_tensor_dynanism(val.shape) == base_spec.shape_dynamism
+
+    return is_view_copy
 
 
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────
@@ -197,6 +225,77 @@ def _fix_bucketize_as_comparisons(gm: torch.fx.GraphModule, node: torch.fx.Node)
         counts = gm.graph.call_function(aten._to_copy.default, (below,), {"dtype": dtype})
         out = gm.graph.call_function(aten.sum.dim_IntList, (counts, [-1]), {"dtype": dtype})
     replace_node(gm, node, (column, below, counts, out))
+    return True
+
+
+def _conv_args(node: torch.fx.Node):
+    """(x, weight, bias, stride, padding, dilation, groups) of a 3-D convolution node, else None."""
+    aten = torch.ops.aten
+    if node.op != "call_function":
+        return None
+    if node.target is aten.conv3d.default:
+        names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+        defaults = (None, None, None, [1, 1, 1], [0, 0, 0], [1, 1, 1], 1)
+    elif node.target is aten.convolution.default:
+        names = ("input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding", "groups")
+        defaults = (None,) * 9
+    else:
+        return None
+    args = dict(zip(names, defaults))
+    args.update(zip(names, node.args))
+    args.update(node.kwargs)
+    x = args["input"].meta.get("val") if isinstance(args["input"], torch.fx.Node) else None
+    w = args["weight"].meta.get("val") if isinstance(args["weight"], torch.fx.Node) else None
+    if x is None or w is None or x.dim() != 5 or args.get("transposed"):
+        return None
+    if not all(isinstance(d, int) for d in (*x.shape[1:], *w.shape)):  # only the batch may be symbolic
+        return None
+    triple = lambda v: list(v) * 3 if len(v) == 1 else list(v)  # noqa: E731
+    return (args["input"], args["weight"], args["bias"], triple(args["stride"]), triple(args["padding"]),
+            triple(args["dilation"]), args["groups"])
+
+
+@register_fx_node_fix("executorch")
+def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Neither XNNPACK nor the portable kernels run a 3-D convolution: the program lowers, then fails
+    at run time, "Check failed (in.dim() == 3 || in.dim() == 4): Expect input tensor to be 3-D or
+    4-D, but got, 5" and "method->execute() failed with error 0x12" (the Conv3d patch embeddings of
+    Qwen2-VL, Glm4v and the other video-capable VLMs, VideoMAE's tubelets). A 3-D convolution is a
+    sum over its temporal taps of 2-D convolutions of strided frame slices, frames folded into the
+    batch: kt 2-D convolutions, whatever the number of frames.
+
+    before: conv3d(x[N, C, T, H, W], w[O, C/g, kt, kh, kw], b, stride, padding, dilation, g)
+    after:  x padded in T; for each tap i: conv2d(fold(x[:, :, i*dt :: st][:, :, :T_out]), w[:, :, i],
+            b if i == 0 else None, stride[1:], padding[1:], dilation[1:], g); summed; unfolded to
+            [N, O, T_out, H', W']
+    """
+    found = _conv_args(node)
+    if found is None:
+        return False
+    x, weight, bias, (st, sh, sw), (pt, ph, pw), (dt, dh, dw), groups = found
+    _, c, t, h, w = node.args[0].meta["val"].shape
+    _, o, t_out, h_out, w_out = node.meta["val"].shape
+    kt = weight.meta["val"].shape[2]
+    aten, graph, made = torch.ops.aten, gm.graph, []
+
+    def call(op, *args):
+        made.append(graph.call_function(op, args))
+        return made[-1]
+
+    with graph.inserting_before(node):
+        if pt:
+            x = call(aten.constant_pad_nd.default, x, [0, 0, 0, 0, pt, pt], 0.0)
+        total = None
+        for i in range(kt):
+            frames = call(aten.slice.Tensor, x, 2, i * dt, i * dt + st * (t_out - 1) + 1, st)
+            folded = call(aten.reshape.default, call(aten.permute.default, frames, [0, 2, 1, 3, 4]), [-1, c, h, w])
+            tap = call(aten.select.int, weight, 2, i)
+            y = call(aten.convolution.default, folded, tap, bias if i == 0 else None, [sh, sw], [ph, pw],
+                     [dh, dw], False, [0, 0], groups)
+            total = y if total is None else call(aten.add.Tensor, total, y)
+        unfolded = call(aten.reshape.default, total, [-1, t_out, o, h_out, w_out])
+        call(aten.permute.default, unfolded, [0, 2, 1, 3, 4])
+    replace_node(gm, node, made)
     return True
 
 

@@ -401,8 +401,39 @@ def _aten_cummin(self, dim: int):
     return _cumulative_extreme(self, dim, "min")
 
 
+def _aten_scatter_reduce(self, dim: int, index, src, reduce: str, include_self: bool = True):
+    """``scatter_reduce(..., reduce="mean")``: torchlib maps ``mean`` to ``ScatterElements(reduction="none")``
+    (ONNX has no mean reduction, onnx/onnx#5100), so every position gets the *last* scattered value, not the
+    mean (TAPAS' segmented ``reduce_mean`` over table cells: column logits off by 0.15). Compute it as a
+    scatter-add of the values over a scatter-add of ones. Other reductions go to torchlib's function.
+    Integer inputs divide with ONNX's truncation (torch floors): only differs for negative sums.
+
+    before: ScatterElements(self', index, src, reduction="none")
+    after:  ScatterElements(self', index, src, reduction="add") / max(ScatterElements(0, index, 1, "add") [+ 1], 1)
+            (self' = self with the scattered-to positions zeroed when include_self=False)
+    """
+    if reduce != "mean":
+        from onnxscript.function_libs.torch_lib.ops.core import aten_scatter_reduce
+
+        return aten_scatter_reduce(self, dim, index, src, reduce, include_self)
+    from onnxscript import opset18 as op
+
+    zero, one = op.CastLike(op.Constant(value_float=0.0), src), op.CastLike(op.Constant(value_float=1.0), src)
+    src_shape = op.Shape(src)
+    count = op.ScatterElements(op.Expand(zero, op.Shape(self)), index, op.Expand(one, src_shape), axis=dim,
+                               reduction="add")
+    if include_self:
+        count = op.Add(count, one)  # self is one more term of every mean
+    else:
+        self = op.ScatterElements(self, index, op.Expand(zero, src_shape), axis=dim, reduction="none")
+    total = op.ScatterElements(self, index, src, axis=dim, reduction="add")
+    # positions nothing was scattered to: count 0 (include_self=False) keeps self, as in torch
+    return op.Div(total, op.Max(count, one))
+
+
 _ONNX_TRANSLATION_TABLE: dict[Any, Any] = {
     torch.ops.aten._is_all_true.default: _aten_is_all_true,
+    torch.ops.aten.scatter_reduce.two: _aten_scatter_reduce,
     torch.ops.aten.erfinv.default: _aten_erfinv,
     torch.ops.prims.erf_inv.default: _aten_erfinv,
     torch.ops.aten.cummax.default: _aten_cummax,
@@ -463,7 +494,46 @@ def _fix_ir_topk_sorted(model) -> bool:
     return changed
 
 
-_IR_FIXES = (_fix_ir_topk_sorted,)
+def _fix_ir_register_orphan_constants(model) -> bool:
+    """Register as an initializer every node input that nothing defines but that carries its constant.
+
+    onnxscript's rewriter registers a rule's new initializers by name, overwriting an earlier one of
+    the same name (``RewriteRuleSet._apply_to_graph_or_function``: the duplicate check is a dead
+    ``continue``; microsoft/onnxscript#2945, #2079). ``FuseMaxMinToClip`` names its bounds
+    ``f"{x.name}_min"`` / ``_max``, so two ``Min(Max(x, lo), hi)`` clamps of one tensor (Gemma 4's
+    audio ``clamp``s of one normed input) each create ``x_min``: the first Clip's bound is dropped
+    from ``graph.initializers``, ``NameFixPass`` renames it ``x_min_1`` without re-registering it
+    (onnx/ir-py#448), and ONNX Runtime refuses the model ("Node input 'x_min_1' is not a graph input,
+    initializer, or output of a previous node"). The value still holds its own bound: register it.
+
+    before: Clip(x, x_min_1 <unregistered const>, x_max_1 <unregistered const>)
+    after:  Clip(x, x_min_1, x_max_1) with both in graph.initializers
+    """
+    graphs = list(model.graphs())
+    inputs = {id(v) for g in graphs for v in g.inputs}
+    registered = {id(v) for g in graphs for v in g.initializers.values()}
+    taken = {v.name for g in graphs for v in (*g.inputs, *g.initializers.values())}
+    taken |= {v.name for node in _all_nodes(model) for v in node.outputs}
+    changed = False
+    for node in _all_nodes(model):
+        for value in node.inputs:
+            if (value is None or value.producer() is not None or id(value) in inputs or id(value) in registered
+                    or value.const_value is None):
+                continue
+            base = name = value.name or "orphan_constant"
+            i = 0
+            while name in taken:
+                i += 1
+                name = f"{base}_{i}"
+            value.name = name
+            model.graph.register_initializer(value)
+            registered.add(id(value))
+            taken.add(name)
+            changed = True
+    return changed
+
+
+_IR_FIXES = (_fix_ir_topk_sorted, _fix_ir_register_orphan_constants)
 
 
 # ── the exporter ─────────────────────────────────────────────────────────────

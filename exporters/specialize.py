@@ -48,6 +48,9 @@ def specialized_inputs(inputs: Mapping[str, Any], specialize: tuple[str, ...] | 
             and not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)]
 
 
+_FROM_PYTHON_DATA = (torch.arange, torch.tensor, torch.as_tensor)
+
+
 class ConcreteValues(TorchFunctionMode):
     """While tracing, run every torch call whose tensor arguments are all baked (or computed from
     baked ones only) on the real values, outside the trace; everything else traces as usual, a baked
@@ -71,10 +74,13 @@ class ConcreteValues(TorchFunctionMode):
         leaves = pytree.tree_leaves((args, kwargs))
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         symbolic = any(isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) for v in leaves)
-        # an index range of plain ints (torch.arange(grid_h * grid_w)) is concrete too: layout code builds
-        # its gather indices from one, then compacts them with a mask (get_vision_window_index)
-        fresh_range = func is torch.arange and not tensors
-        if (fresh_range or (tensors and all(self.is_concrete(t) for t in tensors))) and not symbolic:
+        # a tensor made from plain Python numbers is concrete too: layout code builds its gather
+        # indices from torch.arange(grid_h * grid_w), then compacts them with a mask
+        # (get_vision_window_index), and reads config ints back from torch.tensor([merge_size])
+        # .expand(n).tolist() (get_vision_position_ids), which traced is an unbacked symbol that
+        # ExecuTorch's memory planning cannot bound
+        fresh = func in _FROM_PYTHON_DATA and not tensors
+        if (fresh or (tensors and all(self.is_concrete(t) for t in tensors))) and not symbolic:
             with _disable_current_modes(), torch._C.DisableTorchFunction():
                 out = func(*args, **kwargs)
             for value in pytree.tree_leaves(out):

@@ -645,6 +645,29 @@ def test_index_ranges_built_from_baked_sizes_stay_concrete():
     assert_close(flatten_outputs(_WindowIndex()(**inputs)), art(**inputs), "dynamo")
 
 
+class _MergeBlocks(torch.nn.Module):
+    """Reads a config int back from a tensor it builds, as get_vision_position_ids does with
+    torch.tensor([spatial_merge_size]).expand(n).tolist()."""
+
+    def forward(self, x, image_grid_thw):
+        merge = torch.tensor([2]).expand(len(image_grid_thw))
+        out = []
+        for (t, h, w), m in zip(image_grid_thw.tolist(), merge.tolist()):
+            out.append(torch.arange(h * w).reshape(h // m, m, w // m, m).transpose(1, 2).flatten())
+        return x[torch.cat(out)] * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tensors_built_from_python_numbers_stay_concrete(backend):
+    # traced, the merge size is an unbacked symbol: ExecuTorch then cannot bound the reshape's sizes
+    inputs = {"x": torch.randn(8, 3), "image_grid_thw": torch.tensor([[1, 2, 4], [1, 2, 2]])}  # two images:
+    art = get_exporter(backend, registry=Registry()).export(_MergeBlocks(), inputs)  # one folds anyway
+    assert_close(flatten_outputs(_MergeBlocks()(**inputs)), art(**inputs), backend)
+    if backend == "dynamo":  # the merge size is an int in the program, not a runtime .item()
+        assert not [n for n in art.program.graph.nodes if n.target in (torch.ops.aten.item.default,
+                                                                      torch.ops.aten._local_scalar_dense.default)]
+
+
 class _Window:
     """A cache-like output object whose size-dependent int attribute becomes a SymInt under dynamic shapes."""
 

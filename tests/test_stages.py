@@ -15,7 +15,8 @@ import torch
 import exporters.exporter_dynamo as dyn
 import exporters.exporter_executorch as et
 import exporters.exporter_onnx as onx
-from exporters.utils import DEFAULT_REGISTRY, FiredLog, apply_fx_node_fixes, apply_patches, resolve_path
+from exporters import ExportStageError
+from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_fx_node_fixes, apply_patches, resolve_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = os.environ.get("EXPORTERS_SPEC", "/work/shared/SPEC.md")
@@ -397,6 +398,42 @@ def test_executorch_dim_order_of_data_dependent_strides():
             return (n * (8 // n), n, 1)  # n*(8//n) < n cannot be decided
 
     assert et._patch_dim_order_positive_strides(dim_order_from_stride)(undecidable()) == (0, 1, 2)
+
+
+def test_executorch_dim_order_patch_covers_every_binding():
+    """executorch imports dim_order_from_stride by name into several modules; a binding the patch
+    misses keeps the original (the view-copy pass of to_executorch did, and Glm4v failed there)."""
+    import importlib
+    import sys
+
+    import executorch.exir.passes.replace_view_copy_with_view_pass  # noqa: F401  (to_executorch's passes)
+    import executorch.exir.program  # noqa: F401
+    from executorch.exir.tensor import dim_order_from_stride
+
+    importlib.import_module("executorch.exir.emit._emitter")
+    bound = {f"{name}.dim_order_from_stride" for name, mod in list(sys.modules.items())
+             if name.startswith("executorch.exir") and getattr(mod, "dim_order_from_stride", None)
+             is dim_order_from_stride}
+    patched = {entry.path for entry in DEFAULT_REGISTRY.patches("executorch")}
+    assert bound and bound <= patched, sorted(bound - patched)
+
+
+@pytest.mark.parametrize("conv", [
+    dict(kernel_size=(2, 4, 4), stride=(2, 4, 4)),  # a patch embedding (Qwen2-VL, VideoMAE)
+    dict(kernel_size=3, stride=(2, 1, 2), padding=(1, 2, 0), dilation=(2, 1, 1), groups=2),
+], ids=["patchify", "padded-strided-dilated-grouped"])
+def test_executorch_runs_3d_convolutions_as_2d(conv):
+    """No ExecuTorch kernel runs a 5-D convolution; the node fix spells it as 2-D convolutions."""
+    torch.manual_seed(0)
+    model = torch.nn.Conv3d(4, 6, **conv).eval()
+    inputs = {"input": torch.randn(2, 4, 8, 8, 12)}
+    bare = et.ExecutorchExporter(registry=Registry()).export(model, inputs)
+    with pytest.raises(RuntimeError, match="0x12"):
+        bare(**inputs)
+    art = et.ExecutorchExporter().export(model, inputs)
+    assert "fix:executorch:_fix_conv3d_as_conv2d" in art.workarounds_fired
+    (actual,) = art(**inputs).values()
+    torch.testing.assert_close(actual, model(**inputs), atol=1e-4, rtol=1e-4)
 
 
 def test_executorch_missing_kernel_is_named():
