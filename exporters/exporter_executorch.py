@@ -228,6 +228,54 @@ def _fix_bucketize_as_comparisons(gm: torch.fx.GraphModule, node: torch.fx.Node)
     return True
 
 
+@register_fx_node_fix("executorch")
+def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A slice bound read from data (``hidden_states[i, :length]`` with ``length`` from the attention
+    mask: the XVector heads of Wav2Vec2, WavLM, Data2VecAudio, UniSpeechSat) is an unbacked symbol.
+    torch.export's fake slice handles it, but the lowering turns the slice into slice_copy, whose meta
+    is the decomposition that asks whether the bound is negative: "Could not guard on data-dependent
+    expression u42 < 0" (caused by slice_forward). Check the bound is within [0, size] at run time
+    (the artifact then refuses a negative or too-long bound instead of computing what eager's
+    clamping would), which lets the decomposition decide its comparisons.
+
+    before: slice(x, d, 0, u0)
+    after:  _assert_scalar(u0 >= 0); _assert_scalar(u0 <= x.size(d)); slice(x, d, 0, u0)
+    """
+    import operator
+
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
+
+    if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor:
+        return False
+    x = node.args[0]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    size = x.meta["val"].shape[dim] if isinstance(x, torch.fx.Node) and "val" in x.meta else None
+    if not isinstance(size, int):
+        return False
+    changed = False
+    for bound in node.args[2:4]:
+        value = bound.meta.get("val") if isinstance(bound, torch.fx.Node) else None
+        if not isinstance(value, torch.SymInt) or not free_unbacked_symbols(value):
+            continue
+        if statically_known_true(value >= 0) and statically_known_true(value <= size):
+            continue
+        torch._check(value >= 0)
+        torch._check(value <= size)
+        made = []
+        with gm.graph.inserting_before(node):
+            for op, limit, what in ((operator.ge, 0, ">= 0"), (operator.le, size, f"<= {size}")):
+                test = gm.graph.call_function(op, (bound, limit))
+                made.append(test)
+                made.append(gm.graph.call_function(torch.ops.aten._assert_scalar.default, (
+                    test, f"slice bound {bound.name} must be {what} (dim {dim} of {x.name}) in this ExecuTorch program")))
+        for new in made:
+            new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
+            if new.target is not torch.ops.aten._assert_scalar.default:
+                new.meta["val"] = new.target(value, new.args[1])
+        changed = True
+    return changed
+
+
 def _conv_args(node: torch.fx.Node):
     """(x, weight, bias, stride, padding, dilation, groups) of a 3-D convolution node, else None."""
     aten = torch.ops.aten
@@ -383,8 +431,13 @@ class ExecutorchExporter(Exporter):
 
         program = apply_fx_program_fixes(self.registry.fixes("executorch", "program"), program, fired, config=config)
         apply_fx_node_fixes(self.registry.fixes("executorch", "node"), program.graph_module, fired)
-        with apply_patches(et_patches, fired):
+        # no_grad: a program that still has complex ops fails here with grad on ("view_as_complex_copy
+        # does not support automatic differentiation for outputs with complex dtype")
+        with apply_patches(et_patches, fired), torch.no_grad():
             edge = to_edge_transform_and_lower(
                 program, partitioner=partitioners, compile_config=EdgeCompileConfig(_check_ir_validity=False)
             )
             return edge.to_executorch().buffer
+
+
+from .complex_as_real import _fix_complex_as_real  # noqa: E402,F401  (registers on import)

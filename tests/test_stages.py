@@ -436,6 +436,25 @@ def test_executorch_runs_3d_convolutions_as_2d(conv):
     torch.testing.assert_close(actual, model(**inputs), atol=1e-4, rtol=1e-4)
 
 
+class _MeanOverLength(torch.nn.Module):
+    """Pools each row over its own length, read from the mask (the XVector heads' statistics pooling)."""
+
+    def forward(self, x, attention_mask):
+        return torch.stack([x[i, :length].mean(dim=0) for i, length in enumerate(attention_mask.sum(-1))])
+
+
+def test_executorch_slice_bound_read_from_data():
+    inputs = {"x": torch.randn(2, 6, 4), "attention_mask": torch.tensor([[1] * 6, [1] * 4 + [0] * 2])}
+    with pytest.raises(ExportStageError, match=r"data-dependent expression u\d+ < 0"):
+        et.ExecutorchExporter(registry=Registry()).export(_MeanOverLength(), inputs)
+    art = et.ExecutorchExporter().export(_MeanOverLength(), inputs)
+    assert "fix:executorch:_fix_slice_bounds_checked" in art.workarounds_fired
+    shorter = {"x": inputs["x"], "attention_mask": torch.tensor([[1] * 3 + [0] * 3, [1] * 5 + [0]])}
+    for case in (inputs, shorter):  # the lengths are data: other values run through the same program
+        (actual,) = art(**case).values()
+        torch.testing.assert_close(actual, _MeanOverLength()(**case))
+
+
 def test_executorch_missing_kernel_is_named():
     """A program that calls an op the runtime has no kernel for fails to load with the op's name,
     not an error code."""
