@@ -166,6 +166,28 @@ def _patch_view_copy_keeps_dynamism(original):
     return is_view_copy
 
 
+@register_patch("executorch", "executorch.backends.xnnpack.partition.config.node_configs.MaxDimConfig.check_constraints")
+def _patch_max_dim_partition_constraints(original):
+    """XNNPACK's partitioner takes every 4-D ``max.dim`` whose index output is unused, but its node
+    visitor only lowers ``dim`` 2 or 3 with ``keepdim=True`` and raises otherwise, failing the whole
+    lowering: "amax.default only supports dim == 2 or dim == 3" / "... keep_dim == True" (DeepseekV4's
+    ``x.max(-1)``). Leave those to the portable kernel instead, which is what a partitioner
+    constraint is for.
+
+    before: max.dim(x4d, 1) partitioned to XNNPACK -> RuntimeError at to_backend
+    after:  max.dim(x4d, 1) stays outside the delegate; max.dim(x4d, 3, True) is still delegated
+    """
+
+    def check_constraints(self, node, ep) -> bool:
+        if not original(self, node, ep):
+            return False
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        return dim in (2, 3) and len(node.args) == 3 and bool(keepdim)
+
+    return check_constraints
+
+
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────
 # Fixes that need the whole program: @register_fx_program_fix("executorch"),
 # fn(program, *, config) -> (program, modified). (Upper bounds for dynamic dims are set before

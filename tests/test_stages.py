@@ -455,6 +455,27 @@ def test_executorch_slice_bound_read_from_data():
         torch.testing.assert_close(actual, _MeanOverLength()(**case))
 
 
+class _MaxOver(torch.nn.Module):
+    def __init__(self, dim: int, keepdim: bool):
+        super().__init__()
+        self.dim, self.keepdim = dim, keepdim
+
+    def forward(self, x):
+        return torch.max(x, dim=self.dim, keepdim=self.keepdim).values * 2
+
+
+@pytest.mark.parametrize("dim, keepdim", [(-1, False), (1, True), (3, True)])
+def test_executorch_max_dim_outside_what_xnnpack_lowers(dim, keepdim):
+    """XNNPACK's partitioner took every 4-D max.dim, and its visitor then refused all but dim 2/3 with
+    keepdim=True, failing the lowering; the patched constraint leaves those to the portable kernel."""
+    model, inputs = _MaxOver(dim, keepdim), {"x": torch.randn(2, 3, 4, 5)}
+    if (dim, keepdim) != (3, True):
+        with pytest.raises(ExportStageError, match="amax.default only supports"):
+            et.ExecutorchExporter(registry=Registry()).export(model, inputs)
+    (actual,) = et.ExecutorchExporter().export(model, inputs)(**inputs).values()
+    torch.testing.assert_close(actual, model(**inputs))
+
+
 def test_executorch_missing_kernel_is_named():
     """A program that calls an op the runtime has no kernel for fails to load with the op's name,
     not an error code."""
