@@ -35,7 +35,10 @@ class ExecutorchConfig(ExportConfig):
 def prepare_for_xnnpack(model: torch.nn.Module, inputs: dict[str, Any]):
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    model = model.to(device="cpu", dtype=torch.float32)
+    # float32 for the real floating tensors only: Module.to(dtype=torch.float32) also casts complex
+    # parameters and buffers to their real part, in place (Llama4's vision freqs_ci lost its imaginary
+    # half before tracing); complex ones are rewritten as real pairs later (complex_as_real)
+    model = model.to(device="cpu")._apply(lambda t: t.float() if t.is_floating_point() else t)
     inputs = {k: v.to("cpu") if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     return model, inputs, [XnnpackPartitioner()]
 
