@@ -191,6 +191,24 @@ def _patch_max_dim_partition_constraints(original):
     return check_constraints
 
 
+@register_patch("executorch", "executorch.backends.xnnpack.partition.config.node_configs.PreluConfig.check_constraints")
+def _patch_prelu_partition_constraints(original):
+    """XNNPACK's partitioner takes a ``prelu`` of any rank, but its channels-last pass can only give it
+    a 4-D (NHWC) input and fails the lowering otherwise: "ChannelsLastTaggedReshapePass ...
+    Attempting to convert non-NHWC compatible node to NHWC" (DAB-DETR's encoder MLP, PReLU over
+    (batch, tokens, hidden)). Leave a prelu that is not 4-D outside the delegate.
+
+    before: prelu(x[2, 1, 64], w) partitioned to XNNPACK -> AssertionError at to_backend
+    after:  it runs outside the delegate; a 4-D prelu is still delegated
+    """
+
+    def check_constraints(self, node, ep) -> bool:
+        value = node.all_input_nodes[0].meta.get("val")
+        return original(self, node, ep) and value is not None and value.dim() == 4
+
+    return check_constraints
+
+
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────
 # Fixes that need the whole program: @register_fx_program_fix("executorch"),
 # fn(program, *, config) -> (program, modified). (Upper bounds for dynamic dims are set before

@@ -476,6 +476,25 @@ def test_executorch_max_dim_outside_what_xnnpack_lowers(dim, keepdim):
     torch.testing.assert_close(actual, model(**inputs))
 
 
+class _LinearPReLU(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act = torch.nn.Linear(8, 8), torch.nn.PReLU()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+def test_executorch_prelu_that_is_not_4d():
+    """XNNPACK's partitioner took a 3-D prelu its channels-last pass cannot convert (DAB-DETR)."""
+    torch.manual_seed(0)
+    model, inputs = _LinearPReLU().eval(), {"x": torch.randn(2, 3, 8)}
+    with pytest.raises(ExportStageError, match="ChannelsLastTaggedReshapePass"):
+        et.ExecutorchExporter(registry=Registry()).export(model, inputs)
+    (actual,) = et.ExecutorchExporter().export(model, inputs)(**inputs).values()
+    torch.testing.assert_close(actual, model(**inputs))
+
+
 def test_executorch_missing_kernel_is_named():
     """A program that calls an op the runtime has no kernel for fails to load with the op's name,
     not an error code."""
