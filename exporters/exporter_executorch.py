@@ -390,6 +390,19 @@ def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
     return True
 
 
+def buffers_keep_their_values(program) -> None:
+    """Serialize every buffer's value, mutated or not. ExecuTorch gives a buffer the graph mutates "a
+    meaningless initial state" (only shape and dtype are saved) unless its placeholder has
+    ``meta["et_init_buffer"]``. A module that reassigns its buffer in forward
+    (``self.pos_encoding = self.pos_encoding.to(dtype)``, CTRL) becomes such a mutation after
+    to_edge, and the program then read zeros: CTRLModel's last_hidden_state was off by 2.9 on every
+    element. Eager's buffers start with their values; so do the artifact's."""
+    buffers = program.graph_signature.inputs_to_buffers
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.target in buffers:
+            node.meta["et_init_buffer"] = True
+
+
 # ── the exporter ─────────────────────────────────────────────────────────────
 
 
@@ -480,6 +493,7 @@ class ExecutorchExporter(Exporter):
             edge = to_edge_transform_and_lower(
                 program, partitioner=partitioners, compile_config=EdgeCompileConfig(_check_ir_validity=False)
             )
+            buffers_keep_their_values(edge.exported_program())
             return edge.to_executorch().buffer
 
 

@@ -495,6 +495,28 @@ def test_executorch_prelu_that_is_not_4d():
     torch.testing.assert_close(actual, model(**inputs))
 
 
+class _ReassignsItsBuffer(torch.nn.Module):
+    """Reassigns its buffer in forward, as CTRL does with ``self.pos_encoding = self.pos_encoding.to(...)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos_encoding = torch.nn.Buffer(torch.randn(16, 8), persistent=False)
+
+    def forward(self, x):
+        self.pos_encoding = self.pos_encoding.to(device=x.device, dtype=x.dtype)
+        return x + self.pos_encoding[: x.shape[0]]
+
+
+def test_executorch_buffers_keep_their_values():
+    """After to_edge the reassignment is a buffer mutation, and ExecuTorch saves a mutated buffer
+    without its values unless told to: the program read zeros for the position encodings."""
+    torch.manual_seed(0)
+    model, inputs = _ReassignsItsBuffer().eval(), {"x": torch.randn(3, 8)}
+    expected = model(**inputs)
+    (actual,) = et.ExecutorchExporter().export(model, inputs)(**inputs).values()
+    torch.testing.assert_close(actual, expected)
+
+
 def test_executorch_missing_kernel_is_named():
     """A program that calls an op the runtime has no kernel for fails to load with the op's name,
     not an error code."""
