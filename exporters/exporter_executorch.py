@@ -209,6 +209,42 @@ def _patch_prelu_partition_constraints(original):
     return check_constraints
 
 
+@register_patch("executorch", "executorch.backends.xnnpack.xnnpack_preprocess.generate_node_to_external_map")
+def _patch_xnnpack_pass_through_outputs(original):
+    """XNNPACK's own passes can leave a delegated partition returning one of its inputs unchanged (a
+    permute pair cancelled, a no-op copy removed), or one value twice, and the delegate then refuses
+    the whole lowering: "Output node 'aten_permute_copy_default_2' is already in the inputs. This is
+    likely due to pass through arguments, which are not supported in XNNPACK Delegate" (Clvp,
+    OneFormer). Give each such output its own copy (XNNPACK's clone) before the delegate maps its
+    external values.
+
+    before: partition(a) -> (a, f(a))          RuntimeError at to_backend
+    after:  partition(a) -> (clone(a), f(a))
+    """
+
+    def generate_node_to_external_map(exported_program, graph_module):
+        from executorch.exir.dialects._ops import ops as exir_ops
+
+        graph = graph_module.graph
+        output = next(n for n in graph.nodes if n.op == "output")
+        placeholders = {n for n in graph.nodes if n.op == "placeholder"}
+        seen, values, copied = set(), [], False
+        for value in output.args[0]:
+            if isinstance(value, torch.fx.Node) and (value in placeholders or value in seen):
+                with graph.inserting_before(output):
+                    copy = graph.call_function(exir_ops.edge.aten.clone.default, (value,))
+                copy.meta.update({k: v for k, v in value.meta.items() if k in ("val", "tensor_meta")})
+                value, copied = copy, True
+            seen.add(value)
+            values.append(value)
+        if copied:
+            output.args = (type(output.args[0])(values), *output.args[1:])
+            graph_module.recompile()
+        return original(exported_program, graph_module)
+
+    return generate_node_to_external_map
+
+
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────
 # Fixes that need the whole program: @register_fx_program_fix("executorch"),
 # fn(program, *, config) -> (program, modified). (Upper bounds for dynamic dims are set before

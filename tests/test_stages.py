@@ -517,6 +517,26 @@ def test_executorch_buffers_keep_their_values():
     torch.testing.assert_close(actual, expected)
 
 
+def test_xnnpack_partition_pass_through_outputs_get_copies():
+    """A delegated partition returning its input (or one value twice) was refused by XNNPACK
+    ("Output node ... is already in the inputs"); each such output gets its own clone."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    graph = torch.fx.Graph()
+    a = graph.placeholder("a")
+    a.meta["val"] = torch.empty(2, 3)
+    doubled = graph.call_function(torch.ops.aten.mul.Tensor, (a, 2))
+    graph.output((a, doubled, doubled))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    seen = []
+    et._patch_xnnpack_pass_through_outputs(lambda ep, module: seen.append(module) or {})(None, gm)
+    (out,) = [n for n in seen[0].graph.nodes if n.op == "output"]
+    first, second, third = out.args[0]
+    assert first.target is exir_ops.edge.aten.clone.default and first.args == (a,)
+    assert second is doubled and third.target is exir_ops.edge.aten.clone.default and third.args == (doubled,)
+    assert first.meta["val"].shape == (2, 3)
+
+
 def test_executorch_missing_kernel_is_named():
     """A program that calls an op the runtime has no kernel for fails to load with the op's name,
     not an error code."""
