@@ -477,6 +477,46 @@ def load_forward(buffer: bytes):
         ) from exc
 
 
+_RUNTIME_FAILURE_LINES = ("Check failed", "KernelCall failed", "Missing operator", "failed with error")
+
+
+def execute_with_runtime_log(method, inputs):
+    """``method.execute(inputs)``; when it fails, the error carries what the runtime logged about it.
+    The runtime reports only a code ("method->execute() failed with error 0x12") and logs the cause
+    ("Check failed (in.dim() == 3 || in.dim() == 4) ...", "KernelCall failed at instruction 0:9 in
+    operator aten::convolution.out"), which a report never sees. Its log is captured during the call,
+    at the file descriptor and at ``sys.stderr`` (the bindings write to either, depending on what
+    stderr is), and passed on unchanged."""
+    import contextlib
+    import io
+    import os
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    python_log = io.StringIO()
+    with tempfile.TemporaryFile() as fd_log:
+        saved = os.dup(2)
+        os.dup2(fd_log.fileno(), 2)
+        try:
+            with contextlib.redirect_stderr(python_log):
+                return method.execute(inputs)
+        except RuntimeError as exc:
+            os.dup2(saved, 2)
+            fd_log.seek(0)
+            logged = fd_log.read().decode(errors="replace") + python_log.getvalue()
+            lines = [line.strip() for line in logged.splitlines() if any(key in line for key in _RUNTIME_FAILURE_LINES)]
+            if not lines:
+                raise
+            raise RuntimeError(f"{exc}; the runtime logged: {' | '.join(lines[:4])}") from exc
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            fd_log.seek(0)
+            os.write(2, fd_log.read())
+            sys.stderr.write(python_log.getvalue())
+
+
 class ExecutorchArtifact(Artifact):
     backend = "executorch"
     file_name = "model.pte"
@@ -487,7 +527,7 @@ class ExecutorchArtifact(Artifact):
         self._program, self._method = load_forward(buffer)
 
     def _run(self, ordered):
-        outputs = self._method.execute([t.contiguous() for t in ordered])
+        outputs = execute_with_runtime_log(self._method, [t.contiguous() for t in ordered])
         return [o if isinstance(o, torch.Tensor) else torch.as_tensor(o) for o in outputs]
 
     def _save_model(self, path):
