@@ -355,6 +355,61 @@ def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     return changed
 
 
+_SEGMENT_REDUCTIONS = {"sum": (0.0, "sum"), "mean": (0.0, "sum"), "amax": (-math.inf, "amax"), "amin": (math.inf, "amin")}
+
+
+@register_fx_node_fix("executorch")
+def _fix_scatter_reduce_as_masked_reduction(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The ExecuTorch runtime has no kernel for ``aten::scatter_reduce.two_out`` (TAPAS reduces table
+    cells by segment with it: "the ExecuTorch runtime has no kernel for aten::scatter_reduce.two_out").
+    For a 1-D reduction, spell it as a reduction over a (segments x elements) membership mask, in ops
+    the portable kernels have.
+
+    before: scatter_reduce(self[S], 0, index[N], src[N], reduce, include_self)
+    after:  member = index[None, :] == arange(S)[:, None]
+            r = reduce_over_dim_1(where(member, src[None, :], identity))   (mean: sum / count)
+            include_self: r combined with self (mean: (sum + self) / (count + 1));
+            else: where(count > 0, r, self)
+    """
+    if node.op != "call_function" or node.target is not torch.ops.aten.scatter_reduce.two:
+        return False
+    names = ("self", "dim", "index", "src", "reduce", "include_self")
+    args = {"include_self": True, **dict(zip(names, node.args)), **node.kwargs}
+    vals = [args[k].meta.get("val") if isinstance(args[k], torch.fx.Node) else None for k in ("self", "index", "src")]
+    if (args["reduce"] not in _SEGMENT_REDUCTIONS or any(v is None or v.dim() != 1 for v in vals)
+            or args["dim"] not in (0, -1) or not isinstance(vals[0].shape[0], int) or not vals[2].is_floating_point()):
+        return False
+    aten, graph, made = torch.ops.aten, gm.graph, []
+    identity, reduction = _SEGMENT_REDUCTIONS[args["reduce"]]
+
+    def call(op, *op_args, **kwargs):
+        made.append(graph.call_function(op, op_args, kwargs))
+        return made[-1]
+
+    segments = vals[0].shape[0]
+    with graph.inserting_before(node):
+        ids = call(aten.arange.start_step, 0, segments, 1, dtype=vals[1].dtype)
+        member = call(aten.eq.Tensor, call(aten.unsqueeze.default, args["index"], 0), call(aten.unsqueeze.default, ids, 1))
+        spread = call(aten.where.self, member, call(aten.unsqueeze.default, args["src"], 0),
+                      call(aten.scalar_tensor.default, identity, dtype=vals[2].dtype))
+        reduced = call(getattr(aten, reduction).dim_IntList if reduction == "sum" else getattr(aten, reduction).default,
+                       spread, [1])
+        count = call(aten.sum.dim_IntList, call(aten._to_copy.default, member, dtype=vals[2].dtype), [1])
+        self_ = args["self"]
+        if args["reduce"] == "mean":
+            if args["include_self"]:
+                reduced = call(aten.div.Tensor, call(aten.add.Tensor, reduced, self_), call(aten.add.Tensor, count, 1.0))
+            else:
+                reduced = call(aten.div.Tensor, reduced, call(aten.clamp_min.default, count, 1.0))
+        elif args["include_self"]:
+            combine = {"sum": aten.add.Tensor, "amax": aten.maximum.default, "amin": aten.minimum.default}
+            reduced = call(combine[args["reduce"]], reduced, self_)
+        if not args["include_self"]:  # a segment nothing was scattered to keeps self, as in torch
+            call(aten.where.self, call(aten.gt.Scalar, count, 0), reduced, self_)
+    replace_node(gm, node, made)
+    return True
+
+
 def _conv_args(node: torch.fx.Node):
     """(x, weight, bias, stride, padding, dilation, groups) of a 3-D convolution node, else None."""
     aten = torch.ops.aten

@@ -537,6 +537,30 @@ def test_xnnpack_partition_pass_through_outputs_get_copies():
     assert first.meta["val"].shape == (2, 3)
 
 
+class _SegmentReduce(torch.nn.Module):
+    """A 1-D scatter_reduce by segment id, as TAPAS reduces table cells."""
+
+    def __init__(self, reduce: str, include_self: bool):
+        super().__init__()
+        self.reduce, self.include_self = reduce, include_self
+
+    def forward(self, values, index):
+        return torch.full((5,), 0.5).scatter_reduce(0, index, values * 2, reduce=self.reduce, include_self=self.include_self)
+
+
+@pytest.mark.parametrize("reduce, include_self", [("sum", False), ("mean", True), ("mean", False), ("amax", False), ("amin", True)])
+def test_executorch_scatter_reduce_without_its_kernel(reduce, include_self):
+    inputs = {"values": torch.randn(7), "index": torch.tensor([0, 1, 1, 3, 3, 3, 0])}  # segments 2, 4 empty
+    model = _SegmentReduce(reduce, include_self)
+    if reduce == "sum":
+        with pytest.raises(ExportStageError, match="no kernel for aten::scatter_reduce.two_out"):
+            et.ExecutorchExporter(registry=Registry()).export(model, inputs)
+    art = et.ExecutorchExporter().export(model, inputs)
+    assert "fix:executorch:_fix_scatter_reduce_as_masked_reduction" in art.workarounds_fired
+    (actual,) = art(**inputs).values()
+    torch.testing.assert_close(actual, model(**inputs))
+
+
 def test_executorch_missing_kernel_is_named():
     """A program that calls an op the runtime has no kernel for fails to load with the op's name,
     not an error code."""
