@@ -221,14 +221,22 @@ def _imag(rw, node, c):
 
 
 def _same_op(rw, node, c, *args, **kwargs):
-    """clone, contiguous, alias, detach, and dtype conversions (complex dtype -> its real dtype)."""
-    if not rw.cx(c):
-        raise _Unhandled(f"{node.target} from real to complex")
+    """clone, contiguous, alias, detach, and dtype conversions (complex dtype -> its real dtype; a real
+    floating tensor cast to complex gets a zero imaginary part: ``fftn(x.to(torch.complex64))``)."""
     if not _is_complex(_val(node)):
         raise _Unhandled(f"{node.target} from complex to real drops the imaginary part")
     args = tuple(rw.r(_real_dtype(a)) for a in args)
     kwargs = {k: _real_dtype(v) for k, v in kwargs.items() if k != "memory_format" or v is not torch.channels_last}
+    if not rw.cx(c):
+        source = _val(c)
+        if node.target not in _CASTS or not isinstance(source, torch.Tensor) or not source.is_floating_point():
+            raise _Unhandled(f"{node.target} from real to complex")
+        re = rw.call(node.target, c, *args, **kwargs)
+        return rw.pack(re, rw.call(aten.zeros_like.default, re))
     return rw.call(node.target, rw.r(c), *args, **kwargs)
+
+
+_CASTS = (aten.to.dtype, aten.to.dtype_layout, aten._to_copy.default)
 
 
 def _rank(node_arg) -> int:
@@ -319,8 +327,148 @@ def _fft_irfft(rw, node, c, n=None, d=-1, norm=None):
     return rw.call(aten.sub.Tensor, rw.call(aten.matmul.default, re, cos), rw.call(aten.matmul.default, im, sin))
 
 
+def _dft_matrices(rw, rows, n, bins, scale, dtype):
+    """cos and sin of 2 pi t k / n for t < rows, k < bins, times scale: [rows, bins] each; t * k is
+    reduced mod n in int64 so that the angles stay exact."""
+    t = rw.call(aten.arange.default, rows, dtype=torch.int64)
+    k = rw.call(aten.arange.default, bins, dtype=torch.int64)
+    m = rw.call(aten.remainder.Scalar, rw.call(aten.mul.Tensor, rw.call(aten.unsqueeze.default, t, -1), k), n)
+    angle = rw.call(aten.mul.Tensor, rw.call(aten._to_copy.default, m, dtype=dtype), 2 * torch.pi / n)
+    cos, sin = rw.call(aten.cos.default, angle), rw.call(aten.sin.default, angle)
+    if scale != 1.0:
+        cos, sin = rw.call(aten.mul.Tensor, cos, scale), rw.call(aten.mul.Tensor, sin, scale)
+    return cos, sin
+
+
+def _dft(rw, node, x, dims, sizes, scale_of, inverse=False, onesided=False):
+    """The DFT of ``x`` (a complex node, or a real floating one) over ``dims`` (dims of the complex
+    result, non-negative), each padded or trimmed to its entry of ``sizes`` (None: as it is), as real
+    matmuls. Per dim of output length n, C[t, k] = cos(2 pi t k / n), S[t, k] = sin(2 pi t k / n):
+    forward re' = re C + im S, im' = im C - re S; inverse re' = re C - im S, im' = im C + re S.
+    ``scale_of(n)`` is the normalization of one dim; ``onesided`` keeps n // 2 + 1 bins of the last
+    dim (rfft, _fft_r2c). Returns the [..., 2] node of the result."""
+    val, out = _val(x), _val(node)
+    if not isinstance(val, torch.Tensor) or not (rw.cx(x) or val.is_floating_point()) or not _is_complex(out):
+        raise _Unhandled(f"{node.target} of a {getattr(val, 'dtype', val)} value")
+    rank, dtype = val.dim(), _REAL_OF[out.dtype]
+    if rw.cx(x):
+        re, im = rw.parts(rw.r(x))
+    else:
+        re, im = (x if val.dtype == dtype else rw.call(aten._to_copy.default, x, dtype=dtype)), None
+    if not dims or len(set(dims)) != len(dims) or len(sizes) != len(dims):
+        raise _Unhandled(f"{node.target} over dims {dims!r} with sizes {sizes!r}")
+    for i, (d, n) in enumerate(zip(dims, sizes)):
+        length = val.shape[d]
+        n = length if n is None or n == -1 else n
+        if not isinstance(length, int) or not isinstance(n, int) or n < 1:
+            raise _Unhandled(f"{node.target} of a dynamic or empty length over dim {d}")
+        scale = scale_of(n)
+        if scale is None:
+            raise _Unhandled(f"{node.target} with an unknown normalization")
+        bins = n // 2 + 1 if onesided and i == len(dims) - 1 else n
+        rows = min(length, n)  # zero padding past the input adds nothing; trimming drops rows
+        cos, sin = _dft_matrices(rw, rows, n, bins, scale, dtype)
+
+        def along(part):  # the part with dim d last (trimmed to ``rows``), or None
+            if part is None:
+                return None
+            if rows < length:
+                part = rw.call(aten.slice.Tensor, part, d, 0, rows)
+            return part if d == rank - 1 else rw.call(aten.transpose.int, part, d, rank - 1)
+
+        def mm(part, matrix):
+            return rw.call(aten.matmul.default, part, matrix)
+
+        r, j = along(re), along(im)
+        sign_sub, sign_add = (aten.add.Tensor, aten.sub.Tensor) if inverse else (aten.sub.Tensor, aten.add.Tensor)
+        if j is None:  # a real input: re' = re C, im' = -+ re S
+            new_re, new_im = mm(r, cos), mm(r, sin)
+            if not inverse:
+                new_im = rw.call(aten.neg.default, new_im)
+        else:
+            new_re = rw.call(sign_add, mm(r, cos), mm(j, sin))  # forward: + , inverse: -
+            new_im = rw.call(sign_sub, mm(j, cos), mm(r, sin))  # forward: - , inverse: +
+        if d != rank - 1:
+            new_re = rw.call(aten.transpose.int, new_re, d, rank - 1)
+            new_im = rw.call(aten.transpose.int, new_im, d, rank - 1)
+        re, im = new_re, new_im
+    return rw.pack(re, im)
+
+
+_NORM = {  # str norm -> scale of one dim of length n, forward and inverse
+    False: {None: lambda n: 1.0, "backward": lambda n: 1.0, "forward": lambda n: 1.0 / n, "ortho": lambda n: n ** -0.5},
+    True: {None: lambda n: 1.0 / n, "backward": lambda n: 1.0 / n, "forward": lambda n: 1.0, "ortho": lambda n: n ** -0.5},
+}
+
+
+def _fft_dims(rw, x, s, dim):
+    """The (dims, sizes) of an fft_fft*: dim None takes the last len(s) dims, or all of them."""
+    rank = _rank(x)
+    if dim is None:
+        dim = list(range(rank - len(s), rank)) if s is not None else list(range(rank))
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    sizes = [s] if isinstance(s, int) or s is None and isinstance(dim, int) else list(s) if s is not None \
+        else [None] * len(dims)
+    return [rw.dim(d, rank) for d in dims], sizes
+
+
+def _fft_op(inverse=False, onesided=False, default_dim=None):
+    """fft_fft / fft2 / fftn, fft_ifft / ifft2 / ifftn, fft_rfft / rfft2 / rfftn (FNet: fftn over the
+    sequence and hidden dims, then .real)."""
+    def handler(rw, node, x, s=None, dim=default_dim, norm=None):
+        if onesided and rw.cx(x):
+            raise _Unhandled("rfft of a complex tensor")
+        dims, sizes = _fft_dims(rw, x, s, dim)
+        norms = _NORM[inverse]
+        if norm not in norms:
+            raise _Unhandled(f"{node.target} with norm={norm!r}")
+        return _dft(rw, node, x, dims, sizes, norms[norm], inverse=inverse, onesided=onesided)
+    return handler
+
+
+def _fft_1d(inverse=False, onesided=False):
+    inner = _fft_op(inverse, onesided)
+
+    def handler(rw, node, x, n=None, dim=-1, norm=None):
+        return inner(rw, node, x, n, dim, norm)
+    return handler
+
+
+def _fft_normalization(normalization):
+    """_fft_r2c / _fft_c2c normalization: 0 none, 1 by 1 / sqrt(prod n), 2 by 1 / prod n."""
+    return {0: lambda n: 1.0, 1: lambda n: n ** -0.5, 2: lambda n: 1.0 / n}.get(normalization)
+
+
+def _fft_r2c(rw, node, x, dim, normalization, onesided):
+    """The decomposed real-to-complex FFT (what fft_fft of a real tensor becomes in to_edge)."""
+    scale_of = _fft_normalization(normalization)
+    if rw.cx(x) or scale_of is None:
+        raise _Unhandled(f"_fft_r2c of a complex tensor or with normalization {normalization!r}")
+    dims = [rw.dim(d, _rank(x)) for d in dim]
+    return _dft(rw, node, x, dims, [None] * len(dims), scale_of, onesided=onesided)
+
+
+def _fft_c2c(rw, node, x, dim, normalization, forward):
+    scale_of = _fft_normalization(normalization)
+    if not rw.cx(x) or scale_of is None:
+        raise _Unhandled(f"_fft_c2c of a real tensor or with normalization {normalization!r}")
+    dims = [rw.dim(d, _rank(x)) for d in dim]
+    return _dft(rw, node, x, dims, [None] * len(dims), scale_of, inverse=not forward)
+
+
 _HANDLERS = {
     aten.fft_irfft.default: _fft_irfft,
+    aten.fft_fft.default: _fft_1d(),
+    aten.fft_ifft.default: _fft_1d(inverse=True),
+    aten.fft_rfft.default: _fft_1d(onesided=True),
+    aten.fft_fft2.default: _fft_op(default_dim=[-2, -1]),
+    aten.fft_ifft2.default: _fft_op(inverse=True, default_dim=[-2, -1]),
+    aten.fft_rfft2.default: _fft_op(onesided=True, default_dim=[-2, -1]),
+    aten.fft_fftn.default: _fft_op(),
+    aten.fft_ifftn.default: _fft_op(inverse=True),
+    aten.fft_rfftn.default: _fft_op(onesided=True),
+    aten._fft_r2c.default: _fft_r2c,
+    aten._fft_c2c.default: _fft_c2c,
     aten.view_as_complex.default: _view_as_complex,
     aten.view_as_real.default: _view_as_real,
     aten.polar.default: _polar,
@@ -379,6 +527,9 @@ def _fix_complex_as_real(program, *, config):
     after:  x [..., 2], f = stack(r * cos(theta), r * sin(theta), -1);
             stack(x[..., 0] * f[..., 0] - x[..., 1] * f[..., 1], x[..., 0] * f[..., 1] + x[..., 1] * f[..., 0], -1)
             (complex buffers and constants become their view_as_real, shape ops get the trailing 2)
+
+    FFTs over static lengths (FNet's ``fftn(h, dim=(1, 2)).real``: "no kernel for aten::_fft_c2c.out")
+    become real DFTs: matmuls with in-graph cos / sin matrices over each transformed dim.
     """
     if not _has_complex(program.graph_module):
         return program, False

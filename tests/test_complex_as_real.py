@@ -113,6 +113,36 @@ class _PolarIrfft(torch.nn.Module):
                 torch.fft.irfft(spec[..., :7], n=16, norm="forward"), torch.fft.irfft(spec))
 
 
+class _FNetMixing(torch.nn.Module):
+    """FNet's Fourier mixing: fft over the hidden dim, then over the sequence dim, real part (the
+    model itself calls fftn over dims (1, 2); the loop form is its TPU fallback)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, hidden_states):
+        hidden_states = self.lin(hidden_states)
+        mixed = torch.fft.fft(torch.fft.fft(hidden_states.float(), dim=-1), dim=-2).real
+        return hidden_states + mixed + torch.fft.fftn(hidden_states, dim=(1, 2)).real
+
+
+class _FftVariants(torch.nn.Module):
+    """fft2 / fftn / ifftn / rfft / rfftn: padded and trimmed lengths, the three normalizations, a
+    real tensor cast to complex, and the imaginary part."""
+
+    def forward(self, x):
+        return (
+            torch.fft.fft2(x, norm="ortho").imag,
+            torch.fft.fftn(x.to(torch.complex64), dim=(0, 2), norm="forward").real,
+            torch.view_as_real(torch.fft.fft(x, n=5)),
+            torch.view_as_real(torch.fft.fft(x, n=2, dim=1)),
+            torch.view_as_real(torch.fft.ifftn(torch.fft.fftn(x, dim=(1, 2)) * 2.0, dim=(1, 2))),
+            torch.view_as_real(torch.fft.rfftn(x, s=(4, 6), norm="ortho")),
+            torch.view_as_real(torch.fft.rfft(x, dim=1)),
+        )
+
+
 class _Unhandled(torch.nn.Module):
     """exp of a complex tensor: no rewrite for it, so the program must stay as it was (the real
     ops before it included)."""
@@ -131,7 +161,9 @@ class _Unhandled(torch.nn.Module):
     (_ComplexBuffer, lambda: {"x": torch.randn(2, 5, 4, 6)}),
     (_ShapeOps, lambda: {"x": torch.randn(2, 3, 8), "y": torch.randn(2, 3, 8)}),
     (_PolarIrfft, lambda: {"magnitude": torch.randn(2, 3, 9), "phase": torch.randn(2, 3, 9) * 3}),
-], ids=["parameter", "polar", "buffer", "shape-ops", "irfft"])
+    (_FNetMixing, lambda: {"hidden_states": torch.randn(2, 7, 8)}),
+    (_FftVariants, lambda: {"x": torch.randn(2, 3, 4)}),
+], ids=["parameter", "polar", "buffer", "shape-ops", "irfft", "fnet-fft", "fft-variants"])
 def test_rewrite_matches_eager(model, inputs):
     torch.manual_seed(0)
     model, inputs = model().eval(), inputs()
@@ -140,6 +172,30 @@ def test_rewrite_matches_eager(model, inputs):
     actual = fixed.module()(**inputs)
     for e, a in zip(torch.utils._pytree.tree_leaves(expected), torch.utils._pytree.tree_leaves(actual)):
         torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)
+
+
+def test_decomposed_fft_ops_are_rewritten():
+    """After run_decompositions fft_fft* are _fft_r2c (onesided=False) and _fft_c2c, as to_edge sees them."""
+    torch.manual_seed(0)
+    model, inputs = _FNetMixing().eval(), {"hidden_states": torch.randn(2, 7, 8)}
+    program = torch.export.export(model, (), inputs).run_decompositions()
+    targets = {n.target for n in program.graph.nodes}
+    assert {torch.ops.aten._fft_r2c.default, torch.ops.aten._fft_c2c.default} <= targets
+    fixed, modified = _fix_complex_as_real(program, config=exporters.ExecutorchConfig())
+    assert modified and not _complex_nodes(fixed)
+    torch.testing.assert_close(fixed.module()(**inputs), model(**inputs), atol=1e-4, rtol=1e-4)
+
+
+def test_fft_of_a_dynamic_length_leaves_the_program_unchanged():
+    class Fft(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.fft(x, dim=-2).real
+
+    seq = torch.export.Dim("seq", min=2, max=64)
+    program = torch.export.export(Fft(), (torch.randn(2, 7, 8),), dynamic_shapes=({1: seq},))
+    before = program.graph_module.code
+    assert _fix_complex_as_real(program, config=exporters.ExecutorchConfig()) == (program, False)
+    assert program.graph_module.code == before
 
 
 def test_unhandled_complex_op_leaves_the_program_unchanged():
@@ -178,7 +234,9 @@ def test_real_program_is_not_modified():
     (_PolarRope, lambda: {"q": torch.randn(2, 3, 5, 8), "k": torch.randn(2, 1, 5, 8)}),
     (_ComplexBuffer, lambda: {"x": torch.randn(2, 5, 4, 6)}),
     (_PolarIrfft, lambda: {"magnitude": torch.randn(2, 3, 9), "phase": torch.randn(2, 3, 9) * 3}),
-], ids=["parameter", "polar", "buffer", "irfft"])
+    (_FNetMixing, lambda: {"hidden_states": torch.randn(2, 7, 8)}),
+    (_FftVariants, lambda: {"x": torch.randn(2, 3, 4)}),
+], ids=["parameter", "polar", "buffer", "irfft", "fnet-fft", "fft-variants"])
 def test_executorch_runs_complex_rope(model, inputs):
     torch.manual_seed(0)
     model, inputs = model().eval(), inputs()
