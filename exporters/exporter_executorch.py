@@ -355,6 +355,42 @@ def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     return changed
 
 
+@register_fx_node_fix("executorch")
+def _fix_erfinv_as_polynomial(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The ExecuTorch runtime has no kernel for ``aten::erfinv.out`` (Gemma 3n's activation sparsity
+    takes ``Normal(0, 1).icdf``: "the ExecuTorch runtime has no kernel for aten::erfinv.out"). Compute it
+    with Giles' single-precision polynomial approximation, as the ONNX exporter does.
+
+    before: erfinv(x)    after: x * where(w < 5, p_central(w - 2.5), p_tail(sqrt(w) - 3)), w = -log((1 - x)(1 + x))
+    """
+    from .exporter_onnx import _ERFINV_CENTRAL, _ERFINV_TAIL
+
+    if node.op != "call_function" or node.target is not torch.ops.aten.erfinv.default:
+        return False
+    aten, graph, made = torch.ops.aten, gm.graph, []
+
+    def call(op, *op_args):
+        made.append(graph.call_function(op, op_args))
+        return made[-1]
+
+    x = node.args[0]
+    with graph.inserting_before(node):
+        one_minus = call(aten.rsub.Scalar, x, 1.0)
+        one_plus = call(aten.add.Scalar, x, 1.0)
+        w = call(aten.neg.default, call(aten.log.default, call(aten.mul.Tensor, one_minus, one_plus)))
+        central = call(aten.sub.Scalar, w, 2.5)
+        tail = call(aten.sub.Scalar, call(aten.sqrt.default, w), 3.0)
+        p_central = call(aten.mul.Scalar, call(aten.ones_like.default, x), _ERFINV_CENTRAL[0])
+        p_tail = call(aten.mul.Scalar, call(aten.ones_like.default, x), _ERFINV_TAIL[0])
+        for a, b in zip(_ERFINV_CENTRAL[1:], _ERFINV_TAIL[1:]):
+            p_central = call(aten.add.Scalar, call(aten.mul.Tensor, p_central, central), a)
+            p_tail = call(aten.add.Scalar, call(aten.mul.Tensor, p_tail, tail), b)
+        picked = call(aten.where.self, call(aten.lt.Scalar, w, 5.0), p_central, p_tail)
+        call(aten.mul.Tensor, picked, x)
+    replace_node(gm, node, made)
+    return True
+
+
 _SEGMENT_REDUCTIONS = {"sum": (0.0, "sum"), "mean": (0.0, "sum"), "amax": (-math.inf, "amax"), "amin": (math.inf, "amin")}
 
 

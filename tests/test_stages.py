@@ -561,6 +561,22 @@ def test_executorch_scatter_reduce_without_its_kernel(reduce, include_self):
     torch.testing.assert_close(actual, model(**inputs))
 
 
+class _NormalQuantile(torch.nn.Module):
+    def forward(self, x):
+        return torch.distributions.Normal(0, 1).icdf(x) * 2 + torch.erfinv(x * 0.999)
+
+
+def test_executorch_erfinv_without_its_kernel():
+    """Gemma 3n's Normal(0, 1).icdf needs erfinv, which the runtime has no kernel for."""
+    inputs = {"x": torch.linspace(0.001, 0.999, 64).reshape(4, 16)}
+    with pytest.raises(ExportStageError, match="no kernel for aten::erfinv.out"):
+        et.ExecutorchExporter(registry=Registry()).export(_NormalQuantile(), inputs)
+    art = et.ExecutorchExporter().export(_NormalQuantile(), inputs)
+    assert "fix:executorch:_fix_erfinv_as_polynomial" in art.workarounds_fired
+    (actual,) = art(**inputs).values()
+    torch.testing.assert_close(actual, _NormalQuantile()(**inputs))
+
+
 def test_executorch_missing_kernel_is_named():
     """A program that calls an op the runtime has no kernel for fails to load with the op's name,
     not an error code."""
