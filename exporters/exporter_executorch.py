@@ -13,8 +13,8 @@ import torch
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import _finite, trace
-from .utils import (FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, register_fx_node_fix,
-                    register_patch, replace_node)
+from .utils import (FiredLog, NewNodes, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, copy_source_meta,
+                    register_fx_node_fix, register_patch, replace_node)
 
 # "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering);
 # the others are torch patches (stage 2, installed around torch.export).
@@ -340,17 +340,12 @@ def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
             continue
         torch._check(value >= 0)
         torch._check(value <= size)
-        made = []
+        made = NewNodes(gm.graph)
         with gm.graph.inserting_before(node):
             for op, limit, what in ((operator.ge, 0, ">= 0"), (operator.le, size, f"<= {size}")):
-                test = gm.graph.call_function(op, (bound, limit))
-                made.append(test)
-                made.append(gm.graph.call_function(torch.ops.aten._assert_scalar.default, (
-                    test, f"slice bound {bound.name} must be {what} (dim {dim} of {x.name}) in this ExecuTorch program")))
-        for new in made:
-            new.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
-            if new.target is not torch.ops.aten._assert_scalar.default:
-                new.meta["val"] = new.target(value, new.args[1])
+                made.call(torch.ops.aten._assert_scalar.default, made.call(op, bound, limit),
+                          f"slice bound {bound.name} must be {what} (dim {dim} of {x.name}) in this ExecuTorch program")
+        copy_source_meta(node, made)
         changed = True
     return changed
 
@@ -367,14 +362,10 @@ def _fix_erfinv_as_polynomial(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
 
     if node.op != "call_function" or node.target is not torch.ops.aten.erfinv.default:
         return False
-    aten, graph, made = torch.ops.aten, gm.graph, []
-
-    def call(op, *op_args):
-        made.append(graph.call_function(op, op_args))
-        return made[-1]
-
+    aten, made = torch.ops.aten, NewNodes(gm.graph)
+    call = made.call
     x = node.args[0]
-    with graph.inserting_before(node):
+    with gm.graph.inserting_before(node):
         one_minus = call(aten.rsub.Scalar, x, 1.0)
         one_plus = call(aten.add.Scalar, x, 1.0)
         w = call(aten.neg.default, call(aten.log.default, call(aten.mul.Tensor, one_minus, one_plus)))
@@ -415,15 +406,11 @@ def _fix_scatter_reduce_as_masked_reduction(gm: torch.fx.GraphModule, node: torc
     if (args["reduce"] not in _SEGMENT_REDUCTIONS or any(v is None or v.dim() != 1 for v in vals)
             or args["dim"] not in (0, -1) or not isinstance(vals[0].shape[0], int) or not vals[2].is_floating_point()):
         return False
-    aten, graph, made = torch.ops.aten, gm.graph, []
+    aten, made = torch.ops.aten, NewNodes(gm.graph)
+    call = made.call
     identity, reduction = _SEGMENT_REDUCTIONS[args["reduce"]]
-
-    def call(op, *op_args, **kwargs):
-        made.append(graph.call_function(op, op_args, kwargs))
-        return made[-1]
-
     segments = vals[0].shape[0]
-    with graph.inserting_before(node):
+    with gm.graph.inserting_before(node):
         ids = call(aten.arange.start_step, 0, segments, 1, dtype=vals[1].dtype)
         member = call(aten.eq.Tensor, call(aten.unsqueeze.default, args["index"], 0), call(aten.unsqueeze.default, ids, 1))
         spread = call(aten.where.self, member, call(aten.unsqueeze.default, args["src"], 0),
@@ -494,13 +481,9 @@ def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
     _, c, t, h, w = node.args[0].meta["val"].shape
     _, o, t_out, h_out, w_out = node.meta["val"].shape
     kt = weight.meta["val"].shape[2]
-    aten, graph, made = torch.ops.aten, gm.graph, []
-
-    def call(op, *args):
-        made.append(graph.call_function(op, args))
-        return made[-1]
-
-    with graph.inserting_before(node):
+    aten, made = torch.ops.aten, NewNodes(gm.graph)
+    call = made.call
+    with gm.graph.inserting_before(node):
         if pt:
             x = call(aten.constant_pad_nd.default, x, [0, 0, 0, 0, pt, pt], 0.0)
         total = None

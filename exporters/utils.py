@@ -395,18 +395,35 @@ def set_fake_val(node: torch.fx.Node) -> None:
         node.meta["val"] = node.target(*args, **kwargs)
 
 
+class NewNodes(list):
+    """For node fixes: ``call(op, *args, **kwargs)`` adds a call_function node to ``graph`` (at the
+    current insertion point) and keeps it, in creation order, for ``replace_node`` or ``copy_source_meta``."""
+
+    def __init__(self, graph: torch.fx.Graph):
+        super().__init__()
+        self.graph = graph
+
+    def call(self, op: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        self.append(self.graph.call_function(op, args, kwargs))
+        return self[-1]
+
+
+def copy_source_meta(source: torch.fx.Node, new_nodes: Iterable[torch.fx.Node]) -> None:
+    """Give nodes a fix inserted ``source``'s source metadata and their own fake vals."""
+    for new in new_nodes:
+        new.meta.update({k: v for k, v in source.meta.items() if k in _SOURCE_META})
+        if "val" not in new.meta:
+            set_fake_val(new)
+
+
 def replace_node(gm: torch.fx.GraphModule, node: torch.fx.Node, new_nodes: Iterable[torch.fx.Node]) -> None:
     """For node fixes: replace ``node`` by the last of ``new_nodes`` (which all take its source
     metadata, so errors and graph dumps still point at the model's line) and erase it."""
     new_nodes = list(new_nodes)
-    for new in new_nodes:
-        new.meta.update({k: v for k, v in node.meta.items() if k in _SOURCE_META})
-    out = new_nodes[-1]
     if "val" in node.meta:
-        out.meta["val"] = node.meta["val"]
-    for new in new_nodes:  # in creation order: an intermediate's inputs have their val first
-        if "val" not in new.meta:
-            set_fake_val(new)
+        new_nodes[-1].meta["val"] = node.meta["val"]
+    copy_source_meta(node, new_nodes)  # in creation order: an intermediate's inputs have their val first
+    out = new_nodes[-1]
     node.replace_all_uses_with(out)
     gm.graph.erase_node(node)
 
