@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -378,6 +379,45 @@ def _fix_erfinv_as_polynomial(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
             p_tail = call(aten.add.Scalar, call(aten.mul.Tensor, p_tail, tail), b)
         picked = call(aten.where.self, call(aten.lt.Scalar, w, 5.0), p_central, p_tail)
         call(aten.mul.Tensor, picked, x)
+    replace_node(gm, node, made)
+    return True
+
+
+_SORTS = {
+    torch.ops.aten.sort.default: ("self", "dim", "descending"),
+    torch.ops.aten.sort.stable: ("self",),  # stable, dim, descending are keyword-only
+    torch.ops.aten.argsort.default: ("self", "dim", "descending"),
+    torch.ops.aten.argsort.stable: ("self",),
+}
+
+
+@register_fx_node_fix("executorch")
+def _fix_sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The ExecuTorch runtime has no kernel for ``aten::sort.values`` (JetMoe groups tokens by expert
+    with ``top_k_experts.flatten().sort()``, Hiera's masking takes ``argsort`` of noise: "the ExecuTorch
+    runtime has no kernel for aten::sort.values"). A full sort along ``dim`` is a top-k with ``k`` the
+    size of ``dim``, which the portable kernels have (``topk.values``), sorted, largest first when
+    descending. Equal keys may come out in another order than eager's; ``stable=True`` is left alone
+    (topk promises no order among ties).
+
+    before: values, indices = sort(x, dim, descending)    argsort(x, dim, descending)
+    after:  values, indices = topk(x, x.size(dim), dim, largest=descending, sorted=True)    topk(...)[1]
+    """
+    if node.op != "call_function" or node.target not in _SORTS:
+        return False
+    args = {"dim": -1, "descending": False, "stable": False, **dict(zip(_SORTS[node.target], node.args)), **node.kwargs}
+    x = args["self"]
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if args["stable"] or val is None or val.dim() == 0:
+        return False
+    aten, made = torch.ops.aten, NewNodes(gm.graph)
+    dim = args["dim"] % val.dim()
+    with gm.graph.inserting_before(node):
+        size = val.shape[dim]
+        k = size if isinstance(size, int) else made.call(aten.sym_size.int, x, dim)
+        topk = made.call(aten.topk.default, x, k, dim, bool(args["descending"]), True)
+        if node.target in (aten.argsort.default, aten.argsort.stable):
+            made.call(operator.getitem, topk, 1)
     replace_node(gm, node, made)
     return True
 

@@ -577,6 +577,27 @@ def test_executorch_erfinv_without_its_kernel():
     torch.testing.assert_close(actual, _NormalQuantile()(**inputs))
 
 
+class _Sorts(torch.nn.Module):
+    """JetMoe's grouping of tokens by expert (sort of int ids) and Hiera's argsort of noise."""
+
+    def forward(self, x, ids):
+        values, order = x.sort(dim=0, descending=True)
+        sorted_ids, by_id = ids.flatten().sort()
+        return values, order, sorted_ids, x.flatten()[x.flatten().argsort()], torch.argsort(x, dim=-1)
+
+
+def test_executorch_sort_without_its_kernel():
+    inputs = {"x": torch.randn(5, 7), "ids": torch.tensor([[3, 0], [1, 3], [2, 0], [1, 1], [0, 2], [3, 2], [0, 1]])}
+    with pytest.raises(ExportStageError, match="no kernel for aten::sort.values"):
+        et.ExecutorchExporter(registry=Registry()).export(_Sorts(), inputs)
+    art = et.ExecutorchExporter().export(_Sorts(), inputs)
+    assert "fix:executorch:_fix_sort_as_topk" in art.workarounds_fired
+    actual, expected = list(art(**inputs).values()), _Sorts()(**inputs)
+    for got, want in zip(actual[:2] + actual[3:], expected[:2] + expected[3:]):  # no ties among floats
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(actual[2], expected[2])  # sorted keys agree; ties' indices may not
+
+
 def test_executorch_missing_kernel_is_named():
     """A program that calls an op the runtime has no kernel for fails to load with the op's name,
     not an error code."""
