@@ -422,6 +422,59 @@ def _fix_sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     return True
 
 
+_CUMULATIVE = {torch.ops.aten.cummax.default: (torch.ops.aten.amax.default, torch.ops.aten.ge.Tensor),
+               torch.ops.aten.cummin.default: (torch.ops.aten.amin.default, torch.ops.aten.le.Tensor)}
+
+
+@register_fx_node_fix("executorch")
+def _fix_cumulative_extreme_as_masked_reduction(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The ExecuTorch runtime has no kernel for ``aten::cummax.out`` / ``aten::cummin.out`` (Grounding
+    DINO finds each token's previous and next special token with them: "the ExecuTorch runtime has no
+    kernel for aten::cummax.out, aten::cummin.out"). Along a dim of static length n, the running
+    extreme at i is the extreme over the positions j <= i: a reduction over an (n x n) lower-triangular
+    mask, in ops the portable kernels have. Its index is eager's, the last position j <= i holding it
+    (except after a NaN, whose running value is NaN as in eager but whose index is -1).
+
+    before: values, indices = cummax(x, dim)
+    after:  xt = x.transpose(dim, -1); keep[i, j] = j <= i
+            values = amax(where(keep, xt[..., None, :], lowest), -1)
+            indices = amax(where(keep & (xt[..., None, :] == values[..., None]), arange(n), -1), -1)
+            (both transposed back; cummin: amin, highest)
+    """
+    if node.op != "call_function" or node.target not in _CUMULATIVE:
+        return False
+    x, dim = node.args[0], node.args[1]
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if (val is None or val.dim() == 0 or val.dtype == torch.bool or not isinstance(val.shape[dim], int)
+            or any(u.op != "call_function" or u.target is not operator.getitem for u in node.users)):
+        return False
+    n, last = val.shape[dim], val.dim() - 1
+    dim %= val.dim()
+    reduce, _ = _CUMULATIVE[node.target]
+    info = torch.finfo(val.dtype) if val.is_floating_point() else torch.iinfo(val.dtype)
+    lowest = (-math.inf if val.is_floating_point() else info.min) if reduce is torch.ops.aten.amax.default else (
+        math.inf if val.is_floating_point() else info.max)
+    aten, made = torch.ops.aten, NewNodes(gm.graph)
+    call = made.call
+    with gm.graph.inserting_before(node):
+        xt = call(aten.transpose.int, x, dim, last) if dim != last else x
+        positions = call(aten.arange.start_step, 0, n, 1, dtype=torch.int64)
+        keep = call(aten.le.Tensor, call(aten.unsqueeze.default, positions, 0), call(aten.unsqueeze.default, positions, 1))
+        rows = call(aten.unsqueeze.default, xt, -2)  # (..., 1, n): row i sees every j
+        values = call(reduce, call(aten.where.self, keep, rows, call(aten.full_like.default, rows, lowest)), [-1])
+        hit = call(aten.logical_and.default, keep, call(aten.eq.Tensor, rows, call(aten.unsqueeze.default, values, -1)))
+        indices = call(aten.amax.default, call(aten.where.ScalarOther, hit, positions, -1), [-1])
+        if dim != last:
+            values = call(aten.transpose.int, values, dim, last)
+            indices = call(aten.transpose.int, indices, dim, last)
+    copy_source_meta(node, made)
+    for user in list(node.users):  # the (values, indices) tuple is only ever unpacked
+        user.replace_all_uses_with(values if user.args[1] == 0 else indices)
+        gm.graph.erase_node(user)
+    gm.graph.erase_node(node)
+    return True
+
+
 _SEGMENT_REDUCTIONS = {"sum": (0.0, "sum"), "mean": (0.0, "sum"), "amax": (-math.inf, "amax"), "amin": (math.inf, "amin")}
 
 

@@ -598,6 +598,27 @@ def test_executorch_sort_without_its_kernel():
     torch.testing.assert_close(actual[2], expected[2])  # sorted keys agree; ties' indices may not
 
 
+class _RunningExtremes(torch.nn.Module):
+    """Grounding DINO's previous/next special token: cummax, and cummin of the flipped positions."""
+
+    def forward(self, special, x):
+        prev_values, prev_index = torch.cummax(special, dim=1)
+        next_values = torch.flip(torch.cummin(torch.flip(special, dims=[1]), dim=1)[0], dims=[1])
+        low, low_index = torch.cummin(x, dim=0)
+        return prev_values, prev_index, next_values, low, low_index
+
+
+def test_executorch_cummax_cummin_without_their_kernels():
+    special = torch.tensor([[0, 0, 2, 2, 0, 5, 0], [1, 0, 0, 3, 3, 0, 6]])  # ties: eager's index is the last
+    inputs = {"special": special, "x": torch.randn(6, 3)}
+    with pytest.raises(ExportStageError, match="no kernel for aten::cummax.out"):
+        et.ExecutorchExporter(registry=Registry()).export(_RunningExtremes(), inputs)
+    art = et.ExecutorchExporter().export(_RunningExtremes(), inputs)
+    assert "fix:executorch:_fix_cumulative_extreme_as_masked_reduction" in art.workarounds_fired
+    for got, want in zip(art(**inputs).values(), _RunningExtremes()(**inputs)):
+        torch.testing.assert_close(got, want)
+
+
 def test_executorch_missing_kernel_is_named():
     """A program that calls an op the runtime has no kernel for fails to load with the op's name,
     not an error code."""
