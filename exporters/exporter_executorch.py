@@ -475,6 +475,58 @@ def _fix_cumulative_extreme_as_masked_reduction(gm: torch.fx.GraphModule, node: 
     return True
 
 
+_EMBEDDING_BAGS = (torch.ops.aten.embedding_bag.default, torch.ops.aten.embedding_bag.padding_idx,
+                   torch.ops.aten._embedding_bag.default)
+_BAG_REDUCTIONS = {0: torch.ops.aten.sum.dim_IntList, 1: torch.ops.aten.mean.dim, 2: torch.ops.aten.amax.default}
+
+
+@register_fx_node_fix("executorch")
+def _fix_embedding_bag_of_equal_bags(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The ExecuTorch runtime has no kernel for ``aten::_embedding_bag.out`` (Kimi K2.5's vision tower
+    resamples its position grid bicubically as a weighted ``F.embedding_bag`` over 2-D indices: "the
+    ExecuTorch runtime has no kernel for aten::_embedding_bag.out"). 2-D indices make bags of one
+    length L, so ``F.embedding_bag`` passes ``offsets = arange(0, N, L)``; for those offsets the bag
+    is a gather, a weighting and a reduction over a (bags, L, dim) view, in portable ops. Other
+    offsets (bags of different lengths), ``include_last_offset`` and ``padding_idx`` are left alone.
+
+    before: embedding_bag(table, idx[N], offsets=arange(0, N, L), mode, per_sample_weights=w[N])[0]
+    after:  reduce_mode((table[idx] * w[:, None]).view(N // L, L, dim), dim=1)
+    """
+    if node.op != "call_function" or node.target not in _EMBEDDING_BAGS:
+        return False
+    names = ("weight", "indices", "offsets", "scale_grad_by_freq", "mode", "sparse", "per_sample_weights",
+             "include_last_offset", "padding_idx")
+    args = {"mode": 0, "per_sample_weights": None, "include_last_offset": False, "padding_idx": None,
+            **dict(zip(names, node.args)), **node.kwargs}
+    offsets, indices = args["offsets"], args["indices"]
+    ival = indices.meta.get("val") if isinstance(indices, torch.fx.Node) else None
+    if (ival is None or ival.dim() != 1 or not isinstance(ival.shape[0], int) or args["include_last_offset"]
+            or args["padding_idx"] not in (None, -1) or args["mode"] not in _BAG_REDUCTIONS
+            or not isinstance(offsets, torch.fx.Node) or offsets.target is not torch.ops.aten.arange.start_step
+            or any(u.op != "call_function" or u.target is not operator.getitem or (u.args[1] != 0 and u.users)
+                   for u in node.users)):
+        return False
+    n = ival.shape[0]
+    start, end, step = (list(offsets.args) + [1])[:3]
+    if not all(isinstance(v, int) for v in (start, end, step)) or start != 0 or step <= 0 or end != n or n % step:
+        return False
+    aten, made = torch.ops.aten, NewNodes(gm.graph)
+    call = made.call
+    with gm.graph.inserting_before(node):
+        rows = call(aten.index_select.default, args["weight"], 0, indices)
+        if args["per_sample_weights"] is not None:
+            rows = call(aten.mul.Tensor, rows, call(aten.unsqueeze.default, args["per_sample_weights"], -1))
+        bags = call(aten.view.default, rows, [n // step, step, -1])
+        reduced = call(_BAG_REDUCTIONS[args["mode"]], bags, [1])
+    copy_source_meta(node, made)
+    for user in list(node.users):
+        if user.args[1] == 0:
+            user.replace_all_uses_with(reduced)
+        gm.graph.erase_node(user)
+    gm.graph.erase_node(node)
+    return True
+
+
 _SEGMENT_REDUCTIONS = {"sum": (0.0, "sum"), "mean": (0.0, "sum"), "amax": (-math.inf, "amax"), "amin": (math.inf, "amin")}
 
 

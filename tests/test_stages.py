@@ -619,6 +619,25 @@ def test_executorch_cummax_cummin_without_their_kernels():
         torch.testing.assert_close(got, want)
 
 
+class _Bags(torch.nn.Module):
+    """Kimi K2.5's weighted bicubic gather (mode sum with weights), and plain mean / max bags."""
+
+    def forward(self, idx, w, table):
+        weighted = torch.nn.functional.embedding_bag(idx, table, per_sample_weights=w, mode="sum")
+        return (weighted, torch.nn.functional.embedding_bag(idx, table, mode="mean"),
+                torch.nn.functional.embedding_bag(idx[:, :2], table, mode="max"))
+
+
+def test_executorch_embedding_bag_without_its_kernel():
+    inputs = {"idx": torch.randint(0, 10, (6, 4)), "w": torch.rand(6, 4), "table": torch.randn(10, 3)}
+    with pytest.raises(ExportStageError, match="no kernel for aten::_embedding_bag"):
+        et.ExecutorchExporter(registry=Registry()).export(_Bags(), inputs)
+    art = et.ExecutorchExporter().export(_Bags(), inputs)
+    assert "fix:executorch:_fix_embedding_bag_of_equal_bags" in art.workarounds_fired
+    for got, want in zip(art(**inputs).values(), _Bags()(**inputs)):
+        torch.testing.assert_close(got, want)
+
+
 def test_executorch_missing_kernel_is_named():
     """A program that calls an op the runtime has no kernel for fails to load with the op's name,
     not an error code."""
