@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import _finite, trace
@@ -89,6 +90,93 @@ def bound_dynamic_shapes(spec: Any, max_dim: int) -> Any:
 # ── Stage 3: ExecuTorch patches ──────────────────────────────────────────────
 # Replace ExecuTorch internals that crash on valid dynamic-shape graphs, installed around the
 # lowering: @register_patch("executorch", "executorch.exir....").
+
+
+def _record_unbacked(fake: Any, real: Any, values: dict) -> None:
+    """Unify a node's fake value with the real one: each size that is one unbacked symbol gets its value."""
+    if isinstance(fake, torch.SymInt) and isinstance(real, int):
+        if fake.node.expr.is_Symbol and free_unbacked_symbols(fake.node.expr):
+            values[fake.node.expr] = real
+    elif isinstance(fake, torch.Tensor) and isinstance(real, torch.Tensor) and fake.dim() == real.dim():
+        for size, n in zip(fake.shape, real.shape):
+            _record_unbacked(size, int(n), values)
+    elif isinstance(fake, (list, tuple)) and isinstance(real, (list, tuple)) and len(fake) == len(real):
+        for f, r in zip(fake, real):
+            _record_unbacked(f, r, values)
+
+
+def _has_unbacked(val: Any) -> bool:
+    try:
+        return bool(free_unbacked_symbols(val))
+    except (AssertionError, TypeError):  # a value that holds no sizes (None, an opaque object)
+        return False
+
+
+def traced_unbacked_values(program: torch.export.ExportedProgram, inputs: list[torch.Tensor]) -> dict:
+    """Run ``program``'s graph on the real user ``inputs`` (in its user-input order) and return the
+    value each unbacked symbol (a size read from data: ``.item()``, ``nonzero``) took: the sizes the
+    traced inputs make. Empty when the graph has none."""
+    if not any(_has_unbacked(n.meta.get("val")) for n in program.graph.nodes):
+        return {}
+    user, args = iter(inputs), []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            args.append(next(user))
+        elif spec.kind.name in ("PARAMETER", "BUFFER"):
+            args.append(program.state_dict[spec.target] if spec.target in program.state_dict else program.constants[spec.target])
+        else:
+            args.append(program.constants[spec.target])
+    values: dict = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, node):
+            out = super().run_node(node)
+            _record_unbacked(node.meta.get("val"), out, values)
+            return out
+
+    with torch.no_grad():
+        Recorder(program.graph_module).run(*args)
+    return values
+
+
+def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs: list[torch.Tensor]) -> bool:
+    """ExecuTorch plans each tensor's memory for its size's upper bound, and a size read from data
+    (Siglip2's per-image patch grid from ``spatial_shapes.tolist()``, Lfm2-VL's and Ernie 4.5-VL's image
+    token counts) has none: "Cannot evaluate a finite upper bound for symbolic expression u64 (int_oo)
+    and no trace hint is available". The lowering re-traces the program, so the symbols it plans with
+    are new ones; only a constraint written in the graph reaches them. Bound each unbacked size by
+    the value it took when the program ran on the traced inputs (``traced_unbacked_values``): the
+    program then runs for those inputs and any whose data-dependent sizes are no larger; a larger one
+    fails in the runtime's resize check ("op_slice_copy.cpp: Check failed (resize_tensor(out, ...))").
+    A size whose lower bound is unknown too (Ernie 4.5-VL's ``-u145 + u146``) stays unbounded.
+
+    before: n = x.item()                        (u0 in [0, int_oo])
+    after:  n = x.item(); sym_constrain_range(n, min=lower(u0), max=u0 at the traced inputs)
+    Returns whether a bound was added.
+    """
+    values = traced_unbacked_values(program, inputs)
+    if not values:
+        return False
+    graph, done = program.graph, set()
+    for node in list(graph.nodes):
+        val = node.meta.get("val")
+        sizes = [(None, val)] if isinstance(val, torch.SymInt) else (
+            list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else [])
+        for dim, size in sizes:
+            if not isinstance(size, torch.SymInt) or size.node.expr not in values or size.node.expr in done:
+                continue
+            symbol = size.node.expr
+            done.add(symbol)
+            lower = size.node.shape_env.var_to_range[symbol].lower
+            with graph.inserting_after(node):
+                read = node if dim is None else graph.call_function(torch.ops.aten.sym_size.int, (node, dim))
+                if dim is not None:
+                    read.meta["val"] = size
+                with graph.inserting_after(read):
+                    graph.call_function(torch.ops.aten.sym_constrain_range.default, (read,),
+                                        {"min": int(lower) if _finite(lower) else None, "max": values[symbol]})
+    program.graph_module.recompile()
+    return bool(done)
 
 
 def _check_nonzero_stride(stride: torch.SymInt) -> None:
@@ -770,18 +858,22 @@ class ExecutorchExporter(Exporter):
         torch_patches = [p for p in patches if not p.path.startswith(_EXECUTORCH_INTERNALS)]
         et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
-        buffer = run_stage("lower", self.backend, lambda: self._lower(traced.program, config, partitioners, et_patches, fired), fired)
+        ordered = [inputs[name] for name in traced.input_names]
+        buffer = run_stage("lower", self.backend,
+                           lambda: self._lower(traced.program, config, partitioners, et_patches, fired, ordered), fired)
         return run_stage(
             "run", self.backend,
             lambda: ExecutorchArtifact(buffer, **traced.artifact_kwargs(fired, config), extra_metadata={"executorch_backend": config.backend}),
             fired,
         )
 
-    def _lower(self, program, config, partitioners, et_patches, fired) -> bytes:
+    def _lower(self, program, config, partitioners, et_patches, fired, inputs=()) -> bytes:
         from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
         program = apply_fx_program_fixes(self.registry.fixes("executorch", "program"), program, fired, config=config)
         apply_fx_node_fixes(self.registry.fixes("executorch", "node"), program.graph_module, fired)
+        if inputs and bound_unbacked_sizes_by_trace(program, list(inputs)):
+            fired.add("fix:executorch:bound_unbacked_sizes_by_trace")
         # no_grad: a program that still has complex ops fails here with grad on ("view_as_complex_copy
         # does not support automatic differentiation for outputs with complex dtype")
         with apply_patches(et_patches, fired), torch.no_grad():

@@ -638,6 +638,30 @@ def test_executorch_embedding_bag_without_its_kernel():
         torch.testing.assert_close(got, want)
 
 
+class _DataDependentLength(torch.nn.Module):
+    """A length read from data (Siglip2's patch grid, Lfm2-VL's image token count)."""
+
+    def forward(self, x, counts):
+        n = counts.sum().item()
+        torch._check(n >= 0)
+        return torch.arange(n, dtype=x.dtype) * x.sum()  # a length bounded by nothing but the data
+
+
+def test_executorch_unbacked_size_bounded_by_its_traced_value(monkeypatch):
+    inputs = {"x": torch.randn(8, 3), "counts": torch.tensor([2, 1, 2])}
+    with monkeypatch.context() as m:
+        m.setattr(et, "bound_unbacked_sizes_by_trace", lambda program, inputs: False)
+        with pytest.raises(ExportStageError, match="Cannot evaluate a finite upper bound"):
+            et.ExecutorchExporter().export(_DataDependentLength(), inputs)
+    art = et.ExecutorchExporter().export(_DataDependentLength(), inputs)
+    assert "fix:executorch:bound_unbacked_sizes_by_trace" in art.workarounds_fired
+    for counts in ([2, 1, 2], [1, 1, 1]):  # the traced length and a shorter one
+        feed = {"x": inputs["x"], "counts": torch.tensor(counts)}
+        torch.testing.assert_close(next(iter(art(**feed).values())), _DataDependentLength()(**feed))
+    with pytest.raises(RuntimeError, match="resize"):  # longer than planned: refused, not wrong
+        art(x=inputs["x"], counts=torch.tensor([3, 3, 1]))
+
+
 def test_executorch_missing_kernel_is_named():
     """A program that calls an op the runtime has no kernel for fails to load with the op's name,
     not an error code."""
