@@ -222,6 +222,10 @@ def run_stage(stage: str, backend: str, fn: Callable[[], Any], fired: Any = None
         raise _with_fired(exc, fired)
     except Exception as exc:  # noqa: BLE001 - re-raised with the stage attached
         raise _with_fired(ExportStageError(stage, backend, exc), fired) from exc
+    except BaseException as exc:  # a pytest timeout or interrupt passes through as itself, marked
+        if not hasattr(exc, "export_stage"):  # with the innermost stage it stopped
+            exc.export_stage = stage
+        raise
 
 
 def _with_fired(error: ExportStageError, fired: Any) -> ExportStageError:

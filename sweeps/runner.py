@@ -171,6 +171,8 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
         return artifact
     except BaseException as exc:
         if isinstance(exc, (KeyboardInterrupt, SystemExit, StageFailure)) or is_pytest_outcome(exc):
+            if getattr(exc, "export_stage", None):  # a timeout inside the exporter: which of its stages
+                record("stage", exc.export_stage)
             raise
         raise StageFailure(stage, exc) from exc
     finally:

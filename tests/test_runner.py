@@ -45,3 +45,22 @@ def test_an_item_leaves_no_generated_graph_source_behind():
     assert record["stage"] == "done"
     assert set(graph_module._loader.eval_cache) == before
     assert not [k for k in linecache.cache if k.startswith("<eval_with_key>") and k not in before]
+
+
+def test_a_timeout_inside_the_exporter_is_recorded_at_the_stage_it_interrupted(monkeypatch):
+    """pytest-timeout's Failed passes through run_stage untagged (it is no Exception), so a lowering
+    that ran out of time was reported at stage 'export' (ExecuTorch's XNNPACK partitioner on Glm5Next)."""
+    from _pytest.outcomes import Failed
+
+    from exporters import exporter_executorch
+    from sweeps.repro import parse_item
+    from sweeps.runner import run_case
+
+    def out_of_time(*args, **kwargs):
+        raise Failed("Timeout (>300.0s) from pytest-timeout.")
+
+    monkeypatch.setattr(exporter_executorch.ExecutorchExporter, "_lower", out_of_time)
+    record = {}
+    with pytest.raises(Failed):
+        run_case(parse_item("executorch-static-BertModel"), record.__setitem__)
+    assert record["stage"] == "lower"
