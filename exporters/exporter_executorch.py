@@ -471,6 +471,36 @@ def _fix_erfinv_as_polynomial(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     return True
 
 
+_LONG_INDEX_OPS = {op: 2 for op in (torch.ops.aten.gather.default, torch.ops.aten.scatter_add.default,
+                                     torch.ops.aten.scatter_add_.default, torch.ops.aten.scatter.src,
+                                     torch.ops.aten.scatter_.src, torch.ops.aten.scatter.value,
+                                     torch.ops.aten.scatter_.value)}  # the traced program keeps in-place ops
+
+
+@register_fx_node_fix("executorch")
+def _fix_int32_index_as_int64(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The portable ``gather`` / ``scatter`` / ``scatter_add`` kernels take int64 indices only, where
+    eager also takes int32 (Glm5Next's MoE: "[index_util.cpp:156] Check failed (index.scalar_type() ==
+    ScalarType::Long): Expected dtype int64 for index; index.scalar_type() = Int ... op_scatter_add").
+    Widen an int32 index before the op; the values are the same.
+
+    before: scatter_add(x, dim, index.int32, src)    after: scatter_add(x, dim, index.to(int64), src)
+    """
+    if node.op != "call_function" or node.target not in _LONG_INDEX_OPS:
+        return False
+    position = _LONG_INDEX_OPS[node.target]
+    index = node.args[position] if len(node.args) > position else None
+    val = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+    if val is None or val.dtype != torch.int32:
+        return False
+    made = NewNodes(gm.graph)
+    with gm.graph.inserting_before(node):
+        wide = made.call(torch.ops.aten._to_copy.default, index, dtype=torch.int64)
+    copy_source_meta(node, made)
+    node.update_arg(position, wide)
+    return True
+
+
 _SORTS = {
     torch.ops.aten.sort.default: ("self", "dim", "descending"),
     torch.ops.aten.sort.stable: ("self",),  # stable, dim, descending are keyword-only

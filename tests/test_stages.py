@@ -662,6 +662,27 @@ def test_executorch_unbacked_size_bounded_by_its_traced_value(monkeypatch):
         art(x=inputs["x"], counts=torch.tensor([3, 3, 1]))
 
 
+class _Int32Index(torch.nn.Module):
+    """Glm5Next's MoE combines expert outputs with an int32 index; eager takes it, the kernels do not."""
+
+    def forward(self, x, index):
+        index = index.int()
+        picked = x.gather(1, index)
+        counts = torch.zeros(3, 4).scatter_add_(1, index, picked)  # in place, as Glm5Next's indexer
+        return counts, torch.zeros(3, 4).scatter(1, index, picked)
+
+
+def test_executorch_int32_index_widened():
+    inputs = {"x": torch.randn(3, 4), "index": torch.tensor([[0, 1], [3, 3], [2, 0]])}
+    bare = et.ExecutorchExporter(registry=Registry()).export(_Int32Index(), inputs)
+    with pytest.raises(RuntimeError, match="Expected dtype int64 for index"):
+        bare(**inputs)
+    art = et.ExecutorchExporter().export(_Int32Index(), inputs)
+    assert "fix:executorch:_fix_int32_index_as_int64" in art.workarounds_fired
+    for got, want in zip(art(**inputs).values(), _Int32Index()(**inputs)):
+        torch.testing.assert_close(got, want)
+
+
 def test_executorch_missing_kernel_is_named():
     """A program that calls an op the runtime has no kernel for fails to load with the op's name,
     not an error code."""
