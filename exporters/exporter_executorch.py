@@ -144,8 +144,10 @@ def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs:
     (Siglip2's per-image patch grid from ``spatial_shapes.tolist()``, Lfm2-VL's and Ernie 4.5-VL's image
     token counts) has none: "Cannot evaluate a finite upper bound for symbolic expression u64 (int_oo)
     and no trace hint is available". The lowering re-traces the program, so the symbols it plans with
-    are new ones; only a constraint written in the graph reaches them. Bound each unbacked size by
-    the value it took when the program ran on the traced inputs (``traced_unbacked_values``): the
+    are new ones; only a constraint written in the graph reaches them. When a lowering fails so (and
+    only then: a size the graph bounds already, like a slice of a known length, keeps its wider
+    range), bound each unbacked size by the value it took when the program ran on the traced inputs
+    (``traced_unbacked_values``): the
     program then runs for those inputs and any whose data-dependent sizes are no larger; a larger one
     fails in the runtime's resize check ("op_slice_copy.cpp: Check failed (resize_tensor(out, ...))").
     A size whose lower bound is unknown too (Ernie 4.5-VL's ``-u145 + u146``) stays unbounded.
@@ -898,20 +900,44 @@ class ExecutorchExporter(Exporter):
         )
 
     def _lower(self, program, config, partitioners, et_patches, fired, inputs=()) -> bytes:
-        from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
-
         program = apply_fx_program_fixes(self.registry.fixes("executorch", "program"), program, fired, config=config)
         apply_fx_node_fixes(self.registry.fixes("executorch", "node"), program.graph_module, fired)
-        if inputs and bound_unbacked_sizes_by_trace(program, list(inputs)):
-            fired.add("fix:executorch:bound_unbacked_sizes_by_trace")
-        # no_grad: a program that still has complex ops fails here with grad on ("view_as_complex_copy
-        # does not support automatic differentiation for outputs with complex dtype")
-        with apply_patches(et_patches, fired), torch.no_grad():
-            edge = to_edge_transform_and_lower(
-                program, partitioner=partitioners, compile_config=EdgeCompileConfig(_check_ir_validity=False)
-            )
-            buffers_keep_their_values(edge.exported_program())
-            return edge.to_executorch().buffer
+        try:
+            return _lower_program(program, partitioners, et_patches, fired)
+        except RuntimeError as exc:
+            # only when planning needs it: a size the graph already bounds (a slice of a known length)
+            # must keep running for any value up to that bound, not just up to the traced one
+            if "finite upper bound" not in str(exc) or not inputs or not bound_unbacked_sizes_by_trace(program, list(inputs)):
+                raise
+        fired.add("fix:executorch:bound_unbacked_sizes_by_trace")
+        _forget_pending_unbacked(program)
+        return _lower_program(program, partitioners, et_patches, fired)
+
+
+def _forget_pending_unbacked(program: torch.export.ExportedProgram) -> None:
+    """A lowering that failed midway leaves the unbacked symbols it had just created pending in the
+    program's shape environment, and the next lowering then stops on them ("Pending unbacked
+    symbols {u8, ...} not in returned outputs"): drop them before lowering again."""
+    for node in program.graph.nodes:
+        val = node.meta.get("val")
+        sizes = [val] if isinstance(val, torch.SymInt) else list(val.shape) if isinstance(val, torch.Tensor) else []
+        for size in sizes:
+            if isinstance(size, torch.SymInt):
+                size.node.shape_env.pending_fresh_unbacked_symbols.clear()
+                return
+
+
+def _lower_program(program, partitioners, et_patches, fired) -> bytes:
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    # no_grad: a program that still has complex ops fails here with grad on ("view_as_complex_copy
+    # does not support automatic differentiation for outputs with complex dtype")
+    with apply_patches(et_patches, fired), torch.no_grad():
+        edge = to_edge_transform_and_lower(
+            program, partitioner=partitioners, compile_config=EdgeCompileConfig(_check_ir_validity=False)
+        )
+        buffers_keep_their_values(edge.exported_program())
+        return edge.to_executorch().buffer
 
 
 from .complex_as_real import _fix_complex_as_real  # noqa: E402,F401  (registers on import)
