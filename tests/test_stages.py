@@ -561,6 +561,18 @@ def test_executorch_scatter_reduce_without_its_kernel(reduce, include_self):
     torch.testing.assert_close(actual, model(**inputs))
 
 
+def _assert_fix_supplies_missing_kernel(model, inputs, kernel: str, fix: str) -> None:
+    """Without any workaround the program fails to load naming ``kernel``; with them ``fix`` fires
+    and every output matches eager."""
+    with pytest.raises(ExportStageError, match=f"no kernel for {re.escape(kernel)}"):
+        et.ExecutorchExporter(registry=Registry()).export(model, inputs)
+    art = et.ExecutorchExporter().export(model, inputs)
+    assert f"fix:executorch:{fix}" in art.workarounds_fired
+    expected = model(**inputs)
+    for got, want in zip(art(**inputs).values(), expected if isinstance(expected, tuple) else (expected,)):
+        torch.testing.assert_close(got, want)
+
+
 class _NormalQuantile(torch.nn.Module):
     def forward(self, x):
         return torch.distributions.Normal(0, 1).icdf(x) * 2 + torch.erfinv(x * 0.999)
@@ -569,12 +581,7 @@ class _NormalQuantile(torch.nn.Module):
 def test_executorch_erfinv_without_its_kernel():
     """Gemma 3n's Normal(0, 1).icdf needs erfinv, which the runtime has no kernel for."""
     inputs = {"x": torch.linspace(0.001, 0.999, 64).reshape(4, 16)}
-    with pytest.raises(ExportStageError, match="no kernel for aten::erfinv.out"):
-        et.ExecutorchExporter(registry=Registry()).export(_NormalQuantile(), inputs)
-    art = et.ExecutorchExporter().export(_NormalQuantile(), inputs)
-    assert "fix:executorch:_fix_erfinv_as_polynomial" in art.workarounds_fired
-    (actual,) = art(**inputs).values()
-    torch.testing.assert_close(actual, _NormalQuantile()(**inputs))
+    _assert_fix_supplies_missing_kernel(_NormalQuantile(), inputs, "aten::erfinv.out", "_fix_erfinv_as_polynomial")
 
 
 class _Sorts(torch.nn.Module):
@@ -611,12 +618,8 @@ class _RunningExtremes(torch.nn.Module):
 def test_executorch_cummax_cummin_without_their_kernels():
     special = torch.tensor([[0, 0, 2, 2, 0, 5, 0], [1, 0, 0, 3, 3, 0, 6]])  # ties: eager's index is the last
     inputs = {"special": special, "x": torch.randn(6, 3)}
-    with pytest.raises(ExportStageError, match="no kernel for aten::cummax.out"):
-        et.ExecutorchExporter(registry=Registry()).export(_RunningExtremes(), inputs)
-    art = et.ExecutorchExporter().export(_RunningExtremes(), inputs)
-    assert "fix:executorch:_fix_cumulative_extreme_as_masked_reduction" in art.workarounds_fired
-    for got, want in zip(art(**inputs).values(), _RunningExtremes()(**inputs)):
-        torch.testing.assert_close(got, want)
+    _assert_fix_supplies_missing_kernel(_RunningExtremes(), inputs, "aten::cummax.out",
+                                        "_fix_cumulative_extreme_as_masked_reduction")
 
 
 class _Bags(torch.nn.Module):
@@ -630,12 +633,7 @@ class _Bags(torch.nn.Module):
 
 def test_executorch_embedding_bag_without_its_kernel():
     inputs = {"idx": torch.randint(0, 10, (6, 4)), "w": torch.rand(6, 4), "table": torch.randn(10, 3)}
-    with pytest.raises(ExportStageError, match="no kernel for aten::_embedding_bag"):
-        et.ExecutorchExporter(registry=Registry()).export(_Bags(), inputs)
-    art = et.ExecutorchExporter().export(_Bags(), inputs)
-    assert "fix:executorch:_fix_embedding_bag_of_equal_bags" in art.workarounds_fired
-    for got, want in zip(art(**inputs).values(), _Bags()(**inputs)):
-        torch.testing.assert_close(got, want)
+    _assert_fix_supplies_missing_kernel(_Bags(), inputs, "aten::_embedding_bag", "_fix_embedding_bag_of_equal_bags")
 
 
 class _DataDependentLength(torch.nn.Module):
