@@ -16,7 +16,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import _finite, trace
 from .utils import (FiredLog, NewNodes, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, copy_source_meta,
-                    register_fx_node_fix, register_patch, replace_node)
+                    fake_val, register_fx_node_fix, register_patch, replace_node, replace_unpacked)
 
 # "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering);
 # the others are torch patches (stage 2, installed around torch.export).
@@ -139,6 +139,14 @@ def traced_unbacked_values(program: torch.export.ExportedProgram, inputs: list[t
     return values
 
 
+def _symbolic_sizes(node: torch.fx.Node) -> list[tuple[int | None, torch.SymInt]]:
+    """(dim, size) for each symbolic size of a node's value: its dims for a tensor, (None, it) for a SymInt."""
+    val = node.meta.get("val")
+    sizes = [(None, val)] if isinstance(val, torch.SymInt) else (
+        list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else [])
+    return [(dim, size) for dim, size in sizes if isinstance(size, torch.SymInt)]
+
+
 def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs: list[torch.Tensor]) -> bool:
     """ExecuTorch plans each tensor's memory for its size's upper bound, and a size read from data
     (Siglip2's per-image patch grid from ``spatial_shapes.tolist()``, Lfm2-VL's and Ernie 4.5-VL's image
@@ -161,11 +169,8 @@ def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs:
         return False
     graph, done = program.graph, set()
     for node in list(graph.nodes):
-        val = node.meta.get("val")
-        sizes = [(None, val)] if isinstance(val, torch.SymInt) else (
-            list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else [])
-        for dim, size in sizes:
-            if not isinstance(size, torch.SymInt) or size.node.expr not in values or size.node.expr in done:
+        for dim, size in _symbolic_sizes(node):
+            if size.node.expr not in values or size.node.expr in done:
                 continue
             symbol = size.node.expr
             done.add(symbol)
@@ -424,7 +429,7 @@ def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
         return False
     changed = False
     for bound in node.args[2:4]:
-        value = bound.meta.get("val") if isinstance(bound, torch.fx.Node) else None
+        value = fake_val(bound)
         if not isinstance(value, torch.SymInt) or not free_unbacked_symbols(value):
             continue
         if statically_known_true(value >= 0) and statically_known_true(value <= size):
@@ -473,10 +478,9 @@ def _fix_erfinv_as_polynomial(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     return True
 
 
-_LONG_INDEX_OPS = {op: 2 for op in (torch.ops.aten.gather.default, torch.ops.aten.scatter_add.default,
-                                     torch.ops.aten.scatter_add_.default, torch.ops.aten.scatter.src,
-                                     torch.ops.aten.scatter_.src, torch.ops.aten.scatter.value,
-                                     torch.ops.aten.scatter_.value)}  # the traced program keeps in-place ops
+_LONG_INDEX_OPS = (torch.ops.aten.gather.default, torch.ops.aten.scatter_add.default, torch.ops.aten.scatter_add_.default,
+                   torch.ops.aten.scatter.src, torch.ops.aten.scatter_.src, torch.ops.aten.scatter.value,
+                   torch.ops.aten.scatter_.value)  # the traced program keeps in-place ops; the index is args[2]
 
 
 @register_fx_node_fix("executorch")
@@ -490,16 +494,15 @@ def _fix_int32_index_as_int64(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     """
     if node.op != "call_function" or node.target not in _LONG_INDEX_OPS:
         return False
-    position = _LONG_INDEX_OPS[node.target]
-    index = node.args[position] if len(node.args) > position else None
-    val = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+    index = node.args[2] if len(node.args) > 2 else None
+    val = fake_val(index)
     if val is None or val.dtype != torch.int32:
         return False
     made = NewNodes(gm.graph)
     with gm.graph.inserting_before(node):
         wide = made.call(torch.ops.aten._to_copy.default, index, dtype=torch.int64)
     copy_source_meta(node, made)
-    node.update_arg(position, wide)
+    node.update_arg(2, wide)
     return True
 
 
@@ -527,7 +530,7 @@ def _fix_sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         return False
     args = {"dim": -1, "descending": False, "stable": False, **dict(zip(_SORTS[node.target], node.args)), **node.kwargs}
     x = args["self"]
-    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    val = fake_val(x)
     if args["stable"] or val is None or val.dim() == 0:
         return False
     aten, made = torch.ops.aten, NewNodes(gm.graph)
@@ -542,8 +545,8 @@ def _fix_sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     return True
 
 
-_CUMULATIVE = {torch.ops.aten.cummax.default: (torch.ops.aten.amax.default, torch.ops.aten.ge.Tensor),
-               torch.ops.aten.cummin.default: (torch.ops.aten.amin.default, torch.ops.aten.le.Tensor)}
+_CUMULATIVE = {torch.ops.aten.cummax.default: torch.ops.aten.amax.default,
+               torch.ops.aten.cummin.default: torch.ops.aten.amin.default}
 
 
 @register_fx_node_fix("executorch")
@@ -564,13 +567,13 @@ def _fix_cumulative_extreme_as_masked_reduction(gm: torch.fx.GraphModule, node: 
     if node.op != "call_function" or node.target not in _CUMULATIVE:
         return False
     x, dim = node.args[0], node.args[1]
-    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    val = fake_val(x)
     if (val is None or val.dim() == 0 or val.dtype == torch.bool or not isinstance(val.shape[dim], int)
             or any(u.op != "call_function" or u.target is not operator.getitem for u in node.users)):
         return False
     n, last = val.shape[dim], val.dim() - 1
     dim %= val.dim()
-    reduce, _ = _CUMULATIVE[node.target]
+    reduce = _CUMULATIVE[node.target]
     info = torch.finfo(val.dtype) if val.is_floating_point() else torch.iinfo(val.dtype)
     lowest = (-math.inf if val.is_floating_point() else info.min) if reduce is torch.ops.aten.amax.default else (
         math.inf if val.is_floating_point() else info.max)
@@ -588,10 +591,7 @@ def _fix_cumulative_extreme_as_masked_reduction(gm: torch.fx.GraphModule, node: 
             values = call(aten.transpose.int, values, dim, last)
             indices = call(aten.transpose.int, indices, dim, last)
     copy_source_meta(node, made)
-    for user in list(node.users):  # the (values, indices) tuple is only ever unpacked
-        user.replace_all_uses_with(values if user.args[1] == 0 else indices)
-        gm.graph.erase_node(user)
-    gm.graph.erase_node(node)
+    replace_unpacked(gm, node, {0: values, 1: indices})
     return True
 
 
@@ -619,7 +619,7 @@ def _fix_embedding_bag_of_equal_bags(gm: torch.fx.GraphModule, node: torch.fx.No
     args = {"mode": 0, "per_sample_weights": None, "include_last_offset": False, "padding_idx": None,
             **dict(zip(names, node.args)), **node.kwargs}
     offsets, indices = args["offsets"], args["indices"]
-    ival = indices.meta.get("val") if isinstance(indices, torch.fx.Node) else None
+    ival = fake_val(indices)
     if (ival is None or ival.dim() != 1 or not isinstance(ival.shape[0], int) or args["include_last_offset"]
             or args["padding_idx"] not in (None, -1) or args["mode"] not in _BAG_REDUCTIONS
             or not isinstance(offsets, torch.fx.Node) or offsets.target is not torch.ops.aten.arange.start_step
@@ -639,11 +639,7 @@ def _fix_embedding_bag_of_equal_bags(gm: torch.fx.GraphModule, node: torch.fx.No
         bags = call(aten.view.default, rows, [n // step, step, -1])
         reduced = call(_BAG_REDUCTIONS[args["mode"]], bags, [1])
     copy_source_meta(node, made)
-    for user in list(node.users):
-        if user.args[1] == 0:
-            user.replace_all_uses_with(reduced)
-        gm.graph.erase_node(user)
-    gm.graph.erase_node(node)
+    replace_unpacked(gm, node, {0: reduced})  # offset2bag, bag_size, max_indices: checked unused above
     return True
 
 
@@ -667,7 +663,7 @@ def _fix_scatter_reduce_as_masked_reduction(gm: torch.fx.GraphModule, node: torc
         return False
     names = ("self", "dim", "index", "src", "reduce", "include_self")
     args = {"include_self": True, **dict(zip(names, node.args)), **node.kwargs}
-    vals = [args[k].meta.get("val") if isinstance(args[k], torch.fx.Node) else None for k in ("self", "index", "src")]
+    vals = [fake_val(args[k]) for k in ("self", "index", "src")]
     if (args["reduce"] not in _SEGMENT_REDUCTIONS or any(v is None or v.dim() != 1 for v in vals)
             or args["dim"] not in (0, -1) or not isinstance(vals[0].shape[0], int) or not vals[2].is_floating_point()):
         return False
@@ -714,8 +710,8 @@ def _conv_args(node: torch.fx.Node):
     args = dict(zip(names, defaults))
     args.update(zip(names, node.args))
     args.update(node.kwargs)
-    x = args["input"].meta.get("val") if isinstance(args["input"], torch.fx.Node) else None
-    w = args["weight"].meta.get("val") if isinstance(args["weight"], torch.fx.Node) else None
+    x = fake_val(args["input"])
+    w = fake_val(args["weight"])
     if x is None or w is None or x.dim() != 5 or args.get("transposed"):
         return None
     if not all(isinstance(d, int) for d in (*x.shape[1:], *w.shape)):  # only the batch may be symbolic
@@ -919,12 +915,9 @@ def _forget_pending_unbacked(program: torch.export.ExportedProgram) -> None:
     program's shape environment, and the next lowering then stops on them ("Pending unbacked
     symbols {u8, ...} not in returned outputs"): drop them before lowering again."""
     for node in program.graph.nodes:
-        val = node.meta.get("val")
-        sizes = [val] if isinstance(val, torch.SymInt) else list(val.shape) if isinstance(val, torch.Tensor) else []
-        for size in sizes:
-            if isinstance(size, torch.SymInt):
-                size.node.shape_env.pending_fresh_unbacked_symbols.clear()
-                return
+        for _, size in _symbolic_sizes(node):
+            size.node.shape_env.pending_fresh_unbacked_symbols.clear()
+            return
 
 
 def _lower_program(program, partitioners, et_patches, fired) -> bytes:

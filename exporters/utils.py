@@ -408,6 +408,22 @@ class NewNodes(list):
         return self[-1]
 
 
+def fake_val(arg: Any) -> Any:
+    """A node argument's fake value (``meta["val"]``), None for a constant or a node without one."""
+    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+
+
+def replace_unpacked(gm: torch.fx.GraphModule, node: torch.fx.Node, outputs: dict[int, torch.fx.Node]) -> None:
+    """For node fixes on an op returning a tuple that is only unpacked (``getitem`` users): each
+    ``node[i]`` becomes ``outputs[i]``; an unpacked element missing from ``outputs`` must be unused.
+    The getitems and ``node`` are erased."""
+    for user in list(node.users):
+        if user.args[1] in outputs:
+            user.replace_all_uses_with(outputs[user.args[1]])
+        gm.graph.erase_node(user)
+    gm.graph.erase_node(node)
+
+
 def copy_source_meta(source: torch.fx.Node, new_nodes: Iterable[torch.fx.Node]) -> None:
     """Give nodes a fix inserted ``source``'s source metadata and their own fake vals."""
     for new in new_nodes:
