@@ -85,6 +85,34 @@ def bound_dynamic_shapes(spec: Any, max_dim: int) -> Any:
 
 # ── Stage 2: Torch patches ───────────────────────────────────────────────────
 # Replace torch ops the backend rejects while torch.export traces: @register_patch("executorch", "torch.op").
+# An "executorch" patch of torch stays installed through the lowering too: ExecuTorch's passes
+# retrace the program with torch's fake tensors, and must see what the trace saw.
+
+
+@register_patch("executorch", "torch._subclasses.fake_impls.op_implementations_dict", reports_firing=True)
+def _patch_nonzero_row_major(original, acted):
+    """torch declares ``nonzero``'s [n, ndim] output column-major (strides ``(1, n)``, as ATen's CPU
+    kernel fills it), ExecuTorch takes each tensor's dim order from its fake strides, and its portable
+    nonzero kernel writes row-major. So the program labelled nonzero's output, and every op after
+    it, with dim order (1, 0): kernels that check dim order refused ("2 input tensors have different
+    dim orders" in slice_copy, MusicFlamingo's audio time grid) and a bare ``return x.nonzero()``
+    came back with its indices scrambled. While exporting for ExecuTorch nonzero's fake output is
+    row-major, which is what the runtime's kernel writes; the values are nonzero's either way.
+
+    before: nonzero(x) -> fake [u0, 2] strides (1, u0), dim order (1, 0)
+    after:  nonzero(x) -> fake [u0, 2] strides (2, 1),  dim order (0, 1)
+
+    The patched object is torch's table of fake-tensor rules (looked up at each rule call), so only
+    the nonzero rule is wrapped and the patch fires only when an export has a nonzero.
+    """
+    rule = original[torch.ops.aten.nonzero.default]
+
+    def nonzero_row_major(fake_mode, func, arg):
+        out = rule(fake_mode, func, arg)
+        acted()
+        return out.new_empty(out.shape)  # contiguous; asking is_contiguous() would guard on u0 == 1
+
+    return {**original, torch.ops.aten.nonzero.default: nonzero_row_major}
 
 
 # ── Stage 3: ExecuTorch patches ──────────────────────────────────────────────
@@ -379,27 +407,54 @@ def _fix_gelu_tanh_explicit(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bo
 
 @register_fx_node_fix("executorch")
 def _fix_bucketize_as_comparisons(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """The ExecuTorch runtime has no kernel for ``aten::bucketize.Tensor_out`` (the program lowers,
-    then fails to load: "Missing operator ... bucketize"; Idefics2/3, SmolVLM and Phi-4-multimodal
-    bucket patch coordinates with it). A bucket index is a count of boundaries below the value, so
-    compute it with a comparison and a sum, which the portable kernels have.
+    """The ExecuTorch runtime has no kernel for ``aten::bucketize.Tensor_out`` nor
+    ``aten::searchsorted.Tensor_out`` (the program lowers, then fails to load: "Missing operator";
+    Idefics2/3, SmolVLM and Phi-4-multimodal bucket patch coordinates with bucketize, MusicFlamingo
+    searches its time grid with searchsorted). A bucket or insertion index is a count of boundaries
+    below the value, so compute it with a comparison and a sum, which the portable kernels have.
 
     before: bucketize(x, boundaries, right=r, out_int32=i)
     after:  sum((boundaries <= x[..., None] if r else boundaries < x[..., None]).to(int32 if i else int64), -1)
+    before: searchsorted(seq, x, right=r)      # seq 1-D, or [..., M] with x [..., K] (row-wise)
+    after:  sum(seq <= x[..., None] if r else seq < x[..., None], -1)  # seq[..., None, :] when row-wise
+
+    A searchsorted with a ``sorter`` is left alone (the permutation would need a gather first).
     """
-    if node.op != "call_function" or node.target is not torch.ops.aten.bucketize.Tensor:
-        return False
-    x, boundaries = node.args[:2]
-    out_int32 = node.kwargs.get("out_int32", False)
-    right = node.kwargs.get("right", False)
     aten = torch.ops.aten
+    if node.op != "call_function":
+        return False
+    if node.target is aten.bucketize.Tensor:
+        x, boundaries = node.args[:2]
+        right = node.kwargs.get("right", False)
+    elif node.target in (aten.searchsorted.Tensor, aten.searchsorted.Scalar):
+        boundaries, x = node.args[:2]
+        if node.kwargs.get("sorter") is not None or len(node.args) > 2:
+            return False
+        side = node.kwargs.get("side")
+        right = side == "right" if side is not None else node.kwargs.get("right", False)
+    else:
+        return False
+    out_int32 = node.kwargs.get("out_int32", False)
+    seq = fake_val(boundaries)
+    if seq is None:
+        return False  # without the sequence's rank, 1-D and row-wise search cannot be told apart
+    row_wise = node.target is aten.searchsorted.Tensor and seq.dim() > 1
+    added = []
     with gm.graph.inserting_before(node):
-        column = gm.graph.call_function(aten.unsqueeze.default, (x, -1))
-        below = gm.graph.call_function(aten.le.Tensor if right else aten.lt.Tensor, (boundaries, column))
+        if row_wise:  # seq [..., M], x [..., K]: compare every value of a row with that row's boundaries
+            boundaries = gm.graph.call_function(aten.unsqueeze.default, (boundaries, -2))
+            added.append(boundaries)
+        if isinstance(x, torch.fx.Node):
+            column = gm.graph.call_function(aten.unsqueeze.default, (x, -1))
+            below = gm.graph.call_function(aten.le.Tensor if right else aten.lt.Tensor, (boundaries, column))
+            added += [column, below]
+        else:  # searchsorted.Scalar: one value, a 0-d result
+            below = gm.graph.call_function(aten.le.Scalar if right else aten.lt.Scalar, (boundaries, x))
+            added.append(below)
         dtype = torch.int32 if out_int32 else torch.int64
         counts = gm.graph.call_function(aten._to_copy.default, (below,), {"dtype": dtype})
         out = gm.graph.call_function(aten.sum.dim_IntList, (counts, [-1]), {"dtype": dtype})
-    replace_node(gm, node, (column, below, counts, out))
+    replace_node(gm, node, (*added, counts, out))
     return True
 
 
@@ -884,7 +939,7 @@ class ExecutorchExporter(Exporter):
             config = dataclasses.replace(config, dynamic_shapes=bound_dynamic_shapes(config.dynamic_shapes, config.max_dim))
         patches = self.registry.patches("dynamo", "executorch")
         torch_patches = [p for p in patches if not p.path.startswith(_EXECUTORCH_INTERNALS)]
-        et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
+        et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS) or p.backend == "executorch"]
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
         ordered = [inputs[name] for name in traced.input_names]
         buffer = run_stage("lower", self.backend,

@@ -371,6 +371,44 @@ def test_executorch_bucketize_becomes_a_comparison_count(right, out_int32):
     assert fired.names() == ["fix:executorch:_fix_bucketize_as_comparisons"]
 
 
+@pytest.mark.parametrize("side", ["left", "right", None])
+@pytest.mark.parametrize("row_wise", [False, True])
+def test_executorch_searchsorted_becomes_a_comparison_count(side, row_wise):
+    """searchsorted, 1-D and row-wise (seq [..., M], values [..., K]), by ``side`` and its default,
+    with a scalar value into a 1-D sequence too: same indices and dtype as eager, ties on either side included."""
+    from exporters.utils import FiredLog, apply_fx_node_fixes
+
+    class S(torch.nn.Module):
+        def forward(self, seq, x):
+            kw = {"side": side} if side else {}
+            scalar = torch.searchsorted(seq, 0.5, out_int32=True, **kw) if seq.dim() == 1 else seq  # 1-D only
+            return torch.searchsorted(seq, x, **kw), scalar
+
+    seq = torch.tensor([0.0, 0.25, 0.5, 0.75])
+    x = torch.tensor([[-1.0, 0.0, 0.1, 0.25, 0.3], [0.5, 0.6, 0.75, 2.0, 0.75]])  # values on the boundaries too
+    if row_wise:
+        seq = torch.stack([seq, seq * 2])
+    gm = torch.export.export(S(), (seq, x)).module()
+    fix = [e for e in DEFAULT_REGISTRY.fixes("executorch", "node") if e.fn is et._fix_bucketize_as_comparisons]
+    fired = FiredLog()
+    assert apply_fx_node_fixes(fix, gm, fired)
+    assert not [n for n in gm.graph.nodes if "searchsorted" in str(n.target)]
+    for got, want in zip(gm(seq, x), S()(seq, x)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_executorch_searchsorted_with_a_sorter_is_left_alone():
+    from exporters.utils import FiredLog, apply_fx_node_fixes
+
+    class S(torch.nn.Module):
+        def forward(self, seq, x):
+            return torch.searchsorted(seq, x, sorter=seq.argsort())
+
+    gm = torch.export.export(S(), (torch.tensor([0.5, 0.0, 0.25]), torch.tensor([0.1, 0.3]))).module()
+    fix = [e for e in DEFAULT_REGISTRY.fixes("executorch", "node") if e.fn is et._fix_bucketize_as_comparisons]
+    assert not apply_fx_node_fixes(fix, gm, FiredLog())
+
+
 def test_executorch_dim_order_of_data_dependent_strides():
     """A tensor with a data-dependent size u0 has strides like 32*u0; ExecuTorch's dim-order sort asks
     ``32*u0 < 32`` and cannot guard on it. The patch records that a nonzero stride's sizes are >= 1,
@@ -582,6 +620,46 @@ def test_executorch_erfinv_without_its_kernel():
     """Gemma 3n's Normal(0, 1).icdf needs erfinv, which the runtime has no kernel for."""
     inputs = {"x": torch.linspace(0.001, 0.999, 64).reshape(4, 16)}
     _assert_fix_supplies_missing_kernel(_NormalQuantile(), inputs, "aten::erfinv.out", "_fix_erfinv_as_polynomial")
+
+
+class _TimeGrid(torch.nn.Module):
+    """MusicFlamingo's lookup of each frame's time in a sorted grid."""
+
+    def forward(self, grid, t):
+        return torch.searchsorted(grid, t, right=True) * 2
+
+
+def test_executorch_searchsorted_without_its_kernel():
+    inputs = {"grid": torch.linspace(0, 1, 9), "t": torch.tensor([[0.0, 0.125, 0.3], [0.999, 1.0, 1.5]])}
+    _assert_fix_supplies_missing_kernel(_TimeGrid(), inputs, "aten::searchsorted.Tensor_out",
+                                        "_fix_bucketize_as_comparisons")
+
+
+class _NonzeroRows(torch.nn.Module):
+    """MusicFlamingo's mask positions: nonzero's indices returned, sliced and used in arithmetic."""
+
+    def forward(self, x):
+        where = torch.nonzero(x > 0)
+        return where, where[:, 1:2] * 10 + where[:, :1]
+
+
+def test_executorch_nonzero_output_is_labelled_row_major():
+    """ExecuTorch's nonzero kernel writes row-major and torch declares the output column-major;
+    without the patch the program is refused at the first op that checks dim order, with it every
+    index matches eager."""
+    x = torch.tensor([[1.0, -1, 2, 0, 3], [0, 0, 4, -2, 5], [6, 0, 0, 7, -1]])
+    plain = et.ExecutorchExporter(registry=Registry()).export(_NonzeroRows(), {"x": x})
+    with pytest.raises(RuntimeError, match="different dim orders"):
+        plain(x=x)
+    art = et.ExecutorchExporter().export(_NonzeroRows(), {"x": x})
+    assert "patch:executorch:torch._subclasses.fake_impls.op_implementations_dict" in art.workarounds_fired
+    for got, want in zip(art(x=x).values(), _NonzeroRows()(x)):
+        assert torch.equal(got, want)
+
+
+def test_executorch_nonzero_patch_does_not_fire_without_a_nonzero():
+    art = et.ExecutorchExporter().export(_TimeGrid(), {"grid": torch.linspace(0, 1, 5), "t": torch.rand(2, 3)})
+    assert "patch:executorch:torch._subclasses.fake_impls.op_implementations_dict" not in art.workarounds_fired
 
 
 class _Sorts(torch.nn.Module):
