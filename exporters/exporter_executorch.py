@@ -85,34 +85,6 @@ def bound_dynamic_shapes(spec: Any, max_dim: int) -> Any:
 
 # ── Stage 2: Torch patches ───────────────────────────────────────────────────
 # Replace torch ops the backend rejects while torch.export traces: @register_patch("executorch", "torch.op").
-# An "executorch" patch of torch stays installed through the lowering too: ExecuTorch's passes
-# retrace the program with torch's fake tensors, and must see what the trace saw.
-
-
-@register_patch("executorch", "torch._subclasses.fake_impls.op_implementations_dict", reports_firing=True)
-def _patch_nonzero_row_major(original, acted):
-    """torch declares ``nonzero``'s [n, ndim] output column-major (strides ``(1, n)``, as ATen's CPU
-    kernel fills it), ExecuTorch takes each tensor's dim order from its fake strides, and its portable
-    nonzero kernel writes row-major. So the program labelled nonzero's output, and every op after
-    it, with dim order (1, 0): kernels that check dim order refused ("2 input tensors have different
-    dim orders" in slice_copy, MusicFlamingo's audio time grid) and a bare ``return x.nonzero()``
-    came back with its indices scrambled. While exporting for ExecuTorch nonzero's fake output is
-    row-major, which is what the runtime's kernel writes; the values are nonzero's either way.
-
-    before: nonzero(x) -> fake [u0, 2] strides (1, u0), dim order (1, 0)
-    after:  nonzero(x) -> fake [u0, 2] strides (2, 1),  dim order (0, 1)
-
-    The patched object is torch's table of fake-tensor rules (looked up at each rule call), so only
-    the nonzero rule is wrapped and the patch fires only when an export has a nonzero.
-    """
-    rule = original[torch.ops.aten.nonzero.default]
-
-    def nonzero_row_major(fake_mode, func, arg):
-        out = rule(fake_mode, func, arg)
-        acted()
-        return out.new_empty(out.shape)  # contiguous; asking is_contiguous() would guard on u0 == 1
-
-    return {**original, torch.ops.aten.nonzero.default: nonzero_row_major}
 
 
 # ── Stage 3: ExecuTorch patches ──────────────────────────────────────────────
@@ -455,6 +427,77 @@ def _fix_bucketize_as_comparisons(gm: torch.fx.GraphModule, node: torch.fx.Node)
         counts = gm.graph.call_function(aten._to_copy.default, (below,), {"dtype": dtype})
         out = gm.graph.call_function(aten.sum.dim_IntList, (counts, [-1]), {"dtype": dtype})
     replace_node(gm, node, (*added, counts, out))
+    return True
+
+
+@register_fx_node_fix("executorch")
+def _fix_nonzero_as_masked_select(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """torch declares ``nonzero``'s [n, ndim] output column-major (strides ``(1, n)``, as ATen's CPU
+    kernel fills it), ExecuTorch takes each tensor's dim order from the fake strides, and its
+    portable nonzero kernel writes row-major. The program so labelled nonzero's output, and what
+    follows it, with dim order (1, 0): the next kernel that checks dim order refused ("2 input
+    tensors have different dim orders" in slice_copy: MusicFlamingo, OneFormer) and a bare
+    ``return x.nonzero()`` came back with its indices scrambled. Select the flat positions of the
+    nonzero elements instead (one masked_select, row-major like nonzero's order) and unravel them
+    into per-dim indices, all contiguous.
+
+    before: nonzero(x)                                   # [n, d], column-major
+    after:  p = masked_select(arange(numel).view(shape), x != 0)
+            (p[:, None] // tensor(strides)) % tensor(sizes)  # [n, d], row-major
+    before: rows, cols = where(x)                        # columns of nonzero(x)
+    after:  rows, cols = p // stride0, (p // stride1) % size1
+
+    The count stays the nonzero's own unbacked size (its fake values are reused), so what the
+    graph already derived from it still holds. Sizes may be symbolic (dynamic exports).
+    """
+    aten = torch.ops.aten
+    unpacked = node.target in (aten.where.default, aten.nonzero_numpy.default)  # a tuple of index columns
+    if node.op != "call_function" or not (node.target is aten.nonzero.default or unpacked) or len(node.args) != 1:
+        return False
+    x = node.args[0]
+    xv, out = fake_val(x), node.meta.get("val")
+    if unpacked and (out is None or any(u.target is not operator.getitem for u in node.users)):
+        return False
+    count = (out[0] if unpacked else out).shape[0] if out is not None else None
+    if xv is None or count is None or xv.dim() == 0:
+        return False
+    g = gm.graph
+    new = NewNodes(g)
+    with g.inserting_before(node):
+        def mul(a, b):  # an int, or a node of size arithmetic when either is symbolic
+            return a * b if isinstance(a, int) and isinstance(b, int) else new.call(operator.mul, a, b)
+
+        sizes = [s if isinstance(s, int) else new.call(aten.sym_size.int, x, k) for k, s in enumerate(xv.shape)]
+        strides = [1]
+        for size in reversed(sizes[1:]):
+            strides.insert(0, mul(size, strides[0]))
+        flat = new.call(aten.arange.default, mul(strides[0], sizes[0]), dtype=torch.int64)
+        grid = new.call(aten.view.default, flat, sizes)
+        mask = new.call(aten.ne.Scalar, x, 0)
+        picked = new.call(aten.masked_select.default, grid, mask)
+        picked.meta["val"] = xv.new_empty((count,), dtype=torch.int64)  # the nonzero's own count, no new symbol
+        if unpacked:  # where(x) / nonzero_numpy(x): column k is (p // stride_k) % size_k
+            columns = {}
+            for k, (size, stride) in enumerate(zip(sizes, strides)):
+                col = picked
+                if stride != 1:
+                    col = new.call(aten.div.Scalar_mode, col, stride, rounding_mode="floor")
+                if k > 0:
+                    col = new.call(aten.remainder.Scalar, col, size)
+                columns[k] = col
+            copy_source_meta(node, new)
+            replace_unpacked(gm, node, columns)
+            return True
+        column = new.call(aten.unsqueeze.default, picked, -1)
+        if len(sizes) > 1:  # row-wise (p // strides) % sizes, broadcast: stacking n-long columns gives
+            # [0, 0] instead of [0, d] in the runtime when n == 0, a [d] vector of each has no such edge
+            def vector(values):
+                scalars = [new.call(aten.scalar_tensor.default, v, dtype=torch.int64) for v in values]
+                return new.call(aten.stack.default, scalars)
+
+            column = new.call(aten.div.Tensor_mode, column, vector(strides), rounding_mode="floor")
+            new.call(aten.remainder.Tensor, column, vector(sizes))
+    replace_node(gm, node, new)
     return True
 
 
@@ -939,7 +982,7 @@ class ExecutorchExporter(Exporter):
             config = dataclasses.replace(config, dynamic_shapes=bound_dynamic_shapes(config.dynamic_shapes, config.max_dim))
         patches = self.registry.patches("dynamo", "executorch")
         torch_patches = [p for p in patches if not p.path.startswith(_EXECUTORCH_INTERNALS)]
-        et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS) or p.backend == "executorch"]
+        et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
         ordered = [inputs[name] for name in traced.input_names]
         buffer = run_stage("lower", self.backend,

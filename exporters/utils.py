@@ -21,10 +21,6 @@ register into a fresh ``Registry()`` and nothing leaks into the real one. Patche
 like pytest's monkeypatch: (target, name, old value or NOTSET), undone in reverse, class
 attributes read from ``__dict__`` so staticmethod/classmethod survive. A path that does not
 resolve is an error naming the path, unless the patch was registered ``optional=True``.
-
-A patch counts as fired when its replacement is called. One on a function torch calls for every op
-(where being called says nothing) is registered ``reports_firing=True``: its factory then receives
-``(original, acted)`` and calls ``acted()`` when it changed a result.
 """
 
 from __future__ import annotations
@@ -58,9 +54,8 @@ class PatchTargetError(WorkaroundError, AttributeError):
 class PatchEntry:
     backend: str
     path: str
-    factory: Callable[..., Any]
+    factory: Callable[[Any], Any]
     optional: bool = False
-    reports_firing: bool = False  # factory(original, acted): fired only when it calls acted()
 
     @property
     def name(self) -> str:
@@ -95,8 +90,7 @@ class Registry:
         self._fixes: dict[tuple[str, str], list[FixEntry]] = {(b, k): [] for b in BACKENDS for k in ("node", "program")}
 
     # registration
-    def add_patch(self, backend: str, path: str, factory: Callable, *, optional: bool = False,
-                  reports_firing: bool = False) -> PatchEntry:
+    def add_patch(self, backend: str, path: str, factory: Callable, *, optional: bool = False) -> PatchEntry:
         _check_backend(backend)
         if not isinstance(path, str) or "." not in path:
             raise WorkaroundError(f"patch path must be a dotted path like 'pkg.module.Class.method', got {path!r}")
@@ -106,7 +100,7 @@ class Registry:
                 f"{path!r} is already patched for backend {backend!r} by {_describe(existing.factory)}; "
                 f"{_describe(factory)} cannot patch it again (merge the two factories)"
             )
-        entry = PatchEntry(backend, path, factory, optional, reports_firing)
+        entry = PatchEntry(backend, path, factory, optional)
         self._patches[backend][path] = entry
         return entry
 
@@ -165,8 +159,7 @@ class Registry:
 DEFAULT_REGISTRY = Registry()
 
 
-def register_patch(backend: str, *paths: str, optional: bool = False, reports_firing: bool = False,
-                   registry: Registry | None = None):
+def register_patch(backend: str, *paths: str, optional: bool = False, registry: Registry | None = None):
     """Register a patch factory for one or more dotted paths (see the module docstring)."""
     if not paths:
         raise WorkaroundError("register_patch needs at least one dotted path")
@@ -174,7 +167,7 @@ def register_patch(backend: str, *paths: str, optional: bool = False, reports_fi
 
     def decorator(factory: Callable) -> Callable:
         for path in paths:
-            reg.add_patch(backend, path, factory, optional=optional, reports_firing=reports_firing)
+            reg.add_patch(backend, path, factory, optional=optional)
         return factory
 
     return decorator
@@ -314,10 +307,7 @@ class PatchSet:
         raw = inspect.getattr_static(owner, name) if inspect.isclass(owner) else old
         descriptor = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
         original = raw.__func__ if descriptor else getattr(owner, name)
-        if entry.reports_firing:
-            replacement = entry.factory(original, functools.partial(fired.add, entry.name))
-        else:
-            replacement = _counting(entry.factory(original), entry.name, fired)
+        replacement = _counting(entry.factory(original), entry.name, fired)
         if descriptor is not None:
             replacement = descriptor(replacement)
         self._records.append((owner, name, old))

@@ -643,23 +643,66 @@ class _NonzeroRows(torch.nn.Module):
         return where, where[:, 1:2] * 10 + where[:, :1]
 
 
-def test_executorch_nonzero_output_is_labelled_row_major():
-    """ExecuTorch's nonzero kernel writes row-major and torch declares the output column-major;
-    without the patch the program is refused at the first op that checks dim order, with it every
+class _MaskRuns(torch.nn.Module):
+    """MusicFlamingo's audio spans: where() of run starts and ends, their lengths, a range of their count."""
+
+    def forward(self, ids):
+        edges = torch.diff(torch.nn.functional.pad((ids == 7).int(), (1, 1)), dim=1)
+        _, starts = torch.where(edges == 1)
+        _, ends = torch.where(edges == -1)
+        lengths = ends - starts
+        return lengths, torch.arange(lengths.shape[0]), torch.nonzero(ids[0] == 7)
+
+
+def test_executorch_nonzero_indices_are_row_major():
+    """ExecuTorch's nonzero kernel writes row-major and torch declares the output column-major:
+    without the fix the program is refused at the first op that checks dim order; with it every
     index matches eager."""
     x = torch.tensor([[1.0, -1, 2, 0, 3], [0, 0, 4, -2, 5], [6, 0, 0, 7, -1]])
     plain = et.ExecutorchExporter(registry=Registry()).export(_NonzeroRows(), {"x": x})
     with pytest.raises(RuntimeError, match="different dim orders"):
         plain(x=x)
     art = et.ExecutorchExporter().export(_NonzeroRows(), {"x": x})
-    assert "patch:executorch:torch._subclasses.fake_impls.op_implementations_dict" in art.workarounds_fired
+    assert "fix:executorch:_fix_nonzero_as_masked_select" in art.workarounds_fired
     for got, want in zip(art(x=x).values(), _NonzeroRows()(x)):
         assert torch.equal(got, want)
+    x3 = torch.randn(2, 3, 4)  # three dims: each index unravelled by its own stride
+    art3 = et.ExecutorchExporter().export(_Nonzero3d(), {"x": x3})
+    for probe in (x3, torch.randn(2, 3, 4), torch.zeros(2, 3, 4)):
+        assert torch.equal(art3(x=probe)["output"], torch.nonzero(probe > 0))
 
 
-def test_executorch_nonzero_patch_does_not_fire_without_a_nonzero():
-    art = et.ExecutorchExporter().export(_TimeGrid(), {"grid": torch.linspace(0, 1, 5), "t": torch.rand(2, 3)})
-    assert "patch:executorch:torch._subclasses.fake_impls.op_implementations_dict" not in art.workarounds_fired
+class _Nonzero3d(torch.nn.Module):
+    def forward(self, x):
+        return torch.nonzero(x > 0)
+
+
+class _NonzeroAndWhere(torch.nn.Module):
+    def forward(self, x):
+        nz = torch.nonzero(x > 0)
+        rows, cols = torch.where(x < 0)
+        return nz, nz[:, 1:2] * 10, rows, cols
+
+
+def test_executorch_nonzero_fix_with_dynamic_sizes():
+    """Both dims dynamic: the strides and sizes the indices are unravelled by are size arithmetic."""
+    x = torch.randn(3, 5)
+    config = et.ExecutorchConfig(dynamic_shapes={"x": {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}})
+    art = et.ExecutorchExporter().export(_NonzeroAndWhere(), {"x": x}, config)
+    assert "fix:executorch:_fix_nonzero_as_masked_select" in art.workarounds_fired
+    for probe in (x, torch.randn(4, 7), torch.zeros(2, 6)):
+        for got, want in zip(art(x=probe).values(), _NonzeroAndWhere()(probe)):
+            assert torch.equal(got, want)
+
+
+def test_executorch_count_of_nonzero_rows_survives_the_fix():
+    """A size taken from nonzero's rows (an arange of the count) must stay the runtime count."""
+    ids = torch.zeros(2, 39, dtype=torch.long)
+    ids[0, 3:35] = 7
+    ids[1, 5:37] = 7
+    art = et.ExecutorchExporter().export(_MaskRuns(), {"ids": ids})
+    for got, want in zip(art(ids=ids).values(), _MaskRuns()(ids)):
+        assert torch.equal(got, want)
 
 
 class _Sorts(torch.nn.Module):
