@@ -618,28 +618,58 @@ def _fix_sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     with ``top_k_experts.flatten().sort()``, Hiera's masking takes ``argsort`` of noise: "the ExecuTorch
     runtime has no kernel for aten::sort.values"). A full sort along ``dim`` is a top-k with ``k`` the
     size of ``dim``, which the portable kernels have (``topk.values``), sorted, largest first when
-    descending. Equal keys may come out in another order than eager's; ``stable=True`` is left alone
-    (topk promises no order among ties).
+    descending.
+
+    topk promises no order among equal keys, and eager's sort of a short row keeps them in index
+    order: PP-DocLayoutV2 moves its detections to the front with ``argsort(mask.int(), descending=True)``
+    and its outputs came back permuted. Integer and bool keys (at most 32 bits, a static row) are
+    made distinct first, ``key * n + position`` (``n - 1 - position`` when descending), which orders
+    ties by position, exactly, so ``stable=True`` holds too; values are then gathered from the input.
+    Float keys take the plain top-k (ties in another order than eager's are possible), and a stable
+    float sort is left alone.
 
     before: values, indices = sort(x, dim, descending)    argsort(x, dim, descending)
     after:  values, indices = topk(x, x.size(dim), dim, largest=descending, sorted=True)    topk(...)[1]
+    after (int keys): indices = topk(x.long() * n + ties, n, dim, descending)[1]; values = gather(x, dim, indices)
     """
     if node.op != "call_function" or node.target not in _SORTS:
         return False
     args = {"dim": -1, "descending": False, "stable": False, **dict(zip(_SORTS[node.target], node.args)), **node.kwargs}
     x = args["self"]
     val = fake_val(x)
-    if args["stable"] or val is None or val.dim() == 0:
+    if val is None or val.dim() == 0:
+        return False
+    dim = args["dim"] % val.dim()
+    size = val.shape[dim]
+    exact = isinstance(size, int) and (val.dtype == torch.bool or (not val.dtype.is_floating_point
+                                       and not val.dtype.is_complex and val.dtype.itemsize <= 4))
+    if args["stable"] and not exact:
         return False
     aten, made = torch.ops.aten, NewNodes(gm.graph)
-    dim = args["dim"] % val.dim()
+    descending = bool(args["descending"])
+    argsort = node.target in (aten.argsort.default, aten.argsort.stable)
     with gm.graph.inserting_before(node):
-        size = val.shape[dim]
-        k = size if isinstance(size, int) else made.call(aten.sym_size.int, x, dim)
-        topk = made.call(aten.topk.default, x, k, dim, bool(args["descending"]), True)
-        if node.target in (aten.argsort.default, aten.argsort.stable):
-            made.call(operator.getitem, topk, 1)
-    replace_node(gm, node, made)
+        if not exact:
+            k = size if isinstance(size, int) else made.call(aten.sym_size.int, x, dim)
+            topk = made.call(aten.topk.default, x, k, dim, descending, True)
+            if argsort:
+                made.call(operator.getitem, topk, 1)
+            replace_node(gm, node, made)
+            return True
+        position = made.call(aten.arange.default, size, dtype=torch.int64)
+        if descending:
+            position = made.call(aten.rsub.Scalar, position, size - 1)
+        position = made.call(aten.view.default, position, [size] + [1] * (val.dim() - 1 - dim))
+        key = made.call(aten._to_copy.default, x, dtype=torch.int64)
+        key = made.call(aten.add.Tensor, made.call(aten.mul.Scalar, key, size), position)
+        topk = made.call(aten.topk.default, key, size, dim, descending, True)
+        indices = made.call(operator.getitem, topk, 1)
+        if argsort:
+            replace_node(gm, node, made)
+            return True
+        values = made.call(aten.gather.default, x, dim, indices)
+    copy_source_meta(node, made)
+    replace_unpacked(gm, node, {0: values, 1: indices})
     return True
 
 

@@ -726,6 +726,26 @@ def test_executorch_sort_without_its_kernel():
     torch.testing.assert_close(actual[2], expected[2])  # sorted keys agree; ties' indices may not
 
 
+class _IntSorts(torch.nn.Module):
+    """PP-DocLayoutV2's detections to the front (argsort of a 0/1 mask, descending) and stable and
+    plain sorts of small int keys along both dims: ties must keep eager's (index) order."""
+
+    def forward(self, mask, keys):
+        front = torch.argsort(mask.int(), dim=1, descending=True)
+        values, order = keys.sort(dim=0, stable=True)
+        by_row, row_order = keys.sort(dim=-1, descending=True)
+        return front, values, order, by_row, row_order, torch.argsort(mask, dim=1)
+
+
+def test_executorch_sort_of_int_keys_keeps_ties_in_index_order():
+    mask = torch.tensor([[0, 1, 0, 1, 1, 0, 0, 1], [1, 1, 0, 0, 0, 1, 0, 0]], dtype=torch.bool)
+    keys = torch.tensor([[2, 0, 2], [1, 1, 2], [2, 0, 0], [1, 2, 1], [2, 1, 1]], dtype=torch.int32)
+    art = et.ExecutorchExporter().export(_IntSorts(), {"mask": mask, "keys": keys})
+    assert "fix:executorch:_fix_sort_as_topk" in art.workarounds_fired
+    for got, want in zip(art(mask=mask, keys=keys).values(), _IntSorts()(mask, keys)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
 class _RunningExtremes(torch.nn.Module):
     """Grounding DINO's previous/next special token: cummax, and cummin of the flipped positions."""
 
