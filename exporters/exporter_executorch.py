@@ -502,6 +502,35 @@ def _fix_nonzero_as_masked_select(gm: torch.fx.GraphModule, node: torch.fx.Node)
 
 
 @register_fx_node_fix("executorch")
+def _fix_negative_pad_as_slice(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A negative pad crops; the ExecuTorch runtime's constant_pad_nd refuses it: "Padding values
+    must be non-negative, but got pad[3] = -1" (RWKV's token shift is ``ZeroPad2d((0, 0, 1, -1))``:
+    one row of zeros in front, the last row cut). Slice the cropped sides off first, then pad
+    the rest.
+
+    before: constant_pad_nd(x, [0, 0, 1, -1])                  # pad(x, ..., "constant") alike
+    after:  constant_pad_nd(slice(x, -2, 0, -1), [0, 0, 1, 0])
+    """
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target not in (aten.constant_pad_nd.default, aten.pad.default):
+        return False
+    args = dict(zip(("self", "pad", "mode", "value"), node.args), **node.kwargs)
+    pad, mode = args["pad"], args.get("mode", "constant")
+    if mode != "constant" or not all(isinstance(p, int) for p in pad) or min(pad, default=0) >= 0:
+        return False
+    new, x = NewNodes(gm.graph), args["self"]
+    with gm.graph.inserting_before(node):
+        for i in range(len(pad) // 2):
+            left, right = pad[2 * i], pad[2 * i + 1]
+            if left < 0 or right < 0:
+                x = new.call(aten.slice.Tensor, x, -1 - i, max(-left, 0), right if right < 0 else None)
+        value = args.get("value")
+        new.call(aten.constant_pad_nd.default, x, [max(p, 0) for p in pad], 0.0 if value is None else value)
+    replace_node(gm, node, new)
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """A slice bound read from data (``hidden_states[i, :length]`` with ``length`` from the attention
     mask: the XVector heads of Wav2Vec2, WavLM, Data2VecAudio, UniSpeechSat) is an unbacked symbol.

@@ -705,6 +705,28 @@ def test_executorch_count_of_nonzero_rows_survives_the_fix():
         assert torch.equal(got, want)
 
 
+class _TokenShift(torch.nn.Module):
+    """RWKV's token shift (a zero row in front, the last row cut) and a crop on both sides of a width."""
+
+    def __init__(self):
+        super().__init__()
+        self.shift = torch.nn.ZeroPad2d((0, 0, 1, -1))
+
+    def forward(self, x):
+        return self.shift(x), torch.nn.functional.pad(x, (-1, -2), value=3.0), torch.nn.functional.pad(x, (1, 2))
+
+
+def test_executorch_negative_pad_becomes_a_slice():
+    inputs = {"x": torch.randn(2, 5, 7)}
+    plain = et.ExecutorchExporter(registry=Registry()).export(_TokenShift(), inputs)
+    with pytest.raises(RuntimeError, match="Padding values must be non-negative"):
+        plain(**inputs)
+    art = et.ExecutorchExporter().export(_TokenShift(), inputs)
+    assert "fix:executorch:_fix_negative_pad_as_slice" in art.workarounds_fired
+    for got, want in zip(art(**inputs).values(), _TokenShift()(**inputs)):
+        torch.testing.assert_close(got, want)
+
+
 class _Sorts(torch.nn.Module):
     """JetMoe's grouping of tokens by expert (sort of int ids) and Hiera's argsort of noise."""
 
