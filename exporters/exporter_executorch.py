@@ -305,6 +305,31 @@ def _patch_prelu_partition_constraints(original):
     return check_constraints
 
 
+@register_patch("executorch", "executorch.backends.xnnpack.partition.config.xnnpack_config.XNNPartitionerConfig.check_common_constraints")
+def _patch_xnnpack_rank_limit(original):
+    """XNNPACK defines tensors of at most ``XNN_MAX_TENSOR_DIMS`` (6) dims, but its partitioner takes
+    a view or permute of any rank; the program then lowers and fails to load: "XNNCompiler.cpp:
+    Failed to define tensor 0 with code: xnn_status_unsupported_parameter", "Failed to load method
+    forward, error: 0x1" (Inkling reshapes to 8 dims and permutes). Leave a node with an input or
+    output of more dims than that outside the delegate, to the portable kernels.
+
+    before: permute_copy(x[2, 2, 1, 1, 3, 1, 3, 3]) in an XNNPACK partition -> load error 0x1
+    after:  it runs outside the delegate
+    """
+    from executorch.backends.xnnpack.utils.xnnpack_constants import XNN_MAX_TENSOR_DIMS
+
+    def ranks(node):
+        for value in [node.meta.get("val"), *(n.meta.get("val") for n in node.all_input_nodes)]:
+            for v in value if isinstance(value, (tuple, list)) else [value]:
+                if isinstance(v, torch.Tensor):
+                    yield v.dim()
+
+    def check_common_constraints(self, node, ep) -> bool:
+        return original(self, node, ep) and max(ranks(node), default=0) <= XNN_MAX_TENSOR_DIMS
+
+    return check_common_constraints
+
+
 @register_patch("executorch", "executorch.backends.xnnpack.xnnpack_preprocess.generate_node_to_external_map")
 def _patch_xnnpack_pass_through_outputs(original):
     """XNNPACK's own passes can leave a delegated partition returning one of its inputs unchanged (a

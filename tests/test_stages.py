@@ -16,7 +16,7 @@ import exporters.exporter_dynamo as dyn
 import exporters.exporter_executorch as et
 import exporters.exporter_onnx as onx
 from exporters import ExportStageError
-from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_fx_node_fixes, apply_patches, resolve_path
+from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_fx_node_fixes, apply_patches, register_patch, resolve_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = os.environ.get("EXPORTERS_SPEC", "/work/shared/SPEC.md")
@@ -725,6 +725,30 @@ def test_executorch_negative_pad_becomes_a_slice():
     assert "fix:executorch:_fix_negative_pad_as_slice" in art.workarounds_fired
     for got, want in zip(art(**inputs).values(), _TokenShift()(**inputs)):
         torch.testing.assert_close(got, want)
+
+
+class _EightDims(torch.nn.Module):
+    """Inkling's 8-D reshape and permute between two linear layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(18, 18)
+
+    def forward(self, x):
+        y = self.proj(x).reshape(2, 2, 1, 1, 3, 1, 3, 2).permute(0, 1, 2, 3, 5, 4, 6, 7)
+        return self.proj(y.reshape(2, 2, 18) * 2.0)
+
+
+def test_executorch_tensors_over_six_dims_stay_out_of_xnnpack():
+    inputs, model = {"x": torch.randn(2, 2, 18)}, _EightDims()
+    no_rank_limit = Registry()
+    for entry in DEFAULT_REGISTRY.patches("executorch"):  # every patch but the rank limit
+        if not entry.path.endswith("XNNPartitionerConfig.check_common_constraints"):
+            register_patch("executorch", entry.path, registry=no_rank_limit)(entry.factory)
+    with pytest.raises(ExportStageError, match="Failed to load method forward"):
+        et.ExecutorchExporter(registry=no_rank_limit).export(model, inputs)
+    art = et.ExecutorchExporter().export(model, inputs)
+    torch.testing.assert_close(art(**inputs)["output"], model(**inputs))
 
 
 class _Sorts(torch.nn.Module):
