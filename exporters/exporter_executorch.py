@@ -556,6 +556,38 @@ def _fix_negative_pad_as_slice(gm: torch.fx.GraphModule, node: torch.fx.Node) ->
 
 
 @register_fx_node_fix("executorch")
+def _fix_bincount_of_known_length(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The ExecuTorch runtime has no kernel for ``aten::bincount.out`` (Splinter counts question
+    tokens per row with ``torch.bincount(rows)``). Its length is data-dependent, but when the graph
+    pins it (Splinter checks it equals the batch size) the counts are a comparison with each bin
+    and a sum, which the portable kernels have. An unweighted bincount only; one whose length the
+    graph does not pin is left alone.
+
+    before: bincount(x)                                  # length u0, asserted == B
+    after:  sum(x[:, None] == arange(B)[None, :], 0)
+    """
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target is not aten.bincount.default:
+        return False
+    args = {"weights": None, "minlength": 0, **dict(zip(("self", "weights", "minlength"), node.args)), **node.kwargs}
+    out, x = node.meta.get("val"), args["self"]
+    if args["weights"] is not None or out is None or fake_val(x) is None:
+        return False
+    length = out.shape[0]
+    length = length if isinstance(length, int) else length.node.maybe_as_int()
+    if length is None:
+        return False
+    new = NewNodes(gm.graph)
+    with gm.graph.inserting_before(node):
+        bins = new.call(aten.arange.default, length, dtype=fake_val(x).dtype)
+        hits = new.call(aten.eq.Tensor, new.call(aten.unsqueeze.default, x, -1), bins)
+        counts = new.call(aten._to_copy.default, hits, dtype=torch.int64)
+        new.call(aten.sum.dim_IntList, counts, [0], dtype=torch.int64)
+    replace_node(gm, node, new)
+    return True
+
+
+@register_fx_node_fix("executorch")
 def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """A slice bound read from data (``hidden_states[i, :length]`` with ``length`` from the attention
     mask: the XVector heads of Wav2Vec2, WavLM, Data2VecAudio, UniSpeechSat) is an unbacked symbol.

@@ -751,6 +751,21 @@ def test_executorch_tensors_over_six_dims_stay_out_of_xnnpack():
     torch.testing.assert_close(art(**inputs)["output"], model(**inputs))
 
 
+class _QuestionsPerRow(torch.nn.Module):
+    """Splinter's question tokens per row: bincount of where() rows, its length checked against the batch."""
+
+    def forward(self, ids):
+        rows, cols = torch.where(ids == 7)
+        counts = torch.bincount(rows)
+        torch._check(counts.size(0) == ids.size(0))
+        return counts * 1, cols
+
+
+def test_executorch_bincount_of_a_pinned_length():
+    inputs = {"ids": torch.tensor([[1, 7, 7, 2], [7, 3, 4, 7], [7, 0, 0, 0]])}
+    _assert_fix_supplies_missing_kernel(_QuestionsPerRow(), inputs, "aten::bincount.out", "_fix_bincount_of_known_length")
+
+
 class _Sorts(torch.nn.Module):
     """JetMoe's grouping of tokens by expert (sort of int ids) and Hiera's argsort of noise."""
 
