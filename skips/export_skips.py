@@ -289,13 +289,13 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
         classes=("Step3p7ForConditionalGeneration", "Step3p7Model"),
         backends=("executorch",),
+        variants=("dynamic",),
         stage="lower",
-        reason="Step3p7VisionModel.forward builds grid_thw = torch.tensor([[1, grid_h, grid_w]]) "
-               "(models/step3p7/modeling_step3p7.py:424-425) and get_vision_position_ids reads it back with .item(), "
-               "so arange(0, u65) has no finite upper bound, which ExecuTorch's memory planning needs ('Cannot "
-               "evaluate a finite upper bound for symbolic expression u65'); dynamic also stops earlier at XNNPACK's "
-               "'reshape only supports 1 dynamic dimension' on gate_states.unsqueeze(-1) (line 742). Remove when the "
-               "vision tower computes its position ids from the Python grid sizes it already has",
+        reason="XNNPACK's reshape supports a single dynamic dimension and gate_states.unsqueeze(-1) "
+               "(models/step3p7/modeling_step3p7.py:742) has two: 'reshape only supports 1 dynamic dimension'. "
+               "(Static passes since bound_unbacked_sizes_by_trace bounds the u65 that get_vision_position_ids "
+               "reads back from grid_thw with .item().) Remove when XNNPACK's partitioner leaves such reshapes to "
+               "the portable kernels",
     ),
     ExportSkip(
         classes=("SwitchTransformersForConditionalGeneration", "SwitchTransformersModel"),
