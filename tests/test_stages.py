@@ -611,6 +611,19 @@ def _assert_fix_supplies_missing_kernel(model, inputs, kernel: str, fix: str) ->
         torch.testing.assert_close(got, want)
 
 
+def _assert_fix_repairs_a_run(model, inputs, error: str, fix: str) -> None:
+    """Without any workaround the program lowers but its run fails with ``error``; with them ``fix``
+    fires and every output matches eager."""
+    bare = et.ExecutorchExporter(registry=Registry()).export(model, inputs)
+    with pytest.raises(RuntimeError, match=error):
+        bare(**inputs)
+    art = et.ExecutorchExporter().export(model, inputs)
+    assert f"fix:executorch:{fix}" in art.workarounds_fired
+    expected = model(**inputs)
+    for got, want in zip(art(**inputs).values(), expected if isinstance(expected, tuple) else (expected,)):
+        torch.testing.assert_close(got, want)
+
+
 class _NormalQuantile(torch.nn.Module):
     def forward(self, x):
         return torch.distributions.Normal(0, 1).icdf(x) * 2 + torch.erfinv(x * 0.999)
@@ -717,14 +730,8 @@ class _TokenShift(torch.nn.Module):
 
 
 def test_executorch_negative_pad_becomes_a_slice():
-    inputs = {"x": torch.randn(2, 5, 7)}
-    plain = et.ExecutorchExporter(registry=Registry()).export(_TokenShift(), inputs)
-    with pytest.raises(RuntimeError, match="Padding values must be non-negative"):
-        plain(**inputs)
-    art = et.ExecutorchExporter().export(_TokenShift(), inputs)
-    assert "fix:executorch:_fix_negative_pad_as_slice" in art.workarounds_fired
-    for got, want in zip(art(**inputs).values(), _TokenShift()(**inputs)):
-        torch.testing.assert_close(got, want)
+    _assert_fix_repairs_a_run(_TokenShift(), {"x": torch.randn(2, 5, 7)}, "Padding values must be non-negative",
+                              "_fix_negative_pad_as_slice")
 
 
 class _EightDims(torch.nn.Module):
@@ -874,13 +881,7 @@ class _Int32Index(torch.nn.Module):
 
 def test_executorch_int32_index_widened():
     inputs = {"x": torch.randn(3, 4), "index": torch.tensor([[0, 1], [3, 3], [2, 0]])}
-    bare = et.ExecutorchExporter(registry=Registry()).export(_Int32Index(), inputs)
-    with pytest.raises(RuntimeError, match="Expected dtype int64 for index"):
-        bare(**inputs)
-    art = et.ExecutorchExporter().export(_Int32Index(), inputs)
-    assert "fix:executorch:_fix_int32_index_as_int64" in art.workarounds_fired
-    for got, want in zip(art(**inputs).values(), _Int32Index()(**inputs)):
-        torch.testing.assert_close(got, want)
+    _assert_fix_repairs_a_run(_Int32Index(), inputs, "Expected dtype int64 for index", "_fix_int32_index_as_int64")
 
 
 def test_executorch_missing_kernel_is_named():
