@@ -435,23 +435,17 @@ def _fix_bucketize_as_comparisons(gm: torch.fx.GraphModule, node: torch.fx.Node)
     seq = fake_val(boundaries)
     if seq is None:
         return False  # without the sequence's rank, 1-D and row-wise search cannot be told apart
-    row_wise = node.target is aten.searchsorted.Tensor and seq.dim() > 1
-    added = []
+    new, dtype = NewNodes(gm.graph), torch.int32 if out_int32 else torch.int64
     with gm.graph.inserting_before(node):
-        if row_wise:  # seq [..., M], x [..., K]: compare every value of a row with that row's boundaries
-            boundaries = gm.graph.call_function(aten.unsqueeze.default, (boundaries, -2))
-            added.append(boundaries)
+        if node.target is aten.searchsorted.Tensor and seq.dim() > 1:
+            # row-wise, seq [..., M] and x [..., K]: compare every value of a row with that row's boundaries
+            boundaries = new.call(aten.unsqueeze.default, boundaries, -2)
         if isinstance(x, torch.fx.Node):
-            column = gm.graph.call_function(aten.unsqueeze.default, (x, -1))
-            below = gm.graph.call_function(aten.le.Tensor if right else aten.lt.Tensor, (boundaries, column))
-            added += [column, below]
+            below = new.call(aten.le.Tensor if right else aten.lt.Tensor, boundaries, new.call(aten.unsqueeze.default, x, -1))
         else:  # searchsorted.Scalar: one value, a 0-d result
-            below = gm.graph.call_function(aten.le.Scalar if right else aten.lt.Scalar, (boundaries, x))
-            added.append(below)
-        dtype = torch.int32 if out_int32 else torch.int64
-        counts = gm.graph.call_function(aten._to_copy.default, (below,), {"dtype": dtype})
-        out = gm.graph.call_function(aten.sum.dim_IntList, (counts, [-1]), {"dtype": dtype})
-    replace_node(gm, node, (*added, counts, out))
+            below = new.call(aten.le.Scalar if right else aten.lt.Scalar, boundaries, x)
+        new.call(aten.sum.dim_IntList, new.call(aten._to_copy.default, below, dtype=dtype), [-1], dtype=dtype)
+    replace_node(gm, node, new)
     return True
 
 
@@ -571,7 +565,8 @@ def _fix_bincount_of_known_length(gm: torch.fx.GraphModule, node: torch.fx.Node)
         return False
     args = {"weights": None, "minlength": 0, **dict(zip(("self", "weights", "minlength"), node.args)), **node.kwargs}
     out, x = node.meta.get("val"), args["self"]
-    if args["weights"] is not None or out is None or fake_val(x) is None:
+    xv = fake_val(x)
+    if args["weights"] is not None or out is None or xv is None:
         return False
     length = out.shape[0]
     length = length if isinstance(length, int) else length.node.maybe_as_int()
@@ -579,7 +574,7 @@ def _fix_bincount_of_known_length(gm: torch.fx.GraphModule, node: torch.fx.Node)
         return False
     new = NewNodes(gm.graph)
     with gm.graph.inserting_before(node):
-        bins = new.call(aten.arange.default, length, dtype=fake_val(x).dtype)
+        bins = new.call(aten.arange.default, length, dtype=xv.dtype)
         hits = new.call(aten.eq.Tensor, new.call(aten.unsqueeze.default, x, -1), bins)
         counts = new.call(aten._to_copy.default, hits, dtype=torch.int64)
         new.call(aten.sum.dim_IntList, counts, [0], dtype=torch.int64)
@@ -735,27 +730,26 @@ def _fix_sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     descending = bool(args["descending"])
     argsort = node.target in (aten.argsort.default, aten.argsort.stable)
     with gm.graph.inserting_before(node):
-        if not exact:
+        if exact:  # key * n + position: distinct keys, ties ordered by position
+            position = made.call(aten.arange.default, size, dtype=torch.int64)
+            if descending:
+                position = made.call(aten.rsub.Scalar, position, size - 1)
+            position = made.call(aten.view.default, position, [size] + [1] * (val.dim() - 1 - dim))
+            key = made.call(aten._to_copy.default, x, dtype=torch.int64)
+            key = made.call(aten.add.Tensor, made.call(aten.mul.Scalar, key, size), position)
+            topk = made.call(aten.topk.default, key, size, dim, descending, True)
+        else:
             k = size if isinstance(size, int) else made.call(aten.sym_size.int, x, dim)
             topk = made.call(aten.topk.default, x, k, dim, descending, True)
-            if argsort:
-                made.call(operator.getitem, topk, 1)
-            replace_node(gm, node, made)
-            return True
-        position = made.call(aten.arange.default, size, dtype=torch.int64)
-        if descending:
-            position = made.call(aten.rsub.Scalar, position, size - 1)
-        position = made.call(aten.view.default, position, [size] + [1] * (val.dim() - 1 - dim))
-        key = made.call(aten._to_copy.default, x, dtype=torch.int64)
-        key = made.call(aten.add.Tensor, made.call(aten.mul.Scalar, key, size), position)
-        topk = made.call(aten.topk.default, key, size, dim, descending, True)
-        indices = made.call(operator.getitem, topk, 1)
-        if argsort:
-            replace_node(gm, node, made)
-            return True
-        values = made.call(aten.gather.default, x, dim, indices)
-    copy_source_meta(node, made)
-    replace_unpacked(gm, node, {0: values, 1: indices})
+        if argsort or exact:
+            indices = made.call(operator.getitem, topk, 1)
+        if exact and not argsort:  # the sorted values, from the input rather than the made-up keys
+            values = made.call(aten.gather.default, x, dim, indices)
+    if exact and not argsort:
+        copy_source_meta(node, made)
+        replace_unpacked(gm, node, {0: values, 1: indices})
+    else:  # argsort: the indices; a plain sort: topk's (values, indices) as they are
+        replace_node(gm, node, made)
     return True
 
 

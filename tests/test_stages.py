@@ -329,17 +329,20 @@ def test_stage5_removes_fake_tensors_and_restores_named_state():
     assert torch.equal(art(x=torch.ones(2))["output"], torch.full((2,), 3.0))
 
 
+def _node_fix(fn):
+    """The registered executorch node fix whose function is ``fn``, as apply_fx_node_fixes takes it."""
+    return [e for e in DEFAULT_REGISTRY.fixes("executorch", "node") if e.fn is fn]
+
+
 def test_executorch_gelu_tanh_is_spelled_out():
     """XNNPACK computes gelu(approximate='tanh') as the erf GELU; the node fix rewrites it, exactly."""
-    from exporters.utils import FiredLog, apply_fx_node_fixes
-
     class G(torch.nn.Module):
         def forward(self, x):
             return torch.nn.functional.gelu(x, approximate="tanh") + torch.nn.functional.gelu(x)
 
     x = torch.linspace(-4, 4, 64).reshape(2, 32)
     gm = torch.export.export(G(), (x,)).module()
-    fix = [e for e in DEFAULT_REGISTRY.fixes("executorch", "node") if e.fn is et._fix_gelu_tanh_explicit]
+    fix = _node_fix(et._fix_gelu_tanh_explicit)
     fired = FiredLog()
     assert apply_fx_node_fixes(fix, gm, fired)
     gelus = [n for n in gm.graph.nodes if n.target is torch.ops.aten.gelu.default]
@@ -353,8 +356,6 @@ def test_executorch_gelu_tanh_is_spelled_out():
 def test_executorch_bucketize_becomes_a_comparison_count(right, out_int32):
     """The ExecuTorch runtime has no bucketize kernel; the node fix counts boundaries instead, with
     the same dtype and the same side for values equal to a boundary."""
-    from exporters.utils import FiredLog, apply_fx_node_fixes
-
     class B(torch.nn.Module):
         def forward(self, x, boundaries):
             return torch.bucketize(x, boundaries, right=right, out_int32=out_int32)
@@ -362,7 +363,7 @@ def test_executorch_bucketize_becomes_a_comparison_count(right, out_int32):
     boundaries = torch.tensor([0.0, 0.25, 0.5, 0.75])
     x = torch.tensor([[-1.0, 0.0, 0.1, 0.25], [0.5, 0.6, 0.75, 2.0]])  # values on the boundaries too
     gm = torch.export.export(B(), (x, boundaries)).module()
-    fix = [e for e in DEFAULT_REGISTRY.fixes("executorch", "node") if e.fn is et._fix_bucketize_as_comparisons]
+    fix = _node_fix(et._fix_bucketize_as_comparisons)
     fired = FiredLog()
     assert apply_fx_node_fixes(fix, gm, fired)
     assert not [n for n in gm.graph.nodes if n.target is torch.ops.aten.bucketize.Tensor]
@@ -376,8 +377,6 @@ def test_executorch_bucketize_becomes_a_comparison_count(right, out_int32):
 def test_executorch_searchsorted_becomes_a_comparison_count(side, row_wise):
     """searchsorted, 1-D and row-wise (seq [..., M], values [..., K]), by ``side`` and its default,
     with a scalar value into a 1-D sequence too: same indices and dtype as eager, ties on either side included."""
-    from exporters.utils import FiredLog, apply_fx_node_fixes
-
     class S(torch.nn.Module):
         def forward(self, seq, x):
             kw = {"side": side} if side else {}
@@ -389,7 +388,7 @@ def test_executorch_searchsorted_becomes_a_comparison_count(side, row_wise):
     if row_wise:
         seq = torch.stack([seq, seq * 2])
     gm = torch.export.export(S(), (seq, x)).module()
-    fix = [e for e in DEFAULT_REGISTRY.fixes("executorch", "node") if e.fn is et._fix_bucketize_as_comparisons]
+    fix = _node_fix(et._fix_bucketize_as_comparisons)
     fired = FiredLog()
     assert apply_fx_node_fixes(fix, gm, fired)
     assert not [n for n in gm.graph.nodes if "searchsorted" in str(n.target)]
@@ -398,14 +397,12 @@ def test_executorch_searchsorted_becomes_a_comparison_count(side, row_wise):
 
 
 def test_executorch_searchsorted_with_a_sorter_is_left_alone():
-    from exporters.utils import FiredLog, apply_fx_node_fixes
-
     class S(torch.nn.Module):
         def forward(self, seq, x):
             return torch.searchsorted(seq, x, sorter=seq.argsort())
 
     gm = torch.export.export(S(), (torch.tensor([0.5, 0.0, 0.25]), torch.tensor([0.1, 0.3]))).module()
-    fix = [e for e in DEFAULT_REGISTRY.fixes("executorch", "node") if e.fn is et._fix_bucketize_as_comparisons]
+    fix = _node_fix(et._fix_bucketize_as_comparisons)
     assert not apply_fx_node_fixes(fix, gm, FiredLog())
 
 
@@ -672,13 +669,7 @@ def test_executorch_nonzero_indices_are_row_major():
     without the fix the program is refused at the first op that checks dim order; with it every
     index matches eager."""
     x = torch.tensor([[1.0, -1, 2, 0, 3], [0, 0, 4, -2, 5], [6, 0, 0, 7, -1]])
-    plain = et.ExecutorchExporter(registry=Registry()).export(_NonzeroRows(), {"x": x})
-    with pytest.raises(RuntimeError, match="different dim orders"):
-        plain(x=x)
-    art = et.ExecutorchExporter().export(_NonzeroRows(), {"x": x})
-    assert "fix:executorch:_fix_nonzero_as_masked_select" in art.workarounds_fired
-    for got, want in zip(art(x=x).values(), _NonzeroRows()(x)):
-        assert torch.equal(got, want)
+    _assert_fix_repairs_a_run(_NonzeroRows(), {"x": x}, "different dim orders", "_fix_nonzero_as_masked_select")
     x3 = torch.randn(2, 3, 4)  # three dims: each index unravelled by its own stride
     art3 = et.ExecutorchExporter().export(_Nonzero3d(), {"x": x3})
     for probe in (x3, torch.randn(2, 3, 4), torch.zeros(2, 3, 4)):
