@@ -16,7 +16,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from torch.export.graph_signature import ConstantArgument, OutputKind
+from torch.export.graph_signature import (
+    ConstantArgument,
+    OutputKind,
+    SymBoolArgument,
+    SymFloatArgument,
+    SymIntArgument,
+)
 from torch.utils import _pytree as pytree
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
@@ -435,14 +441,21 @@ def _dims_of(program: torch.export.ExportedProgram, value: Any) -> dict[int, dic
     return dims
 
 
+_SYMBOLIC = (SymIntArgument, SymFloatArgument, SymBoolArgument)
+
+
 def output_names_of(program: torch.export.ExportedProgram) -> list[str]:
     """Names of the tensor outputs, in the program's flat order, using the eager naming."""
     out_spec = program.call_spec.out_spec
-    # an output leaf the program returns as a constant (an int, a None, a bool) is not a tensor output:
-    # keep its value, so that it is not named (MaskFormerSwin returns spatial sizes next to its tensors)
+    # an output leaf the program returns as a constant (an int, a None, a bool) or as a symbolic int of
+    # the input sizes is not a tensor output: it is not named (MaskFormerSwin returns its spatial sizes
+    # next to its tensors: constants in a static export, SymInts in a dynamic one)
     user = [o.arg for o in program.graph_signature.output_specs if o.kind == OutputKind.USER_OUTPUT]
     if len(user) == out_spec.num_leaves:
-        placeholders = [a.value if isinstance(a, ConstantArgument) else torch.empty(0) for a in user]
+        placeholders = [
+            a.value if isinstance(a, ConstantArgument) else 0 if isinstance(a, _SYMBOLIC) else torch.empty(0)
+            for a in user
+        ]
     else:
         placeholders = [torch.empty(0) for _ in range(out_spec.num_leaves)]
     tree = pytree.tree_unflatten(placeholders, out_spec)
@@ -454,10 +467,15 @@ def drop_constant_outputs(program: torch.export.ExportedProgram) -> torch.export
     (MaskFormerSwin's spatial sizes, PeAudio's lengths) leaves them in the program as constant
     outputs, which neither the ONNX translator ("'int' object has no attribute 'name'") nor ExecuTorch
     ("Could not infer dtype of NoneType") takes; they are fixed by the trace anyway, and the artifact
-    names only tensor outputs (``output_names_of`` is read before this). The program's output then is
+    names only tensor outputs (``output_names_of`` is read before this). A symbolic int output (the same
+    sizes in a dynamic export) goes too: eager's outputs are compared on their tensors only, and the
+    runtime would return it as a scalar tensor the artifact does not name. The program's output then is
     the flat list of its tensor outputs."""
     specs = list(program.graph_signature.output_specs)
-    drop = {i for i, o in enumerate(specs) if o.kind == OutputKind.USER_OUTPUT and isinstance(o.arg, ConstantArgument)}
+    drop = {
+        i for i, o in enumerate(specs)
+        if o.kind == OutputKind.USER_OUTPUT and isinstance(o.arg, (ConstantArgument, *_SYMBOLIC))
+    }
     if not drop:
         return program
     output = next(n for n in program.graph.nodes if n.op == "output")
