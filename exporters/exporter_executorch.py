@@ -969,6 +969,73 @@ def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
     return True
 
 
+def _aa_bicubic_weights(new: NewNodes, n_in: int, n_out: int, align_corners: bool, scale: float | None):
+    """The [n_out, n_in] matrix of ATen's antialiased bicubic resampling along one axis (Keys' cubic,
+    a = -0.5, stretched by the scale when downsampling, each row normalised to sum 1), built from
+    aranges so that it needs no constant tensor."""
+    aten, a = torch.ops.aten, -0.5
+    if align_corners:
+        step = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    else:
+        step = 1.0 / scale if scale else n_in / n_out
+    stretch = 1.0 / step if step >= 1.0 else 1.0
+    call = new.call
+    centers = call(aten.unsqueeze.default, call(aten.add.Tensor, call(aten.mul.Tensor, call(
+        aten.arange.default, n_out, dtype=torch.float32), step), 0.5 * step), -1)
+    taps = call(aten.unsqueeze.default, call(aten.add.Tensor, call(aten.arange.default, n_in, dtype=torch.float32), 0.5), 0)
+    x = call(aten.abs.default, call(aten.mul.Tensor, call(aten.sub.Tensor, taps, centers), stretch))
+    near = call(aten.add.Tensor, call(aten.mul.Tensor, call(aten.mul.Tensor, call(
+        aten.sub.Tensor, call(aten.mul.Tensor, x, a + 2.0), a + 3.0), x), x), 1.0)  # ((a+2)x - (a+3))x^2 + 1
+    far = call(aten.mul.Tensor, call(aten.sub.Tensor, call(aten.mul.Tensor, call(aten.add.Tensor, call(
+        aten.mul.Tensor, call(aten.sub.Tensor, x, 5.0), x), 8.0), x), 4.0), a)  # (((x-5)x + 8)x - 4)a
+    zero = call(aten.full.default, [], 0.0, dtype=torch.float32)
+    w = call(aten.where.self, call(aten.lt.Scalar, x, 1.0), near,
+             call(aten.where.self, call(aten.lt.Scalar, x, 2.0), far, zero))
+    return call(aten.div.Tensor, w, call(aten.sum.dim_IntList, w, [-1], True))
+
+
+@register_fx_node_fix("executorch")
+def _fix_bicubic_aa_as_matmuls(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The ExecuTorch runtime has no kernel for ``aten::_upsample_bicubic2d_aa.out``
+    (``F.interpolate(mode="bicubic", antialias=True)``: UnlimitedOcr resizes its position embeddings
+    with it); the program lowers, then fails to load. At fixed sizes the resampling is separable and
+    linear: a weight matrix per axis, applied by two matmuls.
+
+    before: _upsample_bicubic2d_aa(x[..., H, W], [H', W'], align_corners, scales)
+    after:  Wh[H', H] @ x @ Ww[W', W].T      # the weight matrices built from aranges
+
+    Sizes that are symbolic, or a dtype other than float32, are left alone.
+    """
+    aten = torch.ops.aten
+    if node.op != "call_function":
+        return False
+    if node.target is aten._upsample_bicubic2d_aa.default:
+        args = dict(zip(("input", "output_size", "align_corners", "scales_h", "scales_w"), node.args))
+        args.update(node.kwargs)
+        scales = (args.get("scales_h"), args.get("scales_w"))
+    elif node.target is aten._upsample_bicubic2d_aa.vec:
+        args = dict(zip(("input", "output_size", "align_corners", "scale_factors"), node.args))
+        args.update(node.kwargs)
+        scales = tuple(args.get("scale_factors") or (None, None))
+    else:
+        return False
+    x, out = fake_val(args["input"]), node.meta.get("val")
+    if x is None or out is None or x.dtype != torch.float32:
+        return False
+    sizes = (x.shape[-2], x.shape[-1], out.shape[-2], out.shape[-1])
+    if not all(isinstance(n, int) for n in sizes):
+        return False
+    (h, w, h_out, w_out), align = sizes, bool(args["align_corners"])
+    new = NewNodes(gm.graph)
+    with gm.graph.inserting_before(node):
+        rows = _aa_bicubic_weights(new, h, h_out, align, scales[0])
+        cols = _aa_bicubic_weights(new, w, w_out, align, scales[1])
+        resized = new.call(aten.matmul.default, rows, args["input"])
+        new.call(aten.matmul.default, resized, new.call(aten.t.default, cols))
+    replace_node(gm, node, new)
+    return True
+
+
 def buffers_keep_their_values(program) -> None:
     """Serialize every buffer's value, mutated or not. ExecuTorch gives a buffer the graph mutates "a
     meaningless initial state" (only shape and dtype are saved) unless its placeholder has

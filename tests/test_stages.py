@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import exporters.exporter_dynamo as dyn
 import exporters.exporter_executorch as et
@@ -643,6 +644,22 @@ def test_executorch_searchsorted_without_its_kernel():
     inputs = {"grid": torch.linspace(0, 1, 9), "t": torch.tensor([[0.0, 0.125, 0.3], [0.999, 1.0, 1.5]])}
     _assert_fix_supplies_missing_kernel(_TimeGrid(), inputs, "aten::searchsorted.Tensor_out",
                                         "_fix_bucketize_as_comparisons")
+
+
+class _AntialiasedResize(torch.nn.Module):
+    """UnlimitedOcr's position-embedding resize: bicubic with antialias, down and up, by size and by scale."""
+
+    def forward(self, x):
+        down = F.interpolate(x, size=(5, 3), mode="bicubic", antialias=True, align_corners=False)
+        up = F.interpolate(x, size=(17, 9), mode="bicubic", antialias=True, align_corners=True)
+        by_scale = F.interpolate(x, scale_factor=0.6, mode="bicubic", antialias=True)
+        return down, up, by_scale
+
+
+def test_executorch_antialiased_bicubic_without_its_kernel():
+    inputs = {"x": torch.randn(2, 3, 12, 7)}
+    _assert_fix_supplies_missing_kernel(_AntialiasedResize(), inputs, "aten::_upsample_bicubic2d_aa.out",
+                                        "_fix_bicubic_aa_as_matmuls")
 
 
 class _NonzeroRows(torch.nn.Module):
