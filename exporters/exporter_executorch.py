@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
@@ -1131,14 +1132,24 @@ class ExecutorchArtifact(Artifact):
     backend = "executorch"
     file_name = "model.pte"
 
-    def __init__(self, buffer: bytes, **kwargs):
+    def __init__(self, buffer: bytes, *, mutated_inputs: tuple[str, ...] = (), **kwargs):
         super().__init__(**kwargs)
         self.buffer = buffer
+        self.mutated_inputs = tuple(mutated_inputs)
+        self.extra_metadata["mutated_inputs"] = list(self.mutated_inputs)
         self._program, self._method = load_forward(buffer)
 
     def _run(self, ordered):
         outputs = execute_with_runtime_log(self._method, [t.contiguous() for t in ordered])
-        return [o if isinstance(o, torch.Tensor) else torch.as_tensor(o) for o in outputs]
+        outputs = [o if isinstance(o, torch.Tensor) else torch.as_tensor(o) for o in outputs]
+        # the program returns the inputs forward mutated in place (``pixel_values *= mask``) ahead of
+        # its outputs: write them back into the caller's tensors, as eager and the dynamo artifact do
+        k = len(self.mutated_inputs)
+        if k and len(outputs) == k + len(self.output_names):
+            for name, value in zip(self.mutated_inputs, outputs[:k]):
+                ordered[self.input_names.index(name)].copy_(value)
+            outputs = outputs[k:]
+        return outputs
 
     def _save_model(self, path):
         with open(path, "wb") as f:
@@ -1162,15 +1173,16 @@ class ExecutorchExporter(Exporter):
         et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
         ordered = [inputs[name] for name in traced.input_names]
-        buffer = run_stage("lower", self.backend,
-                           lambda: self._lower(traced.program, config, partitioners, et_patches, fired, ordered), fired)
+        buffer, mutated = run_stage("lower", self.backend,
+                                    lambda: self._lower(traced.program, config, partitioners, et_patches, fired, ordered), fired)
         return run_stage(
             "run", self.backend,
-            lambda: ExecutorchArtifact(buffer, **traced.artifact_kwargs(fired, config), extra_metadata={"executorch_backend": config.backend}),
+            lambda: ExecutorchArtifact(buffer, mutated_inputs=[traced.input_names[i] for i in mutated], **traced.artifact_kwargs(fired, config),
+                                       extra_metadata={"executorch_backend": config.backend}),
             fired,
         )
 
-    def _lower(self, program, config, partitioners, et_patches, fired, inputs=()) -> bytes:
+    def _lower(self, program, config, partitioners, et_patches, fired, inputs=()) -> tuple[bytes, tuple[int, ...]]:
         program = apply_fx_program_fixes(self.registry.fixes("executorch", "program"), program, fired, config=config)
         apply_fx_node_fixes(self.registry.fixes("executorch", "node"), program.graph_module, fired)
         try:
@@ -1185,6 +1197,16 @@ class ExecutorchExporter(Exporter):
         return _lower_program(program, partitioners, et_patches, fired)
 
 
+def mutated_user_inputs(program: torch.export.ExportedProgram) -> tuple[int, ...]:
+    """Positions of the user inputs forward mutates in place, in the order the lowered program returns
+    their new values (ahead of its outputs). The traced program still has the in-place op; the edge
+    program, functionalized, lists the mutation. TvpModel's visual prompter does ``pixel_values *=
+    mask``: the runtime returned 3 outputs where 2 were named, and the artifact refused its own run."""
+    signature = program.graph_signature
+    placeholders = [s.arg.name for s in signature.input_specs if s.kind == InputKind.USER_INPUT]
+    return tuple(placeholders.index(s.target) for s in signature.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION)
+
+
 def _forget_pending_unbacked(program: torch.export.ExportedProgram) -> None:
     """A lowering that failed midway leaves the unbacked symbols it had just created pending in the
     program's shape environment, and the next lowering then stops on them ("Pending unbacked
@@ -1195,7 +1217,7 @@ def _forget_pending_unbacked(program: torch.export.ExportedProgram) -> None:
             return
 
 
-def _lower_program(program, partitioners, et_patches, fired) -> bytes:
+def _lower_program(program, partitioners, et_patches, fired) -> tuple[bytes, tuple[int, ...]]:
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     # no_grad: a program that still has complex ops fails here with grad on ("view_as_complex_copy
@@ -1205,7 +1227,7 @@ def _lower_program(program, partitioners, et_patches, fired) -> bytes:
             program, partitioner=partitioners, compile_config=EdgeCompileConfig(_check_ir_validity=False)
         )
         buffers_keep_their_values(edge.exported_program())
-        return edge.to_executorch().buffer
+        return edge.to_executorch().buffer, mutated_user_inputs(edge.exported_program())
 
 
 from .complex_as_real import _fix_complex_as_real  # noqa: E402,F401  (registers on import)
