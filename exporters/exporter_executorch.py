@@ -970,6 +970,34 @@ def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
     return True
 
 
+_RANDOM_LIKE = {"randn_like": "randn", "rand_like": "rand"}
+
+
+@register_fx_node_fix("executorch")
+def _fix_random_like_as_sized(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The ExecuTorch runtime has kernels for ``randn.out`` and ``rand.out`` but not for
+    ``randn_like.out`` nor ``rand_like.out`` (VITS draws its prior noise with ``randn_like``, scaled by
+    noise_scale): draw with the sized op at the input's sizes and dtype.
+
+    before: randn_like(x, dtype=d)
+    after:  randn([x.size(0), ...], dtype=d or x.dtype)     # symbolic sizes through sym_size
+    """
+    aten = torch.ops.aten
+    packet = getattr(node.target, "overloadpacket", None)
+    if node.op != "call_function" or packet is None or packet.__name__ not in _RANDOM_LIKE:
+        return False
+    x = fake_val(node.args[0])
+    if x is None or node.kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        return False
+    new = NewNodes(gm.graph)
+    with gm.graph.inserting_before(node):
+        sizes = [d if isinstance(d, int) else new.call(aten.sym_size.int, node.args[0], i) for i, d in enumerate(x.shape)]
+        sized = getattr(aten, _RANDOM_LIKE[packet.__name__]).default
+        new.call(sized, sizes, dtype=node.kwargs.get("dtype") or x.dtype)
+    replace_node(gm, node, new)
+    return True
+
+
 def _aa_bicubic_weights(new: NewNodes, n_in: int, n_out: int, align_corners: bool, scale: float | None):
     """The [n_out, n_in] matrix of ATen's antialiased bicubic resampling along one axis (Keys' cubic,
     a = -0.5, stretched by the scale when downsampling, each row normalised to sum 1), built from

@@ -646,6 +646,18 @@ def test_executorch_searchsorted_without_its_kernel():
                                         "_fix_bucketize_as_comparisons")
 
 
+class _ScaledNoise(torch.nn.Module):
+    """VITS's prior sample: mean + randn_like(mean) * std * noise_scale, with noise_scale 0."""
+
+    def forward(self, mean):
+        return mean + torch.randn_like(mean) * 0.0, torch.rand_like(mean, dtype=torch.float64) * 0.0
+
+
+def test_executorch_random_like_without_its_kernel():
+    _assert_fix_supplies_missing_kernel(_ScaledNoise(), {"mean": torch.randn(2, 5)}, "aten::randn_like.out",
+                                        "_fix_random_like_as_sized")
+
+
 class _AntialiasedResize(torch.nn.Module):
     """UnlimitedOcr's position-embedding resize: bicubic with antialias, down and up, by size and by scale."""
 
