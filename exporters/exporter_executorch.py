@@ -970,6 +970,30 @@ def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
     return True
 
 
+@register_fx_node_fix("executorch")
+def _fix_alias_as_its_input(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """``alias`` (a full-range slice, ``x[:, :, :H, :W]`` at H, W == x's sizes) becomes ``alias_copy``,
+    whose output takes its dim order from the fake strides (contiguous) and whose kernel requires the
+    same dim order in and out. When an XNNPACK delegate returns its input channels-last, the run fails:
+    "Check failed (tensors_have_same_dim_order(in, out))" (Swin2SR's final crop). An alias of a value
+    is that value: use it directly. An alias of a graph input, or of a value the graph also returns,
+    is left alone (the program would return one buffer twice, or its own input).
+
+    before: y = alias(x)
+    after:  y = x
+    """
+    if node.op != "call_function" or node.target is not torch.ops.aten.alias.default:
+        return False
+    source = node.args[0]
+    if not isinstance(source, torch.fx.Node) or source.op != "call_function":
+        return False
+    if any(user.op == "output" for user in source.users) and any(user.op == "output" for user in node.users):
+        return False
+    node.replace_all_uses_with(source)
+    gm.graph.erase_node(node)
+    return True
+
+
 _RANDOM_LIKE = {"randn_like": "randn", "rand_like": "rand"}
 
 

@@ -646,6 +646,30 @@ def test_executorch_searchsorted_without_its_kernel():
                                         "_fix_bucketize_as_comparisons")
 
 
+class _CroppedReconstruction(torch.nn.Module):
+    """Swin2SR's tail: tokens back to an image, conv, pixel shuffle, conv, + mean, then a crop to the
+    full size (an alias); XNNPACK returns the last convolution channels-last."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.convs = torch.nn.ModuleList([torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.Conv2d(16, 32, 3, padding=1),
+                                          torch.nn.Conv2d(8, 3, 3, padding=1)])
+        self.register_buffer("mean", torch.rand(1, 3, 1, 1))
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        y = self.norm(x.flatten(2).transpose(1, 2)).transpose(1, 2).reshape(b, c, h, w)
+        y = F.pixel_shuffle(F.leaky_relu(self.convs[1](self.convs[0](y))), 2)
+        y = self.convs[2](y) / 1.0 + self.mean
+        return y[:, :, : h * 2, : w * 2]
+
+
+def test_executorch_alias_of_a_channels_last_delegate_output():
+    _assert_fix_repairs_a_run(_CroppedReconstruction().eval(), {"x": torch.randn(2, 8, 16, 16)},
+                              "tensors_have_same_dim_order", "_fix_alias_as_its_input")
+
+
 class _ScaledNoise(torch.nn.Module):
     """VITS's prior sample: mean + randn_like(mean) * std * noise_scale, with noise_scale 0."""
 
