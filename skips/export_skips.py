@@ -170,26 +170,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "patches with a static count (the same number masked per sample, from config.mask_ratio)",
     ),
     ExportSkip(
-        classes=("LEDForConditionalGeneration", "LEDForQuestionAnswering", "LEDModel"),
-        stage="export",
-        reason="whether global attention runs is a Python bool read from the mask: LEDEncoder computes "
-               "is_global_attn = is_index_global_attn.flatten().any().item() (models/led/modeling_led.py:1445) and "
-               "LEDEncoderSelfAttention branches on it (line 193, Eq(u0, 1)); the global path then sizes tensors by "
-               "num_global_attn_indices.max(). Remove when LED computes the global-attention path unconditionally "
-               "with a static bound and a mask (or uses torch.cond)",
-    ),
-    ExportSkip(
-        classes=("LongformerForMaskedLM", "LongformerForMultipleChoice", "LongformerForQuestionAnswering",
-                 "LongformerForSequenceClassification", "LongformerForTokenClassification", "LongformerModel"),
-        stage="export",
-        reason="whether global attention runs is a Python bool read from the mask: LongformerEncoder computes "
-               "is_global_attn = ...any().item() (models/longformer/modeling_longformer.py:1175) and "
-               "LongformerSelfAttention branches on it (line 549); ForQuestionAnswering / ForMultipleChoice fail "
-               "earlier, in _get_question_end_index, which asserts the count of sep tokens found by .nonzero() "
-               "(line 341). Remove when Longformer computes the global-attention path unconditionally with a "
-               "static bound and a mask (or uses torch.cond) and locates the question end without nonzero",
-    ),
-    ExportSkip(
         classes=("LightGlueForKeypointMatching", "SuperGlueForKeypointMatching"),
         stage="export",
         reason="the number of keypoints is data-dependent: the SuperPoint detector keeps "
