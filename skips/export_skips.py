@@ -289,14 +289,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "the portable kernels",
     ),
     ExportSkip(
-        classes=("HunYuanVLForConditionalGeneration", "HunYuanVLModel"),
-        stage="export",
-        reason="HunYuanVLModel.get_placeholder_mask checks 'inputs_embeds[special_image_mask].numel() != "
-               "image_features.numel()' in Python (models/hunyuan_vl/modeling_hunyuan_vl.py:1006): a boolean-mask "
-               "selection has a data-dependent size (Ne(u0, 640)). Remove when HunYuanVL checks the token count with "
-               "torch_compilable_check(n_image_tokens * hidden == image_features.numel()), as Qwen2-VL does",
-    ),
-    ExportSkip(
         classes=("ColQwen2ForRetrieval",),
         stage="export",
         reason="ColQwen2ForRetrieval.forward unpads its processor-padded pixel_values with a boolean mask, "

@@ -1247,3 +1247,31 @@ def test_stage2_pixel_shuffle_int_matches_internvl_and_exports_dynamic():
     with pytest.raises(Exception, match="Invalid ranges|ValueRange"):
         torch.export.export(Shuffle(InternVLModel.pixel_shuffle), (), {"v": x}, dynamic_shapes=dims)
     torch.export.export(Shuffle(patched), (), {"v": x}, dynamic_shapes=dims)
+
+
+def test_stage2_placeholder_count_check_exports_and_still_refuses_a_mismatch():
+    from transformers.models.hunyuan_vl.modeling_hunyuan_vl import HunYuanVLModel
+
+    patched = dyn._patch_placeholder_count_check(HunYuanVLModel.get_placeholder_mask)
+    config = type("Config", (), {"image_token_id": 9})()
+    owner = type("Owner", (), {"config": config})()
+    ids = torch.tensor([[1, 9, 9, 2], [9, 3, 4, 5]])
+    embeds, features = torch.randn(2, 4, 8), torch.randn(3, 8)
+    expected = HunYuanVLModel.get_placeholder_mask(owner, ids, embeds, features)
+    assert torch.equal(patched(owner, ids, embeds, features), expected)
+    with pytest.raises(ValueError, match="do not match"):
+        patched(owner, ids, embeds, torch.randn(2, 8))
+
+    class Scatter(torch.nn.Module):
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, ids, embeds, features):
+            return embeds.masked_scatter(self.fn(owner, ids, embeds, features), features)
+
+    inputs = {"ids": ids, "embeds": embeds, "features": features}
+    with pytest.raises(Exception, match="data-dependent"):
+        torch.export.export(Scatter(HunYuanVLModel.get_placeholder_mask), (), inputs)
+    program = torch.export.export(Scatter(patched), (), inputs)
+    torch.testing.assert_close(program.module()(**inputs), Scatter(HunYuanVLModel.get_placeholder_mask)(**inputs))
