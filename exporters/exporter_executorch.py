@@ -1239,6 +1239,15 @@ class ExecutorchExporter(Exporter):
         apply_fx_node_fixes(self.registry.fixes("executorch", "node"), program.graph_module, fired)
         try:
             return _lower_program(program, partitioners, et_patches, fired)
+        except AssertionError as exc:
+            # fusing XNNPACK's partitions one by one made one depend on another both ways (FlavaForPreTraining):
+            # lower again with one partition per op, which cannot form a cycle
+            per_op = per_op_partitioners(partitioners)
+            if "found dependency cycles" not in str(exc) or per_op is None:
+                raise
+            fired.add("fix:executorch:per_op_partitions_on_cycle")
+            _forget_pending_unbacked(program)
+            return _lower_program(program, per_op, et_patches, fired)
         except RuntimeError as exc:
             # only when planning needs it: a size the graph already bounds (a slice of a known length)
             # must keep running for any value up to that bound, not just up to the traced one
@@ -1257,6 +1266,18 @@ def mutated_user_inputs(program: torch.export.ExportedProgram) -> tuple[int, ...
     signature = program.graph_signature
     placeholders = [s.arg.name for s in signature.input_specs if s.kind == InputKind.USER_INPUT]
     return tuple(placeholders.index(s.target) for s in signature.output_specs if s.kind == OutputKind.USER_INPUT_MUTATION)
+
+
+def per_op_partitioners(partitioners: list) -> list | None:
+    """The partitioners with every XNNPACK one in per-op mode (each supported op its own delegate), or
+    None when there is no XNNPACK partitioner to change. torch.fx's ``fuse_as_graphmodule`` refuses a
+    partition that would depend on itself through another ("Invalid partition, found dependency
+    cycles"); single-op partitions cannot. The program runs more delegate calls, with the same ops."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    if not any(isinstance(p, XnnpackPartitioner) for p in partitioners):
+        return None
+    return [XnnpackPartitioner(per_op_mode=True) if isinstance(p, XnnpackPartitioner) else p for p in partitioners]
 
 
 def _forget_pending_unbacked(program: torch.export.ExportedProgram) -> None:

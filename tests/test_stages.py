@@ -1275,3 +1275,29 @@ def test_stage2_placeholder_count_check_exports_and_still_refuses_a_mismatch():
         torch.export.export(Scatter(HunYuanVLModel.get_placeholder_mask), (), inputs)
     program = torch.export.export(Scatter(patched), (), inputs)
     torch.testing.assert_close(program.module()(**inputs), Scatter(HunYuanVLModel.get_placeholder_mask)(**inputs))
+
+
+def test_executorch_partition_cycle_lowers_again_per_op(monkeypatch):
+    """FlavaForPreTraining: fusing XNNPACK's partitions found a dependency cycle between two of them. The
+    exporter lowers again with one partition per op, and names that in the workarounds fired."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    real, seen = et._lower_program, []
+
+    def cyclic_unless_per_op(program, partitioners, et_patches, fired):
+        seen.append([getattr(p, "per_op_mode", None) for p in partitioners])
+        if not all(p.per_op_mode for p in partitioners if isinstance(p, XnnpackPartitioner)):
+            raise AssertionError("Invalid partition, found dependency cycles")
+        return real(program, partitioners, et_patches, fired)
+
+    monkeypatch.setattr(et, "_lower_program", cyclic_unless_per_op)
+    inputs = {"input": torch.randn(2, 5)}
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    art = et.ExecutorchExporter().export(model, inputs)
+    assert seen == [[False], [True]]
+    assert "fix:executorch:per_op_partitions_on_cycle" in art.workarounds_fired
+    torch.testing.assert_close(art(**inputs)["output"], model(inputs["input"]))
+    assert et.per_op_partitioners([]) is None  # no XNNPACK partitioner: the error is raised as it is
+    monkeypatch.setattr(et, "_lower_program", lambda *a: (_ for _ in ()).throw(AssertionError("something else")))
+    with pytest.raises(ExportStageError, match="something else"):
+        et.ExecutorchExporter().export(model, inputs)
