@@ -33,6 +33,41 @@ class OnnxConfig(ExportConfig):
 # @register_patch("onnx", "torch.some_op"); the factory gets the real operator.
 
 
+def _adaptive_pool_matrix(size, bins: int, like: torch.Tensor) -> torch.Tensor:
+    """[bins, size]: row i averages input positions floor(i * size / bins) .. ceil((i + 1) * size / bins) - 1,
+    ATen's adaptive-pooling windows, from aranges (``size`` may be symbolic)."""
+    i = torch.arange(bins, device=like.device)
+    start, end = (i * size) // bins, ((i + 1) * size + bins - 1) // bins
+    j = torch.arange(size, device=like.device)[None, :]
+    inside = (j >= start[:, None]) & (j < end[:, None])
+    return inside.to(like.dtype) / (end - start).to(like.dtype)[:, None]
+
+
+@register_patch("onnx", "torch.nn.functional.adaptive_avg_pool2d")
+def _patch_adaptive_avg_pool2d_symbolic(original):
+    """torch.onnx lowers ``adaptive_avg_pool2d`` to an AveragePool whose kernel and stride come from the
+    traced input size: exported with a dynamic size, the artifact returned the wrong shape (6 bins
+    from 8 rows: "size of tensor a (6) must match ... (4)") or wrong values (3 rows to 6 bins: off
+    by 2.3) at any other size (BEiT's UperNet pyramid pooling, BeitForSemanticSegmentation at 48 px).
+    With a symbolic height or width, pool with a window matrix per axis instead, exact at every size.
+
+    before: adaptive_avg_pool2d(x[..., H, W], (h, w))       # kernel = H // h, fixed at trace time
+    after:  P_h[h, H] @ x @ P_w[w, W].T                      # P: 1/len over each ATen window
+    Static sizes keep the original.
+    """
+
+    def adaptive_avg_pool2d(input, output_size):
+        height, width = input.shape[-2:]
+        if not any(isinstance(n, torch.SymInt) for n in (height, width)):
+            return original(input, output_size)
+        bins = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+        bins_h, bins_w = (b if b is not None else n for b, n in zip(bins, (height, width)))
+        rows, cols = _adaptive_pool_matrix(height, bins_h, input), _adaptive_pool_matrix(width, bins_w, input)
+        return torch.matmul(torch.matmul(rows, input), cols.transpose(0, 1))
+
+    return adaptive_avg_pool2d
+
+
 # ── Stage 2: ONNX patches ────────────────────────────────────────────────────
 # Patches on torch.onnx internals, installed around torch.onnx.export. The one below re-runs the
 # FX node fixes after torch.onnx's own run_decompositions, so that nodes the decomposition

@@ -1301,3 +1301,27 @@ def test_executorch_partition_cycle_lowers_again_per_op(monkeypatch):
     monkeypatch.setattr(et, "_lower_program", lambda *a: (_ for _ in ()).throw(AssertionError("something else")))
     with pytest.raises(ExportStageError, match="something else"):
         et.ExecutorchExporter().export(model, inputs)
+
+
+class _PyramidPool(torch.nn.Module):
+    """UperNet's pyramid pooling (BEiT, Data2VecVision segmentation): adaptive average pools to 6 and 3 bins."""
+
+    def forward(self, x):
+        return F.adaptive_avg_pool2d(x, 6), F.adaptive_avg_pool2d(x, (3, None))
+
+
+def test_onnx_adaptive_avg_pool_at_sizes_other_than_the_traced_one():
+    def run_at_sizes(art):
+        for size in (12, 8, 9, 5, 3):  # 12 is traced; the others do not divide into 6 bins as 12 does
+            x = torch.randn(2, 4, size, size + 1)
+            want, got = _PyramidPool()(x), list(art(x=x).values())
+            for w, g in zip(want, got):
+                torch.testing.assert_close(g, w)
+
+    inputs = {"x": torch.randn(2, 4, 12, 12)}
+    bare = onx.OnnxExporter(registry=Registry()).export(_PyramidPool(), inputs, onx.OnnxConfig(dynamic=True))
+    with pytest.raises((RuntimeError, AssertionError)):  # a wrong shape, or wrong values
+        run_at_sizes(bare)
+    art = onx.OnnxExporter().export(_PyramidPool(), inputs, onx.OnnxConfig(dynamic=True))
+    assert "patch:onnx:torch.nn.functional.adaptive_avg_pool2d" in art.workarounds_fired
+    run_at_sizes(art)
