@@ -1304,10 +1304,12 @@ def test_executorch_partition_cycle_lowers_again_per_op(monkeypatch):
 
 
 class _PyramidPool(torch.nn.Module):
-    """UperNet's pyramid pooling (BEiT, Data2VecVision segmentation): adaptive average pools to 6 and 3 bins."""
+    """UperNet's pyramid pooling (BEiT, Data2VecVision segmentation): adaptive pools to 6 and 3 bins, 2-D
+    and 1-D, average and max; and a global pool, which torch.onnx already got right."""
 
     def forward(self, x):
-        return F.adaptive_avg_pool2d(x, 6), F.adaptive_avg_pool2d(x, (3, None))
+        return (F.adaptive_avg_pool2d(x, 6), F.adaptive_avg_pool2d(x, (3, None)), F.adaptive_max_pool2d(x, (3, 2)),
+                F.adaptive_avg_pool1d(x[:, 0], 3), F.adaptive_max_pool1d(x[:, 0], 3), F.adaptive_avg_pool2d(x, 1))
 
 
 def test_onnx_adaptive_avg_pool_at_sizes_other_than_the_traced_one():
@@ -1323,5 +1325,6 @@ def test_onnx_adaptive_avg_pool_at_sizes_other_than_the_traced_one():
     with pytest.raises((RuntimeError, AssertionError)):  # a wrong shape, or wrong values
         run_at_sizes(bare)
     art = onx.OnnxExporter().export(_PyramidPool(), inputs, onx.OnnxConfig(dynamic=True))
-    assert "patch:onnx:torch.nn.functional.adaptive_avg_pool2d" in art.workarounds_fired
+    for op in ("adaptive_avg_pool2d", "adaptive_max_pool2d", "adaptive_avg_pool1d", "adaptive_max_pool1d"):
+        assert f"patch:onnx:torch.nn.functional.{op}" in art.workarounds_fired
     run_at_sizes(art)
