@@ -14,7 +14,16 @@ import torch
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import trace
-from .utils import FiredLog, apply_fx_node_fixes, apply_patches, register_fx_node_fix, register_patch, replace_node
+from .utils import (
+    FiredLog,
+    NewNodes,
+    apply_fx_node_fixes,
+    apply_patches,
+    copy_source_meta,
+    register_fx_node_fix,
+    register_patch,
+    replace_node,
+)
 
 # Paths under these prefixes are ONNX patches (stage 2, installed around torch.onnx.export);
 # every other "onnx" patch is a torch patch (stage 1, installed around torch.export).
@@ -224,6 +233,39 @@ def _fix_scalar_minus_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) -> b
         scaled = gm.graph.call_function(aten.mul.Tensor, (x, -alpha))
         out = gm.graph.call_function(aten.add.Tensor, (scaled, number))
     replace_node(gm, node, (scaled, out))
+    return True
+
+
+_SYMBOLIC_OPERAND_OPS = (torch.ops.aten.mul.Tensor, torch.ops.aten.div.Tensor, torch.ops.aten.add.Tensor,
+                         torch.ops.aten.sub.Tensor)
+
+
+@register_fx_node_fix("onnx")
+def _fix_symbolic_float_operand(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A tensor times a symbolic float (``x * (h / w)`` with sizes h and w dynamic: DeepseekOcr2's
+    crop ratios) traces as ``mul.Tensor(x, sym_float)``; torch.onnx sends it to onnxscript's
+    ``aten_mul_scalar``, which makes an ONNX constant of the operand and fails: "float() argument
+    must be a string or a real number, not 'SymbolicTensor'". Make the operand a 0-d tensor of the
+    result's dtype, so the op is tensor-tensor.
+
+    before: mul.Tensor(x, s)            # s: SymFloat node
+    after:  mul.Tensor(x, scalar_tensor(s, dtype=out.dtype))
+    """
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target not in _SYMBOLIC_OPERAND_OPS:
+        return False
+    out = node.meta.get("val")
+    positions = [i for i, a in enumerate(node.args[:2])
+                 if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.SymFloat)]
+    if not positions or not isinstance(out, torch.Tensor):
+        return False
+    args = list(node.args)
+    new = NewNodes(gm.graph)
+    with gm.graph.inserting_before(node):
+        for i in positions:
+            args[i] = new.call(aten.scalar_tensor.default, args[i], dtype=out.dtype)
+    copy_source_meta(node, new)
+    node.args = tuple(args)
     return True
 
 

@@ -1328,3 +1328,23 @@ def test_onnx_adaptive_avg_pool_at_sizes_other_than_the_traced_one():
     for op in ("adaptive_avg_pool2d", "adaptive_max_pool2d", "adaptive_avg_pool1d", "adaptive_max_pool1d"):
         assert f"patch:onnx:torch.nn.functional.{op}" in art.workarounds_fired
     run_at_sizes(art)
+
+
+class _ScaledPositions(torch.nn.Module):
+    """DeepseekOcr2's resize arithmetic: integer positions times a ratio of two dynamic sizes (a SymFloat)."""
+
+    def forward(self, x):
+        ratio = x.shape[1] / x.shape[2]
+        return x * ratio, torch.arange(x.shape[1])[:, None] * ratio
+
+
+def test_onnx_tensor_times_a_symbolic_float():
+    inputs = {"x": torch.randn(2, 6, 4)}
+    with pytest.raises(ExportStageError, match="not 'SymbolicTensor'"):
+        onx.OnnxExporter(registry=Registry()).export(_ScaledPositions(), inputs, onx.OnnxConfig(dynamic=True))
+    art = onx.OnnxExporter().export(_ScaledPositions(), inputs, onx.OnnxConfig(dynamic=True))
+    assert "fix:onnx:_fix_symbolic_float_operand" in art.workarounds_fired
+    for shape in ((2, 6, 4), (3, 5, 7)):
+        x = torch.randn(shape)
+        for want, got in zip(_ScaledPositions()(x), art(x=x).values()):
+            torch.testing.assert_close(got, want)
