@@ -595,6 +595,9 @@ def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
 
     before: slice(x, d, 0, u0)
     after:  _assert_scalar(u0 >= 0); _assert_scalar(u0 <= x.size(d)); slice(x, d, 0, u0)
+
+    The size may itself be data-dependent (SuperPoint writes each image's u29 keypoints into rows
+    padded to Max(u29, u31): "Could not guard on data-dependent expression u29 > Max(u29, u31)").
     """
     import operator
 
@@ -605,7 +608,7 @@ def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     x = node.args[0]
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
     size = x.meta["val"].shape[dim] if isinstance(x, torch.fx.Node) and "val" in x.meta else None
-    if not isinstance(size, int):
+    if not isinstance(size, (int, torch.SymInt)):
         return False
     changed = False
     for bound in node.args[2:4]:
@@ -618,7 +621,10 @@ def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
         torch._check(value <= size)
         made = NewNodes(gm.graph)
         with gm.graph.inserting_before(node):
-            for op, limit, what in ((operator.ge, 0, ">= 0"), (operator.le, size, f"<= {size}")):
+            # a symbolic size (SuperPoint pads each image's keypoints into max(counts): u29 <= Max(u29, u31))
+            # is read from the tensor at run time
+            limit_node = size if isinstance(size, int) else made.call(torch.ops.aten.sym_size.int, x, dim)
+            for op, limit, what in ((operator.ge, 0, ">= 0"), (operator.le, limit_node, f"<= {size}")):
                 made.call(torch.ops.aten._assert_scalar.default, made.call(op, bound, limit),
                           f"slice bound {bound.name} must be {what} (dim {dim} of {x.name}) in this ExecuTorch program")
         copy_source_meta(node, made)

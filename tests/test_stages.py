@@ -491,6 +491,29 @@ def test_executorch_slice_bound_read_from_data():
         torch.testing.assert_close(actual, _MeanOverLength()(**case))
 
 
+class _PadToLongest(torch.nn.Module):
+    """SuperPoint's batching: each row's kept scores (a data-dependent count) written into rows as long
+    as the longest, so the slice bound u0 meets a size Max(u0, u1)."""
+
+    def forward(self, scores):
+        kept = [row[row > 0] for row in scores]
+        longest = max(k.shape[0] for k in kept)
+        out = torch.zeros(len(kept), longest)
+        for i, k in enumerate(kept):
+            out[i, : k.shape[0]] = k
+        return out
+
+
+def test_executorch_slice_bound_read_from_data_into_a_data_dependent_size():
+    inputs = {"scores": torch.tensor([[0.5, -1.0, 2.0, 0.1], [-0.3, 0.7, -2.0, -1.0]])}
+    with pytest.raises(ExportStageError, match=r"data-dependent expression u\d+ > Max\(u\d+, u\d+\)"):
+        et.ExecutorchExporter(registry=Registry()).export(_PadToLongest(), inputs)
+    art = et.ExecutorchExporter().export(_PadToLongest(), inputs)
+    assert "fix:executorch:_fix_slice_bounds_checked" in art.workarounds_fired
+    (actual,) = art(**inputs).values()
+    torch.testing.assert_close(actual, _PadToLongest()(**inputs))
+
+
 class _MaxOver(torch.nn.Module):
     def __init__(self, dim: int, keepdim: bool):
         super().__init__()
