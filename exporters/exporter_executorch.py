@@ -1000,6 +1000,32 @@ def _fix_alias_as_its_input(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bo
     return True
 
 
+_POOLS_2D = (torch.ops.aten.max_pool2d.default, torch.ops.aten.avg_pool2d.default)
+
+
+@register_fx_node_fix("executorch")
+def _fix_unbatched_pool_as_batched(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A 2-D pool over an unbatched [C, H, W] input: XNNPACK's partitioner takes it, then its channels-last
+    pass refuses the 3-D tensor ("Attempting to convert non-NHWC compatible node to NHWC"; SuperPoint's
+    non-maximum suppression pools each image's [1, H, W] score map). Pool a batch of one instead.
+
+    before: max_pool2d(x[C, H, W], ...)
+    after:  squeeze(max_pool2d(unsqueeze(x, 0), ...), 0)
+    """
+    if node.op != "call_function" or node.target not in _POOLS_2D:
+        return False
+    x = fake_val(node.args[0])
+    if x is None or x.dim() != 3:
+        return False
+    aten, new = torch.ops.aten, NewNodes(gm.graph)
+    with gm.graph.inserting_before(node):
+        batched = new.call(aten.unsqueeze.default, node.args[0], 0)
+        pooled = new.call(node.target, batched, *node.args[1:], **node.kwargs)
+        new.call(aten.squeeze.dim, pooled, 0)
+    replace_node(gm, node, new)
+    return True
+
+
 _RANDOM_LIKE = {"randn_like": "randn", "rand_like": "rand"}
 
 

@@ -1371,3 +1371,21 @@ def test_onnx_tensor_times_a_symbolic_float():
         x = torch.randn(shape)
         for want, got in zip(_ScaledPositions()(x), art(x=x).values()):
             torch.testing.assert_close(got, want)
+
+
+class _UnbatchedPeaks(torch.nn.Module):
+    """SuperPoint's non-maximum suppression: a max pool over one image's [1, H, W] score map, and an average."""
+
+    def forward(self, scores):
+        peaks = F.max_pool2d(scores, kernel_size=3, stride=1, padding=1)
+        return torch.where(scores == peaks, scores, 0.0), F.avg_pool2d(scores, 2)
+
+
+def test_executorch_unbatched_pool():
+    inputs = {"scores": torch.randn(1, 12, 10)}
+    with pytest.raises(ExportStageError, match="ChannelsLastTaggedReshapePass"):  # "non-NHWC compatible node"
+        et.ExecutorchExporter(registry=Registry()).export(_UnbatchedPeaks(), inputs)
+    art = et.ExecutorchExporter().export(_UnbatchedPeaks(), inputs)
+    assert "fix:executorch:_fix_unbatched_pool_as_batched" in art.workarounds_fired
+    for want, got in zip(_UnbatchedPeaks()(**inputs), art(**inputs).values()):
+        torch.testing.assert_close(got, want)
