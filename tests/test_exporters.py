@@ -745,3 +745,17 @@ def test_onnx_output_named_like_an_input():
     got = art(x=x, mask=mask)
     assert torch.equal(got["mask"], mask[:, ::2]) and torch.equal(got["hidden"], x * 2)
     assert onnx_output_names(["a", "output.a"], ["a", "b"]) == ["output.output.a", "b"]
+
+
+def test_a_recorded_guard_that_divides_by_zero_is_a_refusal():
+    # Gemma4VisionModel's guards divide by a size expression that is 0 for small images: the shape
+    # check crashed with ZeroDivisionError instead of refusing the sizes
+    inputs = {"a": torch.ones(2, 3), "b": torch.ones(2, 3)}
+    art = exporters.DynamoExporter(registry=Registry()).export(_Add(), inputs, exporters.DynamoConfig(dynamic=True))
+
+    def divides_by_zero(*tensors):
+        return tensors[0].shape[1] % (tensors[0].shape[1] // 8)
+
+    art.guards = divides_by_zero
+    with pytest.raises(exporters.InputError, match=r"divides by zero at these sizes \(inputs: a\(2, 3\), b\(2, 3\)\)"):
+        art(**inputs)
