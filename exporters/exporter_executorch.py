@@ -621,8 +621,6 @@ def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
         torch._check(value <= size)
         made = NewNodes(gm.graph)
         with gm.graph.inserting_before(node):
-            # a symbolic size (SuperPoint pads each image's keypoints into max(counts): u29 <= Max(u29, u31))
-            # is read from the tensor at run time
             limit_node = size if isinstance(size, int) else made.call(torch.ops.aten.sym_size.int, x, dim)
             for op, limit, what in ((operator.ge, 0, ">= 0"), (operator.le, limit_node, f"<= {size}")):
                 made.call(torch.ops.aten._assert_scalar.default, made.call(op, bound, limit),

@@ -61,10 +61,6 @@ def _max_last(x: torch.Tensor, bins: int) -> torch.Tensor:
     return x.unsqueeze(-2).masked_fill(~inside, float("-inf")).amax(-1)
 
 
-def _symbolic(*sizes) -> bool:
-    return any(isinstance(n, torch.SymInt) for n in sizes)
-
-
 def _bins(output_size, sizes) -> list:
     bins = [output_size] * len(sizes) if isinstance(output_size, int) else list(output_size)
     return [b if b is not None else n for b, n in zip(bins, sizes)]
@@ -96,7 +92,7 @@ def _patch_adaptive_pool_symbolic(original):
     def adaptive_pool(input, output_size, *args, **kwargs):
         return_indices = kwargs.get("return_indices", args[0] if args else False)
         sizes = tuple(input.shape[-dims:])
-        if not _symbolic(*sizes) or return_indices:
+        if return_indices or not any(isinstance(n, torch.SymInt) for n in sizes):
             return original(input, output_size, *args, **kwargs)
         bins = _bins(output_size, sizes)
         return reduce(input, bins[0]) if dims == 1 else _over_last_two(reduce, input, *bins)
