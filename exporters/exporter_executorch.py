@@ -1275,15 +1275,14 @@ class ExecutorchExporter(Exporter):
             per_op = per_op_partitioners(partitioners)
             if "found dependency cycles" not in str(exc) or per_op is None:
                 raise
-            fired.add("fix:executorch:per_op_partitions_on_cycle")
-            _forget_pending_unbacked(program)
-            return _lower_program(program, per_op, et_patches, fired)
+            retry, partitioners = "fix:executorch:per_op_partitions_on_cycle", per_op
         except RuntimeError as exc:
             # only when planning needs it: a size the graph already bounds (a slice of a known length)
             # must keep running for any value up to that bound, not just up to the traced one
             if "finite upper bound" not in str(exc) or not inputs or not bound_unbacked_sizes_by_trace(program, list(inputs)):
                 raise
-        fired.add("fix:executorch:bound_unbacked_sizes_by_trace")
+            retry = "fix:executorch:bound_unbacked_sizes_by_trace"
+        fired.add(retry)
         _forget_pending_unbacked(program)
         return _lower_program(program, partitioners, et_patches, fired)
 
