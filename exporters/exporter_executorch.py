@@ -213,12 +213,29 @@ def _patch_dim_order_positive_strides(original):
     Strides are never negative and ExecuTorch already rejects a zero one, so tell the shape
     environment each symbolic stride is >= 1 before the sort; ``u0 < 1`` is then known false.
 
+    Two strides that are equal but spelled differently get one spelling first: ExecuTorch's sort
+    reads ``Max(1, u0)`` vs ``u0`` (a keepdim reduction over [1, C, u0], e.g. SuperPoint's
+    ``normalize`` of the descriptors at its kept keypoints) as "smaller, since u0 % Max(1, u0) == 0
+    and they may differ", and planned that output with dim order (1, 0, 2), which the portable
+    sum kernel refuses at run time ("Check failed (tensor_is_default_or_channels_last_dim_order(out))").
+
     before: dim_order_from_stride((u0, 1)) -> GuardOnDataDependentSymNode
+            dim_order_from_stride((Max(1, u0), u0, 1)) -> (1, 0, 2)
     after:  torch._check(u0 >= 1); dim_order_from_stride((u0, 1)) -> (0, 1)
+            dim_order_from_stride((u0, u0, 1)) -> (0, 1, 2)
     A comparison that stays undecidable (``u0*(8//u0) < u0``) leaves that pair in row-major order.
     """
 
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, guard_or_false
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, guard_or_false, statically_known_true
+
+    def one_spelling(stride):
+        """``stride`` with each size known equal to an earlier one replaced by that earlier one."""
+        seen: list = []
+        for s in stride:
+            same = next((t for t in seen if (isinstance(s, torch.SymInt) or isinstance(t, torch.SymInt))
+                         and statically_known_true(s == t)), None)
+            seen.append(s if same is None else same)
+        return tuple(seen)
 
     def decided_order(stride, a: int, b: int) -> int:
         """-1 if dim a's stride is known to be larger, 1 if known smaller, 0 if undecidable."""
@@ -228,6 +245,7 @@ def _patch_dim_order_positive_strides(original):
         for s in stride:
             if isinstance(s, torch.SymInt):
                 _check_nonzero_stride(s)
+        stride = one_spelling(stride)
         try:
             return original(stride)
         except GuardOnDataDependentSymNode:
@@ -249,18 +267,28 @@ def _patch_view_copy_keeps_dynamism(original):
     .tolist()). Leave such a node a view_copy (a copy, which the portable runtime has a kernel for)
     instead of failing the lowering.
 
+    The view also checks its byte count equals its base's, a guard torch cannot decide when the two
+    sizes are different expressions of data-dependent values: Lfm2Vl keeps the first
+    ``mask.sum()`` rows and views them as an (h, w) grid read from ``spatial_shapes``, so
+    ``Ne(4*u1*u2*((4*u0)//(u1*u2)), 16*u0)`` is asked. Such a node stays a copy too.
+
     before: view_copy(static (6, d)) -> (6//u0, u0, d): Exception at to_executorch
-    after:  that view_copy stays a copy; every other view_copy still becomes a view
+            view_copy((u0, 4)) -> (1, u1, u2, (4*u0)//(u1*u2)): GuardOnDataDependentSymNode
+    after:  those view_copies stay copies; every other view_copy still becomes a view
     """
 
     from executorch.exir.tensor import determine_tensor_dynanism
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     def is_view_copy(node) -> bool:
         if not original(node):
             return False
         base_spec, val = node.args[0].meta.get("spec"), node.meta.get("val")
+        base_val = node.args[0].meta.get("val")
         if base_spec is None or val is None:
             return True
+        if isinstance(base_val, torch.Tensor) and not statically_known_true(base_val.numel() == val.numel()):
+            return False
         return determine_tensor_dynanism(val.shape) == base_spec.shape_dynamism
 
     return is_view_copy
@@ -1255,8 +1283,10 @@ class ExecutorchExporter(Exporter):
         et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
         ordered = [inputs[name] for name in traced.input_names]
+        retrace = lambda: trace(model, inputs, config, torch_patches, fired).program  # noqa: E731
         buffer, mutated = run_stage("lower", self.backend,
-                                    lambda: self._lower(traced.program, config, partitioners, et_patches, fired, ordered), fired)
+                                    lambda: self._lower(traced.program, config, partitioners, et_patches, fired, ordered, retrace),
+                                    fired)
         return run_stage(
             "run", self.backend,
             lambda: ExecutorchArtifact(buffer, mutated_inputs=[traced.input_names[i] for i in mutated], **traced.artifact_kwargs(fired, config),
@@ -1264,9 +1294,15 @@ class ExecutorchExporter(Exporter):
             fired,
         )
 
-    def _lower(self, program, config, partitioners, et_patches, fired, inputs=()) -> tuple[bytes, tuple[int, ...]]:
+    def _fixed(self, program, config, fired) -> torch.export.ExportedProgram:
         program = apply_fx_program_fixes(self.registry.fixes("executorch", "program"), program, fired, config=config)
         apply_fx_node_fixes(self.registry.fixes("executorch", "node"), program.graph_module, fired)
+        return program
+
+    def _lower(self, program, config, partitioners, et_patches, fired, inputs=(), retrace=None) -> tuple[bytes, tuple[int, ...]]:
+        """Lower ``program``; ``retrace()`` exports it again, for a retry that needs a program no
+        lowering has touched."""
+        program = self._fixed(program, config, fired)
         try:
             return _lower_program(program, partitioners, et_patches, fired)
         except AssertionError as exc:
@@ -1279,7 +1315,14 @@ class ExecutorchExporter(Exporter):
         except RuntimeError as exc:
             # only when planning needs it: a size the graph already bounds (a slice of a known length)
             # must keep running for any value up to that bound, not just up to the traced one
-            if "finite upper bound" not in str(exc) or not inputs or not bound_unbacked_sizes_by_trace(program, list(inputs)):
+            if "finite upper bound" not in str(exc) or not inputs:
+                raise
+            if retrace is not None:
+                # the failed lowering re-traced this program and renamed its fresh unbacked symbols to
+                # the program's own: re-tracing it again then meets its own names ("u1 possible memo
+                # disaster", Lfm2Vl); a fresh export has a fresh shape environment
+                program = self._fixed(retrace(), config, fired)
+            if not bound_unbacked_sizes_by_trace(program, list(inputs)):
                 raise
             retry = "fix:executorch:bound_unbacked_sizes_by_trace"
         fired.add(retry)

@@ -436,6 +436,34 @@ def test_executorch_dim_order_of_data_dependent_strides():
     assert et._patch_dim_order_positive_strides(dim_order_from_stride)(undecidable()) == (0, 1, 2)
 
 
+class _NormalizeKept(torch.nn.Module):
+    """SuperPoint's descriptors at its kept keypoints: [1, C, u0], normalized over C."""
+
+    def forward(self, x, scores):
+        return F.normalize(x[:, :, scores > 0], p=2, dim=1)
+
+
+def test_executorch_dim_order_of_equal_strides_spelled_differently():
+    """The keepdim sum over [1, C, u0] has strides (Max(1, u0), u0, 1); ExecuTorch's sort put dim 1
+    first (dim order (1, 0, 2)) and the portable sum kernel refused that output at run time
+    ("Check failed (tensor_is_default_or_channels_last_dim_order(out))")."""
+    from executorch.exir.tensor import dim_order_from_stride
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        n = torch.ones(10, dtype=torch.bool).nonzero().shape[0]
+        torch._check(n <= 10)
+        stride = (torch.sym_max(1, n), n, 1)
+        assert et._patch_dim_order_positive_strides(dim_order_from_stride)(stride) == (0, 1, 2)
+
+    inputs = {"x": torch.randn(1, 8, 6), "scores": torch.tensor([0.5, -1.0, 2.0, 0.1, -0.2, 0.3])}
+    art = et.ExecutorchExporter().export(_NormalizeKept(), inputs)
+    for scores in (inputs["scores"], torch.tensor([0.5, -1.0, -2.0, 0.1, -0.2, -0.3])):
+        (actual,) = art(x=inputs["x"], scores=scores).values()
+        torch.testing.assert_close(actual, _NormalizeKept()(inputs["x"], scores))
+
+
 def test_executorch_dim_order_patch_covers_every_binding():
     """executorch imports dim_order_from_stride by name into several modules; a binding the patch
     misses keeps the original (the view-copy pass of to_executorch did, and Glm4v failed there)."""
@@ -512,6 +540,33 @@ def test_executorch_slice_bound_read_from_data_into_a_data_dependent_size():
     assert "fix:executorch:_fix_slice_bounds_checked" in art.workarounds_fired
     (actual,) = art(**inputs).values()
     torch.testing.assert_close(actual, _PadToLongest()(**inputs))
+
+
+class _UnpadToGrid(torch.nn.Module):
+    """Lfm2Vl's image features: the first ``mask.sum()`` rows viewed as the (h, w) grid read from
+    data, then pairs of columns folded into channels. The view's element count and its base's are
+    different expressions of data-dependent values."""
+
+    def forward(self, x, mask, hw):
+        h, w = hw
+        grid = x[: mask.sum()].reshape(1, h, w, -1)
+        folded = grid.reshape(1, h, w // 2, -1)
+        return folded.reshape(-1, folded.shape[-1]) * 2
+
+
+def test_executorch_view_of_a_data_dependent_grid():
+    inputs = {"x": torch.randn(16, 4), "mask": torch.tensor([1] * 12 + [0] * 4), "hw": torch.tensor([2, 6])}
+    without = DEFAULT_REGISTRY.without("patch:executorch:executorch.exir.passes.replace_view_copy_with_view_pass._is_view_copy")
+    with pytest.raises(ExportStageError, match=r"data-dependent expression Ne\("):
+        et.ExecutorchExporter(registry=without).export(_UnpadToGrid(), inputs)
+    art = et.ExecutorchExporter().export(_UnpadToGrid(), inputs)
+    # the lowering needed the sizes bounded, on a fresh export: the failed one left the program's
+    # unbacked symbols renamed ("possible memo disaster" when the same program was lowered again)
+    assert "fix:executorch:bound_unbacked_sizes_by_trace" in art.workarounds_fired
+    smaller = {"x": torch.randn(16, 4), "mask": torch.tensor([1] * 8 + [0] * 8), "hw": torch.tensor([2, 4])}
+    for case in (inputs, smaller):
+        (actual,) = art(**case).values()
+        torch.testing.assert_close(actual, _UnpadToGrid()(**case))
 
 
 class _MaxOver(torch.nn.Module):
