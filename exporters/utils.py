@@ -274,14 +274,18 @@ class FiredLog:
 
 
 def _counting(replacement: Any, name: str, fired: FiredLog) -> Any:
-    """Wrap a callable replacement so that calling it marks the patch as fired."""
+    """Wrap a callable replacement so that calling it marks the patch as fired. A replacement that
+    acts on some calls only (one wrapping a function torch calls on every export) says which with an
+    ``acts_on(*args, **kwargs) -> bool`` attribute; the other calls do not mark it."""
     if not callable(replacement) or inspect.isclass(replacement):
         fired.add(name)  # a non-callable replacement is in effect as soon as it is installed
         return replacement
+    acts_on = getattr(replacement, "acts_on", None)
 
     @functools.wraps(replacement)
     def wrapper(*args, **kwargs):
-        fired.add(name)
+        if acts_on is None or acts_on(*args, **kwargs):
+            fired.add(name)
         return replacement(*args, **kwargs)
 
     return wrapper
