@@ -216,6 +216,7 @@ from .patch_moe_dense import _patch_dense_experts  # noqa: E402,F401  (registers
 from .patch_global_attention import _patch_global_attention  # noqa: E402,F401  (registers on import)
 from .patch_shape_arithmetic import _patch_shape_simplify_by_expansion  # noqa: E402,F401  (registers on import)
 from .patch_floor_div_axioms import _patch_floor_div_axioms_resimplified_by_need  # noqa: E402,F401  (registers on import)
+from .patch_lsh_hashing import _patch_lsh_hashing  # noqa: E402,F401  (registers on import)
 
 
 # ── Stage 3: Pytree registration ─────────────────────────────────────────────

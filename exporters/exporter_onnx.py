@@ -246,13 +246,21 @@ def _fix_symbolic_float_operand(gm: torch.fx.GraphModule, node: torch.fx.Node) -
 
     before: mul.Tensor(x, s)            # s: SymFloat node
     after:  mul.Tensor(x, scalar_tensor(s, dtype=out.dtype))
+
+    The scalar overloads of remainder and fmod fail the same way on a symbolic int
+    (``buckets % seq_len`` in Reformer's LSH sort, seq_len dynamic): they become the tensor overloads.
+
+    before: remainder.Scalar(x, s)      # s: SymInt node
+    after:  remainder.Tensor(x, scalar_tensor(s, dtype=out.dtype))
     """
     aten = torch.ops.aten
-    if node.op != "call_function" or node.target not in _SYMBOLIC_OPERAND_OPS:
+    to_tensor_overload = {aten.remainder.Scalar: aten.remainder.Tensor, aten.fmod.Scalar: aten.fmod.Tensor}
+    if node.op != "call_function" or (node.target not in _SYMBOLIC_OPERAND_OPS and node.target not in to_tensor_overload):
         return False
     out = node.meta.get("val")
+    symbolic = (torch.SymFloat,) if node.target in _SYMBOLIC_OPERAND_OPS else (torch.SymInt, torch.SymFloat)
     positions = [i for i, a in enumerate(node.args[:2])
-                 if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.SymFloat)]
+                 if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), symbolic)]
     if not positions or not isinstance(out, torch.Tensor):
         return False
     args = list(node.args)
@@ -262,6 +270,7 @@ def _fix_symbolic_float_operand(gm: torch.fx.GraphModule, node: torch.fx.Node) -
             args[i] = new.call(aten.scalar_tensor.default, args[i], dtype=out.dtype)
     copy_source_meta(node, new)
     node.args = tuple(args)
+    node.target = to_tensor_overload.get(node.target, node.target)
     return True
 
 

@@ -1428,6 +1428,26 @@ def test_onnx_tensor_times_a_symbolic_float():
             torch.testing.assert_close(got, want)
 
 
+class _PositionInRound(torch.nn.Module):
+    """Reformer's LSH sort: flat indices over hash rounds taken modulo the (dynamic) sequence length."""
+
+    def forward(self, x):
+        flat = torch.arange(3 * x.shape[1]).expand(x.shape[0], -1)
+        return x.gather(1, flat % x.shape[1])
+
+
+def test_onnx_remainder_by_a_symbolic_int():
+    inputs = {"x": torch.randn(2, 6)}
+    with pytest.raises(ExportStageError, match="not 'SymbolicTensor'"):
+        onx.OnnxExporter(registry=Registry()).export(_PositionInRound(), inputs, onx.OnnxConfig(dynamic=True))
+    art = onx.OnnxExporter().export(_PositionInRound(), inputs, onx.OnnxConfig(dynamic=True))
+    assert "fix:onnx:_fix_symbolic_float_operand" in art.workarounds_fired
+    for shape in ((2, 6), (3, 5)):
+        x = torch.randn(shape)
+        (got,) = art(x=x).values()
+        torch.testing.assert_close(got, _PositionInRound()(x))
+
+
 class _UnbatchedPeaks(torch.nn.Module):
     """SuperPoint's non-maximum suppression: a max pool over one image's [1, H, W] score map, and an average."""
 
