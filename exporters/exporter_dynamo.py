@@ -26,7 +26,7 @@ from torch.export.graph_signature import (
 from torch.utils import _pytree as pytree
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
-from .specialize import ConcreteValues, concrete, scalar_int_buffers_baked, specialized_inputs
+from .specialize import ConcreteValues, concrete, constant_buffers_baked, specialized_inputs
 from .utils import FiredLog, PatchEntry, apply_patches, leaf_names_and_values, register_patch
 
 
@@ -556,7 +556,7 @@ def trace(
         dynamic_shapes = None
     state = _snapshot_state(model)
     try:
-        with scalar_int_buffers_baked(model) as baked_buffers, \
+        with constant_buffers_baked(model) as baked_buffers, \
                 flat_forward_signature(model, names, constants, baked_buffers), apply_patches(patches, fired):
             program = torch.export.export(
                 model, args=(), kwargs=tensors, dynamic_shapes=dynamic_shapes, strict=config.strict

@@ -13,11 +13,18 @@ refuses others, naming the input (``Artifact.check_inputs``).
 ``ExportConfig.specialize`` chooses the inputs: ``None`` (default) bakes every integer input whose
 name matches ``SPECIALIZED_INPUTS``; a tuple names them; ``()`` bakes none.
 
-Scalar integer buffers are baked the same way (``scalar_int_buffers_baked``): a 0-dim integer
+Scalar integer buffers are baked the same way (``constant_buffers_baked``): a 0-dim integer
 buffer that is not saved with the weights (``persistent=False``) is a constant of the architecture
 (Encodec's, Mimi's and PocketTTS's causal conv keep stride, kernel_size and padding_total so and
 compute their padding from them). torch.export lifts buffers as traced inputs, so that padding
 became an unbacked ``.item()``; baked, it is the int it always is.
+
+Buffers named in ``CONSTANT_BUFFERS`` are baked too, whatever their dtype or shape: a schedule the
+model keeps as state and reads back as Python numbers. EoMT's ``attn_mask_probs`` (the masked-
+attention annealing probabilities, a persistent float buffer fixed after training) decides per
+block ``if self.training or self.attn_mask_probs[i] > 0`` and ``if prob < 1``; traced, each is a
+guard on a buffer's value ("Could not guard on data-dependent expression"). The artifact holds the
+buffer's value either way; baked, the branches are decided by it while tracing.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 SPECIALIZED_INPUTS = re.compile(r"(^|_)(grid_thws?|grid_hws?|sizes)$")
+CONSTANT_BUFFERS = re.compile(r"^attn_mask_probs$")
 
 
 def specialized_inputs(inputs: Mapping[str, Any], specialize: tuple[str, ...] | None) -> list[str]:
@@ -96,24 +104,28 @@ def concrete(value: torch.Tensor) -> torch.Tensor:
         return value.detach().clone()
 
 
-def scalar_int_buffers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
-    """``(module, name)`` of every 0-dim integer non-persistent buffer (see the module docstring)."""
+def constant_buffers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+    """``(module, name)`` of every 0-dim integer non-persistent buffer and every buffer named in
+    ``CONSTANT_BUFFERS`` (see the module docstring)."""
     found = []
     for module in model.modules():
         for name, buf in module._buffers.items():
-            if (buf is not None and buf.dim() == 0 and name in module._non_persistent_buffers_set
-                    and not (buf.is_floating_point() or buf.is_complex() or buf.dtype == torch.bool)):
+            if buf is None:
+                continue
+            scalar_int = (buf.dim() == 0 and name in module._non_persistent_buffers_set
+                          and not (buf.is_floating_point() or buf.is_complex() or buf.dtype == torch.bool))
+            if scalar_int or CONSTANT_BUFFERS.search(name):
                 found.append((module, name))
     return found
 
 
 @contextlib.contextmanager
-def scalar_int_buffers_baked(model: torch.nn.Module):
-    """While tracing, each scalar integer buffer is a plain attribute holding a real copy (torch.export
+def constant_buffers_baked(model: torch.nn.Module):
+    """While tracing, each constant buffer is a plain attribute holding a real copy (torch.export
     does not lift it); yields the copies, for ``ConcreteValues``. The buffers are back afterwards."""
     moved, copies = [], []
     try:
-        for module, name in scalar_int_buffers(model):
+        for module, name in constant_buffers(model):
             buf = module._buffers.pop(name)
             moved.append((module, name, buf))
             copies.append(concrete(buf))

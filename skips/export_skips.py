@@ -143,15 +143,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "bounds consistent there (or the models compare token and feature counts without a masked select)",
     ),
     ExportSkip(
-        classes=("EomtForUniversalSegmentation", "EomtDinov3ForUniversalSegmentation"),
-        stage="export",
-        reason="the mask-annealing probabilities are a buffer read in Python control flow: "
-               "'self.training or self.attn_mask_probs[...] > 0' (models/eomt/modeling_eomt.py:1109, "
-               "models/eomt_dinov3/modeling_eomt_dinov3.py:1263) and 'if prob < 1' in _disable_attention_mask, which "
-               "would then draw torch.rand (eomt:1201-1203). Remove when EoMT decides the eval path without reading "
-               "attn_mask_probs values in Python (e.g. skip annealing when not training)",
-    ),
-    ExportSkip(
         classes=("FastSpeech2ConformerModel", "FastSpeech2ConformerWithHifiGan"),
         stage="export",
         reason="the length regulator's output length is the sum of the predicted durations: length_regulator "

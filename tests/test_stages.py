@@ -1276,11 +1276,11 @@ class _CausalPadConv(torch.nn.Module):
 
 def test_stage1_scalar_int_buffers_are_baked_while_tracing_and_restored():
     from exporters import DynamoConfig, DynamoExporter
-    from exporters.specialize import scalar_int_buffers
+    from exporters.specialize import constant_buffers
 
     model = _CausalPadConv().eval()
     x = torch.randn(1, 2, 9)
-    assert sorted(n for _, n in scalar_int_buffers(model)) == ["kernel_size", "padding_total", "stride"]
+    assert sorted(n for _, n in constant_buffers(model)) == ["kernel_size", "padding_total", "stride"]
     with pytest.raises(Exception, match="(?i)data.dependent|unbacked|guard"):
         torch.export.export(model, (x,))  # the failure the bake removes
     artifact = DynamoExporter().export(model, {"x": x}, DynamoConfig())
@@ -1289,6 +1289,37 @@ def test_stage1_scalar_int_buffers_are_baked_while_tracing_and_restored():
     assert {n for n, _ in model.named_buffers()} == {"stride", "kernel_size", "padding_total", "steps", "scale"}
     assert model._non_persistent_buffers_set == {"stride", "kernel_size", "padding_total", "scale"}
     assert "stride" not in model.__dict__
+
+
+class _AnnealedBlocks(torch.nn.Module):
+    """EoMT's masked-attention annealing: per block, a probability kept in a persistent float buffer,
+    read in Python to decide whether the block masks at all."""
+
+    def __init__(self, buffer_name: str):
+        super().__init__()
+        self.buffer_name = buffer_name
+        self.register_buffer(buffer_name, torch.tensor([1.0, 0.0, 1.0]))
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        probs = getattr(self, self.buffer_name)
+        for i in range(3):
+            x = self.proj(x)
+            if self.training or probs[i] > 0:
+                x = x.masked_fill(x < 0, 0.0)
+        return x
+
+
+def test_stage1_named_constant_buffers_are_baked():
+    from exporters import DynamoExporter
+
+    x = torch.randn(2, 4)
+    with pytest.raises(ExportStageError, match="(?i)data.dependent"):
+        DynamoExporter().export(_AnnealedBlocks("probs").eval(), {"x": x})  # a name the bake does not know
+    model = _AnnealedBlocks("attn_mask_probs").eval()
+    (out,) = DynamoExporter().export(model, {"x": x})(x=x).values()
+    torch.testing.assert_close(out, model(x))
+    assert "attn_mask_probs" in model._buffers and "attn_mask_probs" not in model.__dict__
 
 
 def test_stage2_experts_eager_and_grouped_mm_trace_as_batched_mm():
