@@ -275,18 +275,24 @@ class FiredLog:
 
 def _counting(replacement: Any, name: str, fired: FiredLog) -> Any:
     """Wrap a callable replacement so that calling it marks the patch as fired. A replacement that
-    acts on some calls only (one wrapping a function torch calls on every export) says which with an
-    ``acts_on(*args, **kwargs) -> bool`` attribute; the other calls do not mark it."""
+    acts on some calls only (one wrapping a function torch calls on every export) has an
+    ``acted() -> bool`` attribute, asked after each call, which says whether that call did; the
+    other calls do not mark it."""
     if not callable(replacement) or inspect.isclass(replacement):
         fired.add(name)  # a non-callable replacement is in effect as soon as it is installed
         return replacement
-    acts_on = getattr(replacement, "acts_on", None)
+    acted = getattr(replacement, "acted", None)
 
     @functools.wraps(replacement)
     def wrapper(*args, **kwargs):
-        if acts_on is None or acts_on(*args, **kwargs):
+        if acted is None:
             fired.add(name)
-        return replacement(*args, **kwargs)
+            return replacement(*args, **kwargs)
+        try:
+            return replacement(*args, **kwargs)
+        finally:
+            if acted():
+                fired.add(name)
 
     return wrapper
 

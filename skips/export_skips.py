@@ -118,31 +118,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "compute the padding with integer arithmetic on the length (math.ceil on Python/Sym ints)",
     ),
     ExportSkip(
-        classes=("Sam2HieraDetModel", "Sam2VisionModel", "XcodecModel"),
-        variants=("dynamic",),
-        stage="export",
-        reason="torch.export's dimension-constraint solver cannot handle a floor-division equality the model leaves "
-               "on an input size: produce_guards -> DimConstraints.solve raises 'The inequality, ... cannot be "
-               "solved using solve_univariate_inequality' (torch/fx/experimental/symbolic_shapes.py, solve) for the "
-               "Hiera backbone's window unrolling (Eq(96 - 48*(((x/4)//4)), 0), after ~200 s of tracing) and "
-               "Xcodec's hop length (Eq(-x + 320*(((x/40)//8)), 0)). Remove when torch's solver skips (or solves) "
-               "floor-division equalities like these",
-        upstream="https://github.com/pytorch/pytorch/issues/131897",
-    ),
-    ExportSkip(
-        classes=("InklingForConditionalGeneration", "InklingModel", "VoxtralForConditionalGeneration",
-                 "VoxtralModel"),
-        variants=("dynamic",),
-        stage="export",
-        reason="get_placeholder_mask checks torch_compilable_check(inputs_embeds[special_mask].numel() == "
-               "features.numel()) (models/voxtral/modeling_voxtral.py:428, models/inkling/modeling_inkling.py:1095): "
-               "the left side is an unbacked count, and torch's _maybe_guard_rel, substituting it by the symbolic "
-               "feature size, computes a bound whose upper end int_oo overflows past the source's "
-               "(AssertionError: tgt_bound=VR[2048, 9223372036854775808] not a subset of src_bound=VR[2048, "
-               "9223372036854775806], torch/fx/experimental/symbolic_shapes.py). Remove when torch keeps int_oo "
-               "bounds consistent there (or the models compare token and feature counts without a masked select)",
-    ),
-    ExportSkip(
         classes=("FastSpeech2ConformerModel", "FastSpeech2ConformerWithHifiGan"),
         stage="export",
         reason="the length regulator's output length is the sum of the predicted durations: length_regulator "
@@ -330,18 +305,5 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "(line 107) and loops over range() of it (lines 147-149), so the artifact refuses every other size "
                "eager takes (no traced size avoids it). Remove when DepthPro computes the patch grid and the "
                "feature-map sizes with integer size arithmetic (no math.log2 / sqrt / Python loops over patch counts)",
-    ),
-    ExportSkip(
-        classes=("EfficientLoFTRForKeypointMatching", "EfficientLoFTRModel"),
-        variants=("dynamic",),
-        stage="export",
-        reason="the aggregated attention pools the coarse features by q_aggregation_stride 4 and upsamples the result "
-               "back by scale_factor 4 before the residual add (models/efficientloftr/modeling_efficientloftr.py:"
-               "461-475), so the image size must be a multiple of 32: the guard Eq(-x/8 + 4*((x/8)//4), 0), which "
-               "torch.export's dim-constraint solver hands to sympy, and sympy raises NotImplementedError ('cannot be "
-               "solved using solve_univariate_inequality', torch/fx/experimental/symbolic_shapes.py DimConstraints."
-               "solve) instead of suggesting Dim multiples; the fine stage also takes int(fine_height // "
-               "coarse_height) (line 619). Remove when torch's solver handles floor-division congruences (or the "
-               "exporter declares the image dims as 32 * Dim)",
     ),
 )
