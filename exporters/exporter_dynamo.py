@@ -219,6 +219,7 @@ from .patch_floor_div_axioms import _patch_floor_div_axioms_resimplified_by_need
 from .patch_lsh_hashing import _patch_lsh_hashing  # noqa: E402,F401  (registers on import)
 from .patch_dim_constraints import _patch_dim_constraints_skip_unsolvable_equalities  # noqa: E402,F401  (registers on import)
 from .patch_replacement_bounds import _patch_replacement_bounds_overflow_skipped  # noqa: E402,F401  (registers on import)
+from .patch_conv_padding import _patch_conv_padding_as_size_arithmetic  # noqa: E402,F401  (registers on import)
 
 
 # ── Stage 3: Pytree registration ─────────────────────────────────────────────

@@ -105,19 +105,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "traced",
     ),
     ExportSkip(
-        classes=("MimiEncoderModel", "MimiModel", "PocketTTSAudioTokenizerEncoderModel",
-                 "PocketTTSAudioTokenizerModel"),
-        variants=("dynamic",),
-        stage="export",
-        reason="the Encodec-style causal conv computes its extra right padding as a tensor, from the length and "
-               "the stride/kernel_size/padding_total buffers (models/mimi/modeling_mimi.py:286-288, "
-               "_get_extra_padding_for_conv1d), and pads by it: the exporters bake those buffers (static exports "
-               "pass), but with a dynamic length the padding is a traced tensor, so every conv output length is an "
-               "unbacked symbol and the transformer's 'q_length > 1' (integrations/sdpa_attention.py:159) cannot be "
-               "decided (u13 + ((... + s2 ...)//8) + 16 > 1). Remove when MimiConv1d / PocketTTSAudioTokenizerConv1d "
-               "compute the padding with integer arithmetic on the length (math.ceil on Python/Sym ints)",
-    ),
-    ExportSkip(
         classes=("FastSpeech2ConformerModel", "FastSpeech2ConformerWithHifiGan"),
         stage="export",
         reason="the length regulator's output length is the sum of the predicted durations: length_regulator "
