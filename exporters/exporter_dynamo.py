@@ -60,13 +60,15 @@ class Traced:
 def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], constants: Mapping[str, Any],
                            baked_buffers: list[torch.Tensor] = ()):
     original = model.__dict__.get("forward")
-    bound_forward = model.forward
 
     def forward(*args, **kwargs):
         kwargs.update(zip(tensor_names, args))
         # baked tensor inputs go in as real copies whose values stay concrete (exporters/specialize.py)
         baked = {k: concrete(v) if isinstance(v, torch.Tensor) else v for k, v in constants.items()}
         tensors = [v for v in baked.values() if isinstance(v, torch.Tensor)] + list(baked_buffers)
+        # the class's forward looked up now, not when the wrapper was made: a patch on the model's own
+        # class (ReformerModel.forward) is installed after this wrapper and must apply to the top call too
+        bound_forward = original if original is not None else type(model).forward.__get__(model, type(model))
         with ConcreteValues(tensors) if tensors else contextlib.nullcontext():
             return bound_forward(**kwargs, **baked)
 
@@ -216,7 +218,7 @@ from .patch_moe_dense import _patch_dense_experts  # noqa: E402,F401  (registers
 from .patch_global_attention import _patch_global_attention  # noqa: E402,F401  (registers on import)
 from .patch_shape_arithmetic import _patch_shape_simplify_by_expansion  # noqa: E402,F401  (registers on import)
 from .patch_floor_div_axioms import _patch_floor_div_axioms_resimplified_by_need  # noqa: E402,F401  (registers on import)
-from .patch_lsh_hashing import _patch_lsh_hashing  # noqa: E402,F401  (registers on import)
+from .patch_reformer import _patch_lsh_hashing, _patch_pad_before_the_model  # noqa: E402,F401  (registers on import)
 from .patch_dim_constraints import _patch_dim_constraints_skip_unsolvable_equalities  # noqa: E402,F401  (registers on import)
 from .patch_replacement_bounds import _patch_replacement_bounds_overflow_skipped  # noqa: E402,F401  (registers on import)
 from .patch_conv_padding import _patch_conv_padding_as_size_arithmetic  # noqa: E402,F401  (registers on import)

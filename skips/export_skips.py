@@ -171,19 +171,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "fixed block grid) instead of nonzero per query",
     ),
     ExportSkip(
-        classes=("ReformerForMaskedLM", "ReformerForQuestionAnswering", "ReformerForSequenceClassification",
-                 "ReformerModel", "ReformerModelWithLMHead"),
-        variants=("dynamic",),
-        backends=("dynamo", "onnx"),
-        stage="shapes",
-        reason="ReformerModel.forward pads the sequence to a multiple of the chunk length under a Python "
-               "'if input_shape[-1] % least_common_mult_chunk_length != 0' (models/reformer/modeling_reformer.py:"
-               "2022-2046), so the export keeps the traced length's remainder as a guard "
-               "(4 - L % 4 == 1) and refuses lengths eager runs (L = 10 for a trace at 7). (The LSH padding-bucket "
-               "branch on mask values is patched: exporters/patch_lsh_hashing.py.) Remove when the padding length "
-               "is computed without the branch ((-L) % chunk, a zero-length pad allowed)",
-    ),
-    ExportSkip(
         classes=("SLANetForTableRecognition", "SLANeXtForTableRecognition"),
         stage="export",
         reason="the structure head decodes greedily with an early exit: 'if torch.stack(structure_ids_list, "

@@ -1,4 +1,4 @@
-"""exporters/patch_lsh_hashing.py: Reformer's LSH buckets without the branch on mask values, equal to
+"""exporters.patch_reformer.py: Reformer's LSH buckets without the branch on mask values, equal to
 ``_hash_vectors``; an exported Reformer traced with one mask runs other masks (padded or not) as eager."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from transformers import ReformerConfig, ReformerModel
 from transformers.models.reformer.modeling_reformer import LSHSelfAttention
 
 from exporters import DynamoExporter
-from exporters.patch_lsh_hashing import lsh_buckets
+from exporters.patch_reformer import lsh_buckets
 from exporters.utils import DEFAULT_REGISTRY
 
 NAME = "patch:dynamo:transformers.models.reformer.modeling_reformer.LSHSelfAttention._hash_vectors"
@@ -51,3 +51,49 @@ def test_exported_reformer_runs_any_mask_as_eager():
         with torch.no_grad():
             expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
         torch.testing.assert_close(got, expected)
+
+
+def _outputs(out):
+    cache = out.past_buckets_states
+    tensors = [out.last_hidden_state]
+    if cache is not None:
+        tensors += list(cache.states_cache) + list(cache.buckets_cache) + [torch.tensor(cache._seen_tokens)]
+    return tensors
+
+
+@pytest.mark.parametrize("length", [5, 7, 8, 11, 16])
+@pytest.mark.parametrize("given", ["ids+mask", "ids", "embeds"])
+@pytest.mark.parametrize("use_cache", [False, True], ids=["", "cache"])
+def test_padding_before_the_model_equals_upstream(length, given, use_cache):
+    from transformers.models.reformer.modeling_reformer import ReformerModel as Upstream
+
+    from exporters.patch_reformer import _patch_pad_before_the_model
+
+    model = _tiny_reformer()
+    ids = torch.randint(1, 64, (2, length))
+    kwargs = {"input_ids": ids} if given != "embeds" else {"inputs_embeds": model.get_input_embeddings()(ids)}
+    if given == "ids+mask":
+        kwargs["attention_mask"] = torch.ones(2, length, dtype=torch.long)
+        kwargs["attention_mask"][1, -2:] = 0
+    patched = _patch_pad_before_the_model(Upstream.forward)
+    with torch.no_grad():
+        expected = _outputs(Upstream.forward(model, use_cache=use_cache, **kwargs))
+        got = _outputs(patched(model, use_cache=use_cache, **kwargs))
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
+def test_exported_reformer_runs_every_length_with_the_traced_chunk_count():
+    from exporters import DynamoConfig, InputError
+
+    model = _tiny_reformer()
+    art = DynamoExporter().export(model, {"input_ids": torch.randint(1, 64, (2, 7))}, DynamoConfig(dynamic=True))
+    for length in (5, 6, 7, 8):  # a trace at 7 used to pin length % 4 == 3 (7 only)
+        ids = torch.randint(1, 64, (2, length))
+        (got, *_) = art(input_ids=ids).values()
+        with torch.no_grad():
+            torch.testing.assert_close(got, model(input_ids=ids).last_hidden_state)
+    # LSHSelfAttention still pins the padded length with int(buckets.shape[-1]) (modeling_reformer.py:564)
+    with pytest.raises(InputError, match="input_ids"):
+        art(input_ids=torch.randint(1, 64, (2, 10)))
