@@ -222,6 +222,7 @@ from .patch_reformer import _patch_lsh_hashing, _patch_pad_before_the_model  # n
 from .patch_dim_constraints import _patch_dim_constraints_skip_unsolvable_equalities  # noqa: E402,F401  (registers on import)
 from .patch_replacement_bounds import _patch_replacement_bounds_overflow_skipped  # noqa: E402,F401  (registers on import)
 from .patch_conv_padding import _patch_conv_padding_as_size_arithmetic  # noqa: E402,F401  (registers on import)
+from .patch_ovis2_indicators import _patch_visual_indicators_without_branch  # noqa: E402,F401  (registers on import)
 
 
 # ── Stage 3: Pytree registration ─────────────────────────────────────────────

@@ -132,14 +132,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "returns a fixed keypoint budget (top-k of max_keypoints with a validity mask) instead of nonzero",
     ),
     ExportSkip(
-        classes=("Ovis2ForConditionalGeneration", "Ovis2Model"),
-        stage="export",
-        reason="Ovis2Model.forward writes the visual indicator embeddings under 'if mask.any():' "
-               "(models/ovis2/modeling_ovis2.py:584), a Python branch on whether input_ids contain the indicator "
-               "token (Eq(u1, 1)). Remove when Ovis2 writes them unconditionally (torch.where with the mask, a no-op "
-               "when no indicator token is present)",
-    ),
-    ExportSkip(
         classes=("Qwen2_5OmniThinkerForConditionalGeneration", "Qwen2_5OmniThinkerModel",
                  "Qwen3OmniMoeThinkerForConditionalGeneration", "Qwen3OmniMoeThinkerModel"),
         stage="export",
