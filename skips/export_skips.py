@@ -50,17 +50,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "portable kernels (or the model reshapes with one dynamic dim)",
     ),
     ExportSkip(
-        classes=("AutoformerModel",),
-        stage="export",
-        reason="AutoformerAttention adds the 4D attention mask to the autocorrelation weights with "
-               "attn_weights.view(bsz, num_heads, tgt_len, src_len) (models/autoformer/modeling_autoformer.py:516), "
-               "but those weights are (bsz*heads, tgt_len, head_dim), so any non-None mask raises \"shape "
-               "'[2, 2, 8, 8]' is invalid for input of size 512\"; eager only passes because create_bidirectional_mask "
-               "drops an all-ones mask, which it never does under torch.export (masking_utils.py:368, "
-               "is_torchdynamo_exporting). Remove when AutoformerAttention applies (or ignores) the padding mask "
-               "without viewing the autocorrelation weights as (tgt_len, src_len) scores",
-    ),
-    ExportSkip(
         classes=("InformerModel",),
         stage="export",
         reason="InformerEncoder builds the (B, 1, L, L) attention mask once (models/informer/modeling_informer.py:835) "
