@@ -20,6 +20,7 @@ from .utils import (
     apply_fx_node_fixes,
     apply_patches,
     copy_source_meta,
+    fake_val,
     register_fx_node_fix,
     register_patch,
     replace_node,
@@ -271,6 +272,37 @@ def _fix_symbolic_float_operand(gm: torch.fx.GraphModule, node: torch.fx.Node) -
     copy_source_meta(node, new)
     node.args = tuple(args)
     node.target = to_tensor_overload.get(node.target, node.target)
+    return True
+
+
+@register_fx_node_fix("onnx")
+def _fix_symbolic_floordiv_floors(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Floor division of symbolic sizes (``operator.floordiv`` in the graph) is exported by
+    onnxscript as ONNX ``Div``, which truncates ("only for positive inputs", its comment says), so a
+    negative numerator rounds the wrong way. Encodec-style convs compute their right padding as a
+    ceiling, ``-((k - p - L) // s)``: at L = 1921 the ONNX artifact made one frame where eager made
+    two (MimiEncoderModel, PocketTTS audio tokenizer, onnx dynamic). Subtract the remainder first
+    (``a - a % b`` is a multiple of b, so truncation and floor agree; ONNX ``Mod`` takes the
+    divisor's sign, as Python does). A numerator known to be non-negative is left alone.
+
+    before: floordiv(a, b)                 # ONNX Div: trunc(a / b)
+    after:  floordiv(sub(a, mod(a, b)), b) # exact, = floor(a / b)
+    """
+    import operator
+
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if node.op != "call_function" or node.target is not operator.floordiv:
+        return False
+    numerator, divisor = node.args
+    value = fake_val(numerator) if isinstance(numerator, torch.fx.Node) else numerator
+    if not isinstance(value, torch.SymInt) or statically_known_true(value >= 0):
+        return False
+    new = NewNodes(gm.graph)
+    with gm.graph.inserting_before(node):
+        exact = new.call(operator.sub, numerator, new.call(operator.mod, numerator, divisor))
+    copy_source_meta(node, new)
+    node.args = (exact, divisor)
     return True
 
 

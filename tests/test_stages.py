@@ -1479,6 +1479,28 @@ def test_onnx_remainder_by_a_symbolic_int():
         torch.testing.assert_close(got, _PositionInRound()(x))
 
 
+class _CeilFrames(torch.nn.Module):
+    """Encodec's conv padding: frames = ceil((L - k) / s) written -((k - L) // s), a floor division
+    of a size expression that is negative for L > k."""
+
+    def forward(self, x):
+        frames = -((7 - x.shape[1]) // 3)
+        return torch.nn.functional.pad(x, (0, frames * 3 + 7 - x.shape[1]))
+
+
+def test_onnx_floor_division_of_a_negative_size_expression():
+    inputs = {"x": torch.randn(2, 40)}
+    bare = onx.OnnxExporter(registry=Registry()).export(_CeilFrames(), inputs, onx.OnnxConfig(dynamic=True))
+    art = onx.OnnxExporter().export(_CeilFrames(), inputs, onx.OnnxConfig(dynamic=True))
+    assert "fix:onnx:_fix_symbolic_floordiv_floors" in art.workarounds_fired
+    x = torch.randn(2, 41)  # 41 - 7 = 34 is not a multiple of 3: truncation and floor differ
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(next(iter(bare(x=x).values())), _CeilFrames()(x))
+    for length in (40, 41, 42, 64):
+        x = torch.randn(2, length)
+        torch.testing.assert_close(next(iter(art(x=x).values())), _CeilFrames()(x))
+
+
 class _UnbatchedPeaks(torch.nn.Module):
     """SuperPoint's non-maximum suppression: a max pool over one image's [1, H, W] score map, and an average."""
 
