@@ -190,6 +190,44 @@ def _patch_exact_no_op_rules(original):
     return (*_exact_no_op_rules(), *(rule for rule in original if id(rule) not in approximate))
 
 
+@register_patch("onnx", "onnxscript.optimizer._constant_folding.PartialEvaluatorRegistry.lookup_evaluators")
+def _patch_split_to_sequence_unknown_split(original):
+    """onnxscript's constant folding of ``SplitToSequence`` (``_constant_folding.split_to_sequence``,
+    onnxscript 0.7.2) reads ``split_value.ndim`` when the split input is a scalar whose value is not
+    known (a size of a dynamic dim): "AttributeError: 'NoneType' object has no attribute 'ndim'", and
+    the optimizer stops the export (ProphetNet's ngram stream split, onnx dynamic). Such a node cannot be
+    folded; the evaluator now says so (returns None) instead of raising. Every other evaluator and
+    every other failure is untouched.
+
+    before: SplitToSequence(x, split=<dynamic scalar>) -> PassError (AttributeError in the evaluator)
+    after:  SplitToSequence(x, split=<dynamic scalar>) left as it is
+    """
+
+    last: dict = {}  # "acted" set when a fold was declined, cleared when read
+
+    def not_folded_on_unknown_split(evaluator):
+        @functools.wraps(evaluator)
+        def evaluate(node, *args, **kwargs):
+            try:
+                return evaluator(node, *args, **kwargs)
+            except AttributeError as exc:
+                if "'NoneType' object has no attribute 'ndim'" not in str(exc):
+                    raise
+                last["acted"] = True
+                return None
+
+        return evaluate
+
+    def lookup_evaluators(self, domain, opname, version):
+        evaluators = original(self, domain, opname, version)
+        if (domain, opname) != ("", "SplitToSequence"):
+            return evaluators
+        return [not_folded_on_unknown_split(e) for e in evaluators]
+
+    lookup_evaluators.acted = lambda: last.pop("acted", False)  # fired only when a fold was declined
+    return lookup_evaluators
+
+
 # ── Stage 3: FX node fixes ───────────────────────────────────────────────────
 # Rewrite nodes the ONNX exporter cannot lower: @register_fx_node_fix("onnx"), fn(gm, node) -> bool.
 

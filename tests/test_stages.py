@@ -1501,6 +1501,35 @@ def test_onnx_floor_division_of_a_negative_size_expression():
         torch.testing.assert_close(next(iter(art(x=x).values())), _CeilFrames()(x))
 
 
+def _split_by_unknown_size():
+    """An ONNX model splitting x into chunks of a size given as a graph input (value unknown)."""
+    import onnx
+    import onnx.helper as h
+    import onnx_ir as ir
+
+    x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 3])
+    size = h.make_tensor_value_info("s", onnx.TensorProto.INT64, [])
+    y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    graph = h.make_graph([h.make_node("SplitToSequence", ["x", "s"], ["seq"], axis=0),
+                          h.make_node("SequenceAt", ["seq", "zero"], ["y"])], "g", [x, size], [y],
+                         initializer=[h.make_tensor("zero", onnx.TensorProto.INT64, [], [0])])
+    return ir.from_proto(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+
+
+def test_onnx_split_to_sequence_by_an_unknown_size_is_not_folded():
+    import onnxscript.optimizer
+
+    name = "patch:onnx:onnxscript.optimizer._constant_folding.PartialEvaluatorRegistry.lookup_evaluators"
+    with pytest.raises(RuntimeError, match="constant folding for node .*SplitToSequence"):
+        onnxscript.optimizer.fold_constants(_split_by_unknown_size())
+    fired = FiredLog()
+    with apply_patches([p for p in DEFAULT_REGISTRY.patches("onnx") if p.name == name], fired):
+        model = _split_by_unknown_size()
+        onnxscript.optimizer.fold_constants(model)
+    assert [n.op_type for n in model.graph] == ["SplitToSequence", "SequenceAt"]
+    assert name in fired.names()
+
+
 class _UnbatchedPeaks(torch.nn.Module):
     """SuperPoint's non-maximum suppression: a max pool over one image's [1, H, W] score map, and an average."""
 
