@@ -15,6 +15,7 @@ import torch
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import trace
 from .utils import (
+    ActedFlag,
     FiredLog,
     NewNodes,
     apply_fx_node_fixes,
@@ -203,7 +204,7 @@ def _patch_split_to_sequence_unknown_split(original):
     after:  SplitToSequence(x, split=<dynamic scalar>) left as it is
     """
 
-    last: dict = {}  # "acted" set when a fold was declined, cleared when read
+    acted = ActedFlag()  # set when a fold was declined
 
     def not_folded_on_unknown_split(evaluator):
         @functools.wraps(evaluator)
@@ -213,7 +214,7 @@ def _patch_split_to_sequence_unknown_split(original):
             except AttributeError as exc:
                 if "'NoneType' object has no attribute 'ndim'" not in str(exc):
                     raise
-                last["acted"] = True
+                acted.set()
                 return None
 
         return evaluate
@@ -224,7 +225,7 @@ def _patch_split_to_sequence_unknown_split(original):
             return evaluators
         return [not_folded_on_unknown_split(e) for e in evaluators]
 
-    lookup_evaluators.acted = lambda: last.pop("acted", False)  # fired only when a fold was declined
+    lookup_evaluators.acted = acted  # fired only when a fold was declined
     return lookup_evaluators
 
 

@@ -27,7 +27,7 @@ import functools
 
 import sympy
 
-from .utils import register_patch
+from .utils import ActedFlag, register_patch
 
 
 def _solvable(exprs, symbol) -> bool:
@@ -77,7 +77,7 @@ def _printed(constraints, expr) -> str:
 
 @register_patch("dynamo", "torch.fx.experimental.symbolic_shapes.DimConstraints.solve")
 def _patch_dim_constraints_skip_unsolvable_equalities(original):
-    last: dict = {}  # "acted" set when a call skips an equality, cleared when read
+    acted = ActedFlag()  # set when a call skips an equality
 
     @functools.wraps(original)
     def solve(self):
@@ -86,8 +86,8 @@ def _patch_dim_constraints_skip_unsolvable_equalities(original):
             return original(self)
         finally:
             if equalities.skipped:
-                last["acted"] = True
+                acted.set()
             self._symbols_with_equalities = set(self._symbols_with_equalities)
 
-    solve.acted = lambda: last.pop("acted", False)  # fired only when it skipped an equality
+    solve.acted = acted  # fired only when it skipped an equality
     return solve

@@ -30,7 +30,7 @@ that coincidence).
 
 from __future__ import annotations
 
-from .utils import register_patch
+from .utils import ActedFlag, register_patch
 
 
 def resimplify_touched_axioms(env) -> int:
@@ -57,14 +57,14 @@ def resimplify_touched_axioms(env) -> int:
 
 @register_patch("dynamo", "torch.fx.experimental.symbolic_shapes.ShapeEnv._maybe_evaluate_static")
 def _patch_floor_div_axioms_resimplified_by_need(original):
-    last: dict = {}  # "acted" set when a call re-simplifies, cleared when read (calls nest)
+    acted = ActedFlag()  # set when a call re-simplifies
 
     def maybe_evaluate_static(self, expr, **kwargs):
         if getattr(self, "_resimplify_floor_div_axioms", False) and kwargs.get("axioms") is None:
-            last["acted"] = True
+            acted.set()
             resimplify_touched_axioms(self)
         return original(self, expr, **kwargs)
 
-    maybe_evaluate_static.acted = lambda: last.pop("acted", False)  # fired only when it re-simplifies
+    maybe_evaluate_static.acted = acted  # fired only when it re-simplifies, not on every query
     maybe_evaluate_static.cache_clear = original.cache_clear  # ShapeEnv clears it when a range is refined
     return maybe_evaluate_static

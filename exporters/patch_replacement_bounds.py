@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import functools
 
-from .utils import register_patch
+from .utils import ActedFlag, register_patch
 
 _MESSAGE = "not a subset of src_bound"
 
 
 @register_patch("dynamo", "torch.fx.experimental.symbolic_shapes.ShapeEnv._set_replacement")
 def _patch_replacement_bounds_overflow_skipped(original):
-    last: dict = {}  # "acted" set when a call skips a replacement, cleared when read (calls nest)
+    acted = ActedFlag()  # set when a call skips a replacement
 
     @functools.wraps(original)
     def set_replacement(self, a, tgt, msg):
@@ -38,9 +38,9 @@ def _patch_replacement_bounds_overflow_skipped(original):
         except AssertionError as exc:
             if _MESSAGE not in str(exc):
                 raise
-            last["acted"] = True
+            acted.set()
             self.log.debug("skipped set_replacement %s = %s (%s): %s", a, tgt, msg, exc)
             return None
 
-    set_replacement.acted = lambda: last.pop("acted", False)  # fired only when it skipped a replacement
+    set_replacement.acted = acted  # fired only when it skipped a replacement
     return set_replacement

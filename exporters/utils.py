@@ -273,6 +273,22 @@ class FiredLog:
         return list(self._names)
 
 
+class ActedFlag:
+    """The ``acted`` attribute of a patch that acts on some calls only (see ``_counting``): the
+    replacement calls ``set()`` when a call changed something; reading it (calling the flag) returns
+    whether one did since the last read and clears it, so nested calls are counted once."""
+
+    def __init__(self) -> None:
+        self._acted = False
+
+    def set(self) -> None:
+        self._acted = True
+
+    def __call__(self) -> bool:
+        acted, self._acted = self._acted, False
+        return acted
+
+
 def _counting(replacement: Any, name: str, fired: FiredLog) -> Any:
     """Wrap a callable replacement so that calling it marks the patch as fired. A replacement that
     acts on some calls only (one wrapping a function torch calls on every export) has an
