@@ -220,6 +220,15 @@ def _imag(rw, node, c):
     return rw.call(aten.select.int, rw.r(c), -1, 1)
 
 
+def _conj(rw, node, c):
+    """conj / _conj / conj_physical: the imaginary part negated (Autoformer's autocorrelation,
+    ``q_fft * torch.conj(k_fft)``; the runtime has no ``_conj_copy`` kernel)."""
+    if not rw.cx(c):
+        raise _Unhandled("conj of a complex tensor that is not rewritten")
+    re, im = rw.parts(rw.r(c))
+    return rw.pack(re, rw.call(aten.neg.default, im))
+
+
 def _same_op(rw, node, c, *args, **kwargs):
     """clone, contiguous, alias, detach, and dtype conversions (complex dtype -> its real dtype; a real
     floating tensor cast to complex gets a zero imaginary part: ``fftn(x.to(torch.complex64))``)."""
@@ -299,19 +308,31 @@ def _type_as(rw, node, c, other):
 
 
 def _fft_irfft(rw, node, c, n=None, d=-1, norm=None):
-    """irfft over the last dim as a real DFT (NeuCodec, X-Codec 2: ISTFT of polar(magnitude, phase)):
-    out[t] = scale * sum_k w_k (re_k cos(2 pi k t / n) - im_k sin(2 pi k t / n)), w_0 = w_{n/2} = 1,
-    else 2; k * t is reduced mod n in int64 so that the angles stay exact."""
-    rank, bins = _rank(c), _val(c).shape[-1]
-    if not rw.cx(c) or rw.dim(d, rank) != rank - 1 or not isinstance(bins, int):
-        raise _Unhandled("irfft over a dim that is not the last, or of a dynamic length")
+    """irfft as a real DFT (NeuCodec, X-Codec 2: ISTFT of polar(magnitude, phase); Autoformer's
+    autocorrelation, over dim 1): out[t] = scale * sum_k w_k (re_k cos(2 pi k t / n) - im_k sin(2 pi
+    k t / n)), w_0 = w_{n/2} = 1, else 2; k * t is reduced mod n in int64 so that the angles stay
+    exact. Another dim than the last is moved last for it and back after."""
+    rank = _rank(c)
+    if not rw.cx(c):
+        raise _Unhandled("irfft of a complex tensor that is not rewritten")
+    dim = rw.dim(d, rank)
+    bins = _val(c).shape[dim]
+    if not isinstance(bins, int):
+        raise _Unhandled("irfft of a dynamic length")
     n = 2 * (bins - 1) if n is None else n
     scale = {None: 1.0 / n, "backward": 1.0 / n, "forward": 1.0, "ortho": n ** -0.5}.get(norm)
     if not isinstance(n, int) or n < 1 or scale is None:
         raise _Unhandled(f"irfft with n={n!r}, norm={norm!r}")
+    real = rw.r(c) if dim == rank - 1 else rw.call(aten.transpose.int, rw.r(c), dim, rank - 1)
+    out = _irfft_last(rw, real, rank, bins, n, scale)
+    return out if dim == rank - 1 else rw.call(aten.transpose.int, out, dim, rank - 1)
+
+
+def _irfft_last(rw, real, rank, bins, n, scale):
+    """The irfft of ``real`` (a complex tensor of rank ``rank`` as real pairs, bins last) to length n."""
     used = min(bins, n // 2 + 1)  # bins past n // 2 are ignored; missing ones are zeros
-    x = rw.r(c) if used == bins else rw.call(aten.slice.Tensor, rw.r(c), rank - 1, 0, used)
-    dtype = _val(rw.r(c)).dtype
+    x = real if used == bins else rw.call(aten.slice.Tensor, real, rank - 1, 0, used)
+    dtype = _val(real).dtype
     k = rw.call(aten.arange.default, used, dtype=torch.int64)
     t = rw.call(aten.arange.default, n, dtype=torch.int64)
     m = rw.call(aten.remainder.Scalar, rw.call(aten.mul.Tensor, rw.call(aten.unsqueeze.default, k, -1), t), n)
@@ -477,6 +498,9 @@ _HANDLERS = {
     aten.add.Tensor: _add_sub,
     aten.sub.Tensor: _add_sub,
     aten.real.default: _real,
+    aten.conj.default: _conj,
+    aten._conj.default: _conj,
+    aten.conj_physical.default: _conj,
     aten.imag.default: _imag,
     aten.clone.default: _same_op,
     aten.contiguous.default: _same_op,

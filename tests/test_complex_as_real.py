@@ -143,6 +143,13 @@ class _FftVariants(torch.nn.Module):
         )
 
 
+class _Autocorrelation(torch.nn.Module):
+    """Autoformer's attention: rfft of q and k over dim 1, q * conj(k), irfft back over dim 1."""
+
+    def forward(self, q, k):
+        return torch.fft.irfft(torch.fft.rfft(q, n=8, dim=1) * torch.conj(torch.fft.rfft(k, n=8, dim=1)), n=8, dim=1)
+
+
 class _Unhandled(torch.nn.Module):
     """exp of a complex tensor: no rewrite for it, so the program must stay as it was (the real
     ops before it included)."""
@@ -163,7 +170,8 @@ class _Unhandled(torch.nn.Module):
     (_PolarIrfft, lambda: {"magnitude": torch.randn(2, 3, 9), "phase": torch.randn(2, 3, 9) * 3}),
     (_FNetMixing, lambda: {"hidden_states": torch.randn(2, 7, 8)}),
     (_FftVariants, lambda: {"x": torch.randn(2, 3, 4)}),
-], ids=["parameter", "polar", "buffer", "shape-ops", "irfft", "fnet-fft", "fft-variants"])
+    (_Autocorrelation, lambda: {"q": torch.randn(4, 8, 16), "k": torch.randn(4, 8, 16)}),
+], ids=["parameter", "polar", "buffer", "shape-ops", "irfft", "fnet-fft", "fft-variants", "autocorrelation"])
 def test_rewrite_matches_eager(model, inputs):
     torch.manual_seed(0)
     model, inputs = model().eval(), inputs()
