@@ -157,21 +157,18 @@ class Artifact:
         checked for every backend: an ONNX or ExecuTorch artifact would otherwise compute garbage."""
         if self.guards is None:
             return
-        shapes = ", ".join(f"{n}{tuple(t.shape)}" for n, t in zip(self.input_names, ordered))
         try:
             self.guards(*ordered)
-        except AssertionError as exc:
-            guard = str(exc).replace("Guard failed: ", "")
+        except (AssertionError, ZeroDivisionError) as exc:
+            # a condition that divides by a size expression that is 0 here (``s1 % (s0 // 16)`` at
+            # s0 < 16: Gemma 4's vision patches) cannot hold either: a refusal, not a crash
+            condition = (f"torch.export recorded the condition {str(exc).replace('Guard failed: ', '')}"
+                         if isinstance(exc, AssertionError)
+                         else "a condition torch.export recorded divides by zero at these sizes")
+            shapes = ", ".join(f"{n}{tuple(t.shape)}" for n, t in zip(self.input_names, ordered))
             raise InputError(
                 f"these input shapes are outside what the {self.backend} artifact was exported for: "
-                f"torch.export recorded the condition {guard} (inputs: {shapes})"
-            ) from None
-        except ZeroDivisionError:
-            # a recorded condition divides by a size expression that is 0 here (``s1 % (s0 // 16)`` at
-            # s0 < 16: Gemma 4's vision patches), so it cannot hold: a refusal, not a crash
-            raise InputError(
-                f"these input shapes are outside what the {self.backend} artifact was exported for: a "
-                f"condition torch.export recorded divides by zero at these sizes (inputs: {shapes})"
+                f"{condition} (inputs: {shapes})"
             ) from None
 
     def _check_shared_symbols(self, inputs: Mapping[str, Any]) -> None:

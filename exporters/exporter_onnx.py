@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import trace
@@ -274,6 +276,8 @@ def _fix_scalar_minus_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) -> b
 
 _SYMBOLIC_OPERAND_OPS = (torch.ops.aten.mul.Tensor, torch.ops.aten.div.Tensor, torch.ops.aten.add.Tensor,
                          torch.ops.aten.sub.Tensor)
+_SCALAR_TO_TENSOR_OVERLOAD = {torch.ops.aten.remainder.Scalar: torch.ops.aten.remainder.Tensor,
+                              torch.ops.aten.fmod.Scalar: torch.ops.aten.fmod.Tensor}
 
 
 @register_fx_node_fix("onnx")
@@ -294,8 +298,8 @@ def _fix_symbolic_float_operand(gm: torch.fx.GraphModule, node: torch.fx.Node) -
     after:  remainder.Tensor(x, scalar_tensor(s, dtype=out.dtype))
     """
     aten = torch.ops.aten
-    to_tensor_overload = {aten.remainder.Scalar: aten.remainder.Tensor, aten.fmod.Scalar: aten.fmod.Tensor}
-    if node.op != "call_function" or (node.target not in _SYMBOLIC_OPERAND_OPS and node.target not in to_tensor_overload):
+    if node.op != "call_function" or (node.target not in _SYMBOLIC_OPERAND_OPS
+                                      and node.target not in _SCALAR_TO_TENSOR_OVERLOAD):
         return False
     out = node.meta.get("val")
     symbolic = (torch.SymFloat,) if node.target in _SYMBOLIC_OPERAND_OPS else (torch.SymInt, torch.SymFloat)
@@ -310,7 +314,7 @@ def _fix_symbolic_float_operand(gm: torch.fx.GraphModule, node: torch.fx.Node) -
             args[i] = new.call(aten.scalar_tensor.default, args[i], dtype=out.dtype)
     copy_source_meta(node, new)
     node.args = tuple(args)
-    node.target = to_tensor_overload.get(node.target, node.target)
+    node.target = _SCALAR_TO_TENSOR_OVERLOAD.get(node.target, node.target)
     return True
 
 
@@ -327,10 +331,6 @@ def _fix_symbolic_floordiv_floors(gm: torch.fx.GraphModule, node: torch.fx.Node)
     before: floordiv(a, b)                 # ONNX Div: trunc(a / b)
     after:  floordiv(sub(a, mod(a, b)), b) # exact, = floor(a / b)
     """
-    import operator
-
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
     if node.op != "call_function" or node.target is not operator.floordiv:
         return False
     numerator, divisor = node.args

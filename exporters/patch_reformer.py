@@ -43,14 +43,13 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import _disable_current_modes
-
+from .specialize import untraced
 from .utils import register_patch
 
 
 def seeded_rotations(shape: tuple[int, ...], seed: int, dtype: torch.dtype) -> torch.Tensor:
     """``torch.randn(shape)`` right after ``torch.manual_seed(seed)``, made outside any trace."""
-    with _disable_current_modes(), torch._C.DisableTorchFunction():
+    with untraced():
         return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 

@@ -89,7 +89,7 @@ class ConcreteValues(TorchFunctionMode):
         # ExecuTorch's memory planning cannot bound
         fresh = func in _FROM_PYTHON_DATA and not tensors
         if (fresh or (tensors and all(self.is_concrete(t) for t in tensors))) and not symbolic:
-            with _disable_current_modes(), torch._C.DisableTorchFunction():
+            with untraced():
                 out = func(*args, **kwargs)
             for value in pytree.tree_leaves(out):
                 if isinstance(value, torch.Tensor):
@@ -98,9 +98,16 @@ class ConcreteValues(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+@contextlib.contextmanager
+def untraced():
+    """Run the block on real tensors, outside any active trace or torch function mode."""
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        yield
+
+
 def concrete(value: torch.Tensor) -> torch.Tensor:
     """A real (untraced) copy of a baked input, made outside any active trace."""
-    with _disable_current_modes(), torch._C.DisableTorchFunction():
+    with untraced():
         return value.detach().clone()
 
 
