@@ -225,6 +225,7 @@ from .patch_conv_padding import _patch_conv_padding_as_size_arithmetic  # noqa: 
 from .patch_ovis2_indicators import _patch_visual_indicators_without_branch  # noqa: E402,F401  (registers on import)
 from .patch_autoformer_mask import _patch_autoformer_all_keep_mask_dropped  # noqa: E402,F401  (registers on import)
 from .patch_hiera_masked_units import _patch_hiera_kept_units_static  # noqa: E402,F401  (registers on import)
+from .patch_qwen4exp_indexer import _patch_qwen4exp_indexer_vectorized  # noqa: E402,F401  (registers on import)
 
 
 # ── Stage 3: Pytree registration ─────────────────────────────────────────────

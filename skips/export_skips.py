@@ -143,15 +143,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "instead of Python lists and nonzero",
     ),
     ExportSkip(
-        classes=("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration", "Qwen4ExpModel", "Qwen4ExpTextModel"),
-        stage="export",
-        reason="Qwen4ExpTextQSAIndexer.forward selects tokens per query in a Python loop over batch and query "
-               "positions with torch.nonzero(visible_token_indices[b, 0, q]) and branches on "
-               "'if num_complete_blocks > 0' (models/qwen4_exp/modeling_qwen4_exp.py:726-733), a count read from "
-               "the mask values. Remove when the indexer selects blocks with static shapes (mask-based top-k over a "
-               "fixed block grid) instead of nonzero per query",
-    ),
-    ExportSkip(
         classes=("SLANetForTableRecognition", "SLANeXtForTableRecognition"),
         stage="export",
         reason="the structure head decodes greedily with an early exit: 'if torch.stack(structure_ids_list, "

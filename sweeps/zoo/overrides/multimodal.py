@@ -134,8 +134,9 @@ OVERRIDES: dict[str, dict] = {
     "qwen2_5_omni_thinker": _THINKER,
     "qwen3_omni_moe_thinker": _THINKER,
     "qwen4_exp": {
-        "reason": "QSA indexer fields are optional in the config but the full-attention layers always build the indexer",
-        "config": {"text_config.indexer_n_heads": 2, "text_config.indexer_kv_heads": 1, "text_config.indexer_head_dim": 8,
+        "reason": "QSA indexer fields are optional in the config but the full-attention layers always build the indexer"
+                  "; 8 indexer heads, not 2: a block scores the sum over heads of relu(q . k), so with 2 heads a quarter of the blocks score exactly 0 and top-k chooses among those ties by tie order, which eager (topk over the loop's complete blocks), the vectorized indexer (a fixed block grid) and ONNX TopK (lower index first) break differently; with 8 heads a tie needs every head negative (1 block in 256)",
+        "config": {"text_config.indexer_n_heads": 8, "text_config.indexer_kv_heads": 1, "text_config.indexer_head_dim": 8,
                    "text_config.indexer_budget": 4, "text_config.indexer_compress_ratio": 2},
     },
     "colqwen2": {

@@ -49,8 +49,9 @@ OVERRIDES: dict[str, dict] = {
                    "attention_hidden_size": 64},  # the shared block attends over concat(hidden, embeddings)
     },
     "qwen4_exp_text": {
-        "reason": "QSA indexer fields are optional in the config but the full-attention layers always build the indexer",
-        "config": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 8, "indexer_budget": 4,
+        "reason": "QSA indexer fields are optional in the config but the full-attention layers always build the indexer"
+                  "; 8 indexer heads, not 2: a block scores the sum over heads of relu(q . k), so with 2 heads a quarter of the blocks score exactly 0 and top-k chooses among those ties by tie order, which eager (topk over the loop's complete blocks), the vectorized indexer (a fixed block grid) and ONNX TopK (lower index first) break differently; with 8 heads a tie needs every head negative (1 block in 256)",
+        "config": {"indexer_n_heads": 8, "indexer_kv_heads": 1, "indexer_head_dim": 8, "indexer_budget": 4,
                    "indexer_compress_ratio": 2},
     },
     "jev": {
