@@ -786,6 +786,46 @@ def _fix_sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     return True
 
 
+_REMAINDERS = (torch.ops.aten.remainder.Tensor, torch.ops.aten.remainder.Scalar)
+
+
+@register_fx_node_fix("executorch")
+def _fix_integer_remainder_floored(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The ExecuTorch runtime's integer ``remainder`` keeps the dividend's sign, as C's ``%`` does
+    (``-1 % 8`` gives -1), where torch's takes the divisor's (7); float remainder is right.
+    EfficientLoFTR marks unmatched points with index -1 and takes ``index % width``: half its
+    keypoints came back one image width off. A nonzero result whose sign differs from the
+    divisor's gets the divisor added, which is torch's remainder from C's (and a no-op on a
+    runtime that already floors).
+
+    before: r = remainder(a, b)
+    after:  t = remainder(a, b); r = where((t != 0) & ((t < 0) ^ (b < 0)), t + b, t)
+    """
+    if node.op != "call_function" or node.target not in _REMAINDERS or node.meta.get("floored_remainder"):
+        return False
+    val = fake_val(node)
+    if val is None or val.dtype.is_floating_point or val.dtype.is_complex or val.dtype == torch.bool:
+        return False
+    aten, made = torch.ops.aten, NewNodes(gm.graph)
+    truncated, divisor = node, node.args[1]
+    users = list(node.users)
+    with gm.graph.inserting_before(node.next):
+        negative = made.call(aten.lt.Scalar, truncated, 0)
+        if isinstance(divisor, torch.fx.Node):
+            differs = made.call(aten.logical_xor.default, negative, made.call(aten.lt.Scalar, divisor, 0))
+            shifted = made.call(aten.add.Tensor, truncated, divisor)
+        else:
+            differs = negative if divisor > 0 else made.call(aten.gt.Scalar, truncated, 0)
+            shifted = made.call(aten.add.Scalar, truncated, divisor)
+        wrong = made.call(aten.logical_and.default, made.call(aten.ne.Scalar, truncated, 0), differs)
+        fixed = made.call(aten.where.self, wrong, shifted, truncated)
+    copy_source_meta(node, made)
+    for user in users:
+        user.replace_input_with(node, fixed)
+    node.meta["floored_remainder"] = True  # a second pass leaves it alone
+    return True
+
+
 _CUMULATIVE = {torch.ops.aten.cummax.default: torch.ops.aten.amax.default,
                torch.ops.aten.cummin.default: torch.ops.aten.amin.default}
 

@@ -936,6 +936,26 @@ def test_executorch_sort_of_int_keys_keeps_ties_in_index_order():
         assert got.dtype == want.dtype and torch.equal(got, want)
 
 
+class _Remainders(torch.nn.Module):
+    """EfficientLoFTR's unmatched index -1 % width, by a tensor and a scalar, negative divisors, and
+    a float remainder the runtime already gets right."""
+
+    def forward(self, x, d):
+        return (x % torch.tensor(8), torch.remainder(x, 8), torch.remainder(x, -3), x % d,
+                x.to(torch.int32) % 5, x.float() % 8.0)
+
+
+def test_executorch_integer_remainder_takes_the_divisors_sign():
+    inputs = {"x": torch.tensor([[-1, 7, -9, 15, 0, -8]]), "d": torch.tensor([[8, -8, 5, -5, 3, -3]])}
+    without = et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without("fix:executorch:_fix_integer_remainder_floored"))
+    expected = _Remainders()(**inputs)
+    assert not torch.equal(without.export(_Remainders(), inputs)(**inputs)["0"], expected[0])  # C's sign
+    art = et.ExecutorchExporter().export(_Remainders(), inputs)
+    assert "fix:executorch:_fix_integer_remainder_floored" in art.workarounds_fired
+    for got, want in zip(art(**inputs).values(), expected):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
 class _RunningExtremes(torch.nn.Module):
     """Grounding DINO's previous/next special token: cummax, and cummin of the flipped positions."""
 
