@@ -172,12 +172,12 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
         classes=("BitBackbone",),
         backends=("executorch",),
-        variants=("static",),
         stage="compare",
         reason="fp32 rounding, not a lowering defect: weight standardization gives BiT's tiny model activations "
                "up to 49 (stem) and ~20 (stage 4), so XNNPACK's convolutions differ from ATen's by 3e-5 after the "
                "stem, growing to 2e-4 at stage 4, where the checked output has elements near 0.25 "
-               "(atol 1e-4 + rtol 1e-4 * 0.25); eager fp32 itself is 8.6e-5 off its fp64 result there. BitModel "
+               "(atol 1e-4 + rtol 1e-4 * 0.25); eager fp32 itself is 8.6e-5 off its fp64 result there. The dynamic "
+               "program differs the same way (feature_maps.0: 3 of 512 elements, 1.3e-4 at -0.2499). BitModel "
                "and BitForImageClassification pass. Remove when parity scales its tolerance to each output's "
                "magnitude (or compares against an fp64 reference)",
     ),
