@@ -316,6 +316,55 @@ def _patch_max_dim_partition_constraints(original):
     return check_constraints
 
 
+def _symbolic_dims(node: Any) -> int:
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return sum(1 for d in val.shape if free_symbols(d)) if isinstance(val, torch.Tensor) else 0
+
+
+@register_patch("executorch",
+                "executorch.backends.xnnpack.partition.config.generic_node_configs.UnsqueezeCopyConfig.check_constraints")
+def _patch_unsqueeze_dynamic_dims_constraint(original):
+    """XNNPACK's partitioner takes a trailing ``unsqueeze_copy`` whatever its shape, but its node visitor
+    lowers it as a static reshape that allows one dynamic dimension and raises otherwise, failing the
+    whole lowering: "XNNPACK reshape only supports 1 dynamic dimension" (SwitchTransformers' router
+    ``max(...).values.unsqueeze(-1)`` and Step3p7's gate over a dynamic batch and sequence). Leave an
+    unsqueeze whose output has more than one symbolic dimension to the portable kernel.
+
+    before: unsqueeze_copy(x[s0, s1], -1) partitioned to XNNPACK -> RuntimeError at to_backend
+    after:  it runs outside the delegate; one with a single symbolic dimension is still delegated
+    """
+
+    def check_constraints(self, node, ep) -> bool:
+        return original(self, node, ep) and _symbolic_dims(node) <= 1
+
+    return check_constraints
+
+
+@register_patch("executorch", "executorch.backends.xnnpack.partition.config.gemm_configs.ConvolutionConfig.check_constraints")
+def _patch_conv1d_dynamic_dims_constraint(original):
+    """XNNPACK runs a 1-D convolution as a 2-D one between an ``unsqueeze_copy`` and a ``squeeze_copy``
+    that its Conv1dUnsqueezePass adds inside the delegate, and lowers both as static reshapes that
+    allow one dynamic dimension: a conv1d over a dynamic batch and length fails the whole lowering
+    ("XNNPACK reshape only supports 1 dynamic dimension": Wav2Vec2's conv feature encoder). Leave such
+    a conv1d to the portable kernel; one with a single symbolic dimension is still delegated.
+
+    before: convolution(x[s0, C, s1], w[O, C, K]) partitioned -> RuntimeError at to_backend
+    after:  it runs outside the delegate
+    """
+
+    def check_constraints(self, node, ep) -> bool:
+        if not original(self, node, ep):
+            return False
+        weight = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
+        if weight is None or weight.dim() != 3:
+            return True
+        return _symbolic_dims(node.args[0]) <= 1 and _symbolic_dims(node) <= 1
+
+    return check_constraints
+
+
 @register_patch("executorch", "executorch.backends.xnnpack.partition.config.node_configs.PreluConfig.check_constraints")
 def _patch_prelu_partition_constraints(original):
     """XNNPACK's partitioner takes a ``prelu`` of any rank, but its channels-last pass can only give it

@@ -40,16 +40,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "attention sets is_causal=True (or the mask skip is disabled for it) in transformers",
     ),
     ExportSkip(
-        classes=("Wav2Vec2ForCTC",),
-        backends=("executorch",),
-        variants=("dynamic",),
-        stage="lower",
-        reason="XNNPACK's reshape supports a single dynamic dimension and the conv feature encoder's "
-               "output reshape has two (batch and frames); lowering raises 'XNNPACK reshape only supports "
-               "1 dynamic dimension'. Remove when XNNPACK's partitioner leaves such reshapes to the "
-               "portable kernels (or the model reshapes with one dynamic dim)",
-    ),
-    ExportSkip(
         classes=("InformerModel",),
         stage="export",
         reason="InformerEncoder builds the (B, 1, L, L) attention mask once (models/informer/modeling_informer.py:835) "
@@ -206,28 +196,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "Eq(s70, 7) and pins batch and sequence, and the program refuses other sizes ('Attempted to resize a "
                "static tensor', 0x12). Remove when _empty_dim_order takes SymInt[] (or the model builds key_states "
                "without new_empty, e.g. torch.cat)",
-    ),
-    ExportSkip(
-        classes=("Step3p7ForConditionalGeneration", "Step3p7Model"),
-        backends=("executorch",),
-        variants=("dynamic",),
-        stage="lower",
-        reason="XNNPACK's reshape supports a single dynamic dimension and gate_states.unsqueeze(-1) "
-               "(models/step3p7/modeling_step3p7.py:742) has two: 'reshape only supports 1 dynamic dimension'. "
-               "(Static passes since bound_unbacked_sizes_by_trace bounds the u65 that get_vision_position_ids "
-               "reads back from grid_thw with .item().) Remove when XNNPACK's partitioner leaves such reshapes to "
-               "the portable kernels",
-    ),
-    ExportSkip(
-        classes=("SwitchTransformersForConditionalGeneration", "SwitchTransformersModel"),
-        backends=("executorch",),
-        variants=("dynamic",),
-        stage="lower",
-        reason="XNNPACK's reshape supports a single dynamic dimension and the router's "
-               "torch.max(router_probs, dim=-1).values.unsqueeze(-1) (models/switch_transformers/"
-               "modeling_switch_transformers.py:109) reshapes (batch, seq, 1) with two; lowering raises 'XNNPACK "
-               "reshape only supports 1 dynamic dimension'. Remove when XNNPACK's partitioner leaves such reshapes to "
-               "the portable kernels",
     ),
     ExportSkip(
         classes=("ColQwen2ForRetrieval",),

@@ -830,6 +830,35 @@ def test_executorch_nonzero_fix_with_dynamic_sizes():
             assert torch.equal(got, want)
 
 
+class _ConvAndRouter(torch.nn.Module):
+    """Wav2Vec2's conv feature encoder (conv1d over a dynamic batch and length) and a router's
+    ``max(...).values.unsqueeze(-1)`` over a dynamic batch and sequence (SwitchTransformers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(3, 4, 3)
+
+    def forward(self, audio, logits):
+        return self.conv(audio), logits.max(dim=-1).values.unsqueeze(-1) * logits
+
+
+@pytest.mark.parametrize("patch", ["gemm_configs.ConvolutionConfig", "generic_node_configs.UnsqueezeCopyConfig"])
+def test_executorch_reshapes_with_two_dynamic_dims_stay_outside_xnnpack(patch):
+    model = _ConvAndRouter()
+    inputs = {"audio": torch.randn(2, 3, 11), "logits": torch.randn(2, 5, 6)}
+    auto = torch.export.Dim.AUTO
+    config = et.ExecutorchConfig(dynamic_shapes={"audio": {0: auto, 2: auto}, "logits": {0: auto, 1: auto}})
+    name = f"patch:executorch:executorch.backends.xnnpack.partition.config.{patch}.check_constraints"
+    with pytest.raises(ExportStageError, match="only supports 1 dynamic dimension"):
+        et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(model, inputs, config)
+    art = et.ExecutorchExporter().export(model, inputs, config)
+    assert name in art.workarounds_fired
+    for batch, length in ((2, 11), (3, 8), (4, 14)):
+        probe = {"audio": torch.randn(batch, 3, length), "logits": torch.randn(batch, length, 6)}
+        for got, want in zip(art(**probe).values(), model(**probe)):
+            torch.testing.assert_close(got, want)
+
+
 def test_executorch_count_of_nonzero_rows_survives_the_fix():
     """A size taken from nonzero's rows (an arange of the count) must stay the runtime count."""
     ids = torch.zeros(2, 39, dtype=torch.long)
