@@ -226,6 +226,7 @@ from .patch_ovis2_indicators import _patch_visual_indicators_without_branch  # n
 from .patch_autoformer_mask import _patch_autoformer_all_keep_mask_dropped  # noqa: E402,F401  (registers on import)
 from .patch_hiera_masked_units import _patch_hiera_kept_units_static  # noqa: E402,F401  (registers on import)
 from .patch_qwen4exp_indexer import _patch_qwen4exp_indexer_vectorized  # noqa: E402,F401  (registers on import)
+from .patch_sdpa_query_length import _patch_sdpa_lookup_sees_the_patch, _patch_sdpa_query_length_decided  # noqa: E402,F401  (registers on import)
 
 
 # ── Stage 3: Pytree registration ─────────────────────────────────────────────
