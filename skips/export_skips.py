@@ -84,15 +84,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "traced",
     ),
     ExportSkip(
-        classes=("FastSpeech2ConformerModel", "FastSpeech2ConformerWithHifiGan"),
-        stage="export",
-        reason="the length regulator's output length is the sum of the predicted durations: length_regulator "
-               "branches on 'if duration_labels.sum() == 0' (models/fastspeech2_conformer/"
-               "modeling_fastspeech2_conformer.py:108), then sizes the output with torch.sum(...).max() and "
-               "repeat_interleave per sample (lines 112-124). Remove when the regulator is written with a static "
-               "maximum length and a mask (or the output length becomes an explicit, bounded input)",
-    ),
-    ExportSkip(
         classes=("VideoMAEForPreTraining",),
         variants=("dynamic",),
         stage="export",
