@@ -455,6 +455,27 @@ def reset_model_state(model: torch.nn.Module, snapshot: dict[tuple[int, str], An
     return reset
 
 
+def _is_dim_marking(name: str) -> bool:
+    return name.startswith("_dynamo_") or name == "_has_dynamo_dim_marking"
+
+
+def _dim_markings(tensors: Mapping[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
+    return {k: {a: v for a, v in vars(t).items() if _is_dim_marking(a)} for k, t in tensors.items()}
+
+
+def restore_dim_markings(tensors: Mapping[str, torch.Tensor], before: dict[str, dict[str, Any]]) -> None:
+    """torch.export marks the input tensors it is given dynamic dims for (``_dynamo_dynamic_indices``
+    and friends, set on the tensor objects) and leaves the marks when the export fails; the next
+    export of the same tensors (the sweep's cached inputs: another backend's static item) then traced
+    them as dynamic. Put each tensor's marks back as they were before the export."""
+    for name, tensor in tensors.items():
+        for attr in [a for a in vars(tensor) if _is_dim_marking(a)]:
+            if attr not in before[name]:
+                delattr(tensor, attr)
+        for attr, value in before[name].items():
+            setattr(tensor, attr, value)
+
+
 # ── tracing: the five stages, shared by every exporter ───────────────────────
 
 
@@ -567,6 +588,7 @@ def trace(
     else:
         dynamic_shapes = None
     state = _snapshot_state(model)
+    markings = _dim_markings(tensors)
     try:
         with constant_buffers_baked(model) as baked_buffers, \
                 flat_forward_signature(model, names, constants, baked_buffers), apply_patches(patches, fired):
@@ -575,6 +597,7 @@ def trace(
             )
     finally:
         reset_model_state(model, state)
+        restore_dim_markings(tensors, markings)
     user_inputs = [
         spec.arg.name for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"
     ]

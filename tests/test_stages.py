@@ -1595,3 +1595,19 @@ def test_executorch_unbatched_pool():
     assert "fix:executorch:_fix_unbatched_pool_as_batched" in art.workarounds_fired
     for want, got in zip(_UnbatchedPeaks()(**inputs), art(**inputs).values()):
         torch.testing.assert_close(got, want)
+
+
+class _DataDependent(torch.nn.Module):
+    def forward(self, x):
+        return x * 2 if x.sum() > 0 else x  # a data-dependent branch: the export fails
+
+
+def test_failed_dynamic_export_leaves_inputs_unmarked():
+    """torch.export leaves dynamic-dim marks on its input tensors when it fails; a later static export
+    of the same tensors (the sweep's cached inputs) must stay static."""
+    x = torch.randn(3, 4)
+    with pytest.raises(ExportStageError):
+        dyn.DynamoExporter().export(_DataDependent(), {"x": x}, dyn.DynamoConfig(dynamic=True))
+    assert not [a for a in vars(x) if a.startswith("_dynamo_")]
+    art = dyn.DynamoExporter().export(torch.nn.Linear(4, 2), {"input": x})
+    assert art.dynamic_dims == {"input": {}} or not any(art.dynamic_dims.values())
