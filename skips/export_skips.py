@@ -204,16 +204,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "without new_empty, e.g. torch.cat)",
     ),
     ExportSkip(
-        classes=("ColQwen2ForRetrieval",),
-        stage="export",
-        reason="ColQwen2ForRetrieval.forward unpads its processor-padded pixel_values with a boolean mask, "
-               "pixel_values[arange(max_len) < image_grid_thw[:, 1] * image_grid_thw[:, 2]] "
-               "(models/colqwen2/modeling_colqwen2.py:125-130), so the patch count is data-dependent (u0 > 1 in "
-               "sdpa_attention_forward); its forward also takes no mm_token_type_ids, so the multimodal RoPE "
-               "positions cannot be precomputed either. Remove when ColQwen2 unpads by slicing per image with "
-               "sizes from image_grid_thw (or takes unpadded pixel_values) and forwards mm_token_type_ids",
-    ),
-    ExportSkip(
         classes=("DepthProForDepthEstimation", "DepthProModel"),
         backends=("dynamo", "onnx"),
         variants=("dynamic",),
