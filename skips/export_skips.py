@@ -148,15 +148,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "token (e.g. a flag to disable the early exit)",
     ),
     ExportSkip(
-        classes=("UdopForConditionalGeneration", "UdopModel"),
-        stage="export",
-        reason="combine_image_text_embeddings iterates the OCR-point tensor in Python ('rows, cols = zip(*ind)'; "
-               "'patch_inds[rows, cols] = False', models/udop/modeling_udop.py:218-219, which reads tensor data "
-               "while tracing) and then keeps image_embeddings[i][patch_inds[i]], a per-image count that depends on "
-               "the bbox values. Remove when Udop marks the OCR patches with tensor indexing and keeps all patches "
-               "with a mask instead of boolean compaction",
-    ),
-    ExportSkip(
         classes=("ViltForQuestionAnswering", "ViltModel"),
         stage="export",
         reason="ViltEmbeddings.visual_embed interpolates the position embeddings to per-image sizes read from the "
