@@ -228,6 +228,7 @@ from .patch_hiera_masked_units import _patch_hiera_kept_units_static  # noqa: E4
 from .patch_qwen4exp_indexer import _patch_qwen4exp_indexer_vectorized  # noqa: E402,F401  (registers on import)
 from .patch_sdpa_query_length import _patch_sdpa_lookup_sees_the_patch, _patch_sdpa_query_length_decided  # noqa: E402,F401  (registers on import)
 from .patch_udop_ocr_patches import _patch_udop_patches_static  # noqa: E402,F401  (registers on import)
+from .patch_decomposition_stacks import _patch_edge_decompositions_without_stack_capture, _patch_onnx_decompositions_without_stack_capture  # noqa: E402,F401  (registers on import)
 from .patch_fastspeech2_length_regulator import (  # noqa: E402,F401  (registers on import)
     _patch_length_regulator_vectorized, _patch_rel_positions_for_any_length, _patch_relative_shift_as_gather)
 
@@ -389,6 +390,16 @@ def register_pytree_nodes(obj: Any = None) -> None:
         for leaf in pytree.tree_leaves(obj):
             if not isinstance(leaf, torch.Tensor) and _holds_tensors(leaf):
                 _register(type(leaf))
+
+
+# Torch's shape-arithmetic patches (sympy.simplify, ShapeEnv internals) matter wherever torch rebuilds
+# symbolic sizes, not only in torch.export: the ONNX and ExecuTorch lowerings re-trace the program
+# (run_decompositions, to_edge) over the same nested expressions, so they install these too.
+SHAPE_ARITHMETIC_PATHS = ("sympy.", "torch.fx.experimental.symbolic_shapes.")
+
+
+def shape_arithmetic_patches(patches: list[PatchEntry]) -> list[PatchEntry]:
+    return [p for p in patches if p.path.startswith(SHAPE_ARITHMETIC_PATHS)]
 
 
 # ── Stage 4: Dynamic shapes ──────────────────────────────────────────────────

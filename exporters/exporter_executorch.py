@@ -15,7 +15,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
-from .exporter_dynamo import _finite, trace
+from .exporter_dynamo import _finite, shape_arithmetic_patches, trace
 from .utils import (FiredLog, NewNodes, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, copy_source_meta,
                     fake_val, register_fx_node_fix, register_patch, replace_node, replace_unpacked)
 
@@ -1370,6 +1370,7 @@ class ExecutorchExporter(Exporter):
         patches = self.registry.patches("dynamo", "executorch")
         torch_patches = [p for p in patches if not p.path.startswith(_EXECUTORCH_INTERNALS)]
         et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
+        et_patches += shape_arithmetic_patches(torch_patches)  # to_edge re-traces the sizes too
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
         ordered = [inputs[name] for name in traced.input_names]
         retrace = lambda: trace(model, inputs, config, torch_patches, fired).program  # noqa: E731

@@ -15,7 +15,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
-from .exporter_dynamo import trace
+from .exporter_dynamo import shape_arithmetic_patches, trace
 from .utils import (
     ActedFlag,
     FiredLog,
@@ -786,6 +786,7 @@ class OnnxExporter(Exporter):
         fired = FiredLog()
         torch_patches = [p for p in self.registry.patches("dynamo", "onnx") if not p.path.startswith(_ONNX_INTERNALS)]
         onnx_patches = [p for p in self.registry.patches("onnx") if p.path.startswith(_ONNX_INTERNALS)]
+        onnx_patches += shape_arithmetic_patches(torch_patches)  # torch.onnx re-traces the sizes too
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
         program = traced.program
         onnx_program = run_stage(
