@@ -30,6 +30,7 @@ import math
 
 import torch
 
+from .compaction import gather_rows, kept_in_order
 from .utils import register_patch
 
 
@@ -37,16 +38,11 @@ def kept_tokens(hidden_states: torch.Tensor, bool_masked_pos: torch.Tensor, mask
                 kept_units: int) -> torch.Tensor:
     """``hidden_states[positions].view(batch, -1, hidden)`` as Hiera computes it, for a mask with
     exactly ``kept_units`` True per row: a gather with a static count, same tokens, same order."""
-    batch_size = bool_masked_pos.shape[0]
-    hidden_size = hidden_states.shape[-1]
     keep = bool_masked_pos.tile(1, mask_unit_area)  # token j belongs to mask unit j % num_windows
     torch._check(keep.shape[1] == hidden_states.shape[1],
                  lambda: f"Hiera: {keep.shape[1]} mask positions for {hidden_states.shape[1]} tokens")
-    count = kept_units * mask_unit_area
-    rank = keep.to(torch.int64).cumsum(1) - 1  # a kept token's place among its row's kept tokens
-    slot = torch.where(keep, rank, count)  # dropped tokens go past the end
-    order = (slot.unsqueeze(-1) == torch.arange(count, device=keep.device)).to(torch.uint8).argmax(1)
-    return hidden_states.gather(1, order.unsqueeze(-1).expand(batch_size, -1, hidden_size))
+    order, _ = kept_in_order(keep, kept_units * mask_unit_area)  # every row keeps exactly that many
+    return gather_rows(hidden_states, order)
 
 
 def kept_units(patch_embeddings) -> int:

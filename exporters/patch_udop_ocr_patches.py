@@ -22,22 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from .compaction import gather_rows, kept_in_order
 from .utils import register_patch
-
-
-def _kept_in_order(keep: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For a (batch, n) keep mask: (batch, length) indices of each row's first ``length`` kept
-    positions in order, and whether slot r holds one (r < the row's count)."""
-    rank = keep.to(torch.int64).cumsum(1) - 1
-    slot = torch.where(keep, rank, length)
-    slots = torch.arange(length, device=keep.device)
-    order = (slot.unsqueeze(-1) == slots).to(torch.uint8).argmax(1)  # (batch, length)
-    return order, slots[None, :] < keep.sum(1, keepdim=True)
-
-
-def _gather_rows(x: torch.Tensor, order: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    picked = x.gather(1, order.unsqueeze(-1).expand(-1, -1, x.size(-1)))
-    return torch.where(valid.unsqueeze(-1), picked, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def combined(image_embeddings, inputs_embeds, bbox, visual_bbox, attention_mask=None, num_patches=14, max_len=0,
@@ -67,9 +53,9 @@ def combined(image_embeddings, inputs_embeds, bbox, visual_bbox, attention_mask=
         visual_bbox = visual_bbox.unsqueeze(0).repeat(image_embeddings.size(0), 1, 1).to(image_embeddings.device)
     max_len = image_embeddings.size(1) if max_len == 0 else max_len - inputs_embeds.size(1)
 
-    order, valid = _kept_in_order(keep, max_len)
-    inputs_vision_patches = _gather_rows(image_embeddings, order, valid)
-    visual_bbox = _gather_rows(visual_bbox, order, valid)
+    order, valid = kept_in_order(keep, max_len)
+    inputs_vision_patches = gather_rows(image_embeddings, order, valid)
+    visual_bbox = gather_rows(visual_bbox, order, valid)
     inputs_embeds = torch.cat([inputs_embeds, inputs_vision_patches], 1)
     bbox = torch.cat([bbox, visual_bbox], 1)
     if attention_mask is not None:
