@@ -365,6 +365,29 @@ def _patch_conv1d_dynamic_dims_constraint(original):
     return check_constraints
 
 
+@register_patch("executorch", "executorch.backends.xnnpack.partition.config.node_configs.BatchNormConfig.check_constraints")
+def _patch_batch_norm_1d_dynamic_dims_constraint(original):
+    """XNNPACK lowers a BatchNorm it cannot fuse over a (N, C, L) input as a depthwise 1-D convolution
+    (DecomposeBatchNorm), which then runs as a 2-D one between the static reshapes that allow one
+    dynamic dimension (see the conv1d constraint above): FastSpeech2Conformer's BatchNorm1d after a
+    conv1d kept out of the delegate, over a dynamic batch and a data-dependent length, failed the
+    lowering ("XNNPACK reshape only supports 1 dynamic dimension"). Leave such a batch norm to the
+    portable kernel; 4-D ones and those with one symbolic dimension are still delegated.
+
+    before: batch_norm(x[s0, C, u0]) partitioned -> RuntimeError at to_backend
+    after:  it runs outside the delegate
+    """
+
+    def check_constraints(self, node, ep) -> bool:
+        if not original(self, node, ep):
+            return False
+        source = node.all_input_nodes[0]
+        val = source.meta.get("val")
+        return not (isinstance(val, torch.Tensor) and val.dim() <= 3 and _symbolic_dims(source) > 1)
+
+    return check_constraints
+
+
 @register_patch("executorch", "executorch.backends.xnnpack.partition.config.node_configs.PreluConfig.check_constraints")
 def _patch_prelu_partition_constraints(original):
     """XNNPACK's partitioner takes a ``prelu`` of any rank, but its channels-last pass can only give it
@@ -1267,6 +1290,25 @@ def missing_kernels(buffer: bytes, registered) -> list[str]:
     return names
 
 
+# executorch/runtime/core/error.h: the codes a failed load reports, by name
+_RUNTIME_ERRORS = {
+    0x01: "Internal", 0x02: "InvalidState", 0x10: "NotSupported", 0x11: "NotImplemented",
+    0x12: "InvalidArgument", 0x13: "InvalidType", 0x14: "OperatorMissing", 0x20: "NotFound",
+    0x21: "MemoryAllocationFailed (the method's planned memory or a buffer could not be allocated)",
+    0x22: "AccessFailed", 0x23: "InvalidProgram", 0x25: "OutOfResources",
+    0x30: "DelegateInvalidCompatibility", 0x31: "DelegateMemoryAllocationFailed", 0x32: "DelegateInvalidHandle",
+}
+
+
+def runtime_error_name(message: str) -> str:
+    """The name of the ExecuTorch error code in ``message`` ("... error: 0x:21" -> MemoryAllocationFailed)."""
+    import re
+
+    found = re.search(r"0x:?([0-9a-fA-F]+)", message)
+    code = int(found.group(1), 16) if found else None
+    return f"ExecuTorch error {_RUNTIME_ERRORS.get(code, 'code unknown to this suite')}"
+
+
 def load_forward(buffer: bytes):
     """Load a .pte program and its ``forward`` method; a method that cannot load because the runtime
     lacks a kernel names the missing operators instead of an error code."""
@@ -1279,7 +1321,7 @@ def load_forward(buffer: bytes):
     except RuntimeError as exc:
         missing = missing_kernels(buffer, runtime.operator_registry.operator_names)
         if not missing:
-            raise
+            raise RuntimeError(f"{exc}: {runtime_error_name(str(exc))}") from exc
         raise RuntimeError(
             f"the ExecuTorch runtime has no kernel for {', '.join(missing)}, which the program calls "
             "outside any delegate: lower the op to ops the runtime has (an executorch node fix) or "

@@ -859,6 +859,33 @@ def test_executorch_reshapes_with_two_dynamic_dims_stay_outside_xnnpack(patch):
             torch.testing.assert_close(got, want)
 
 
+def test_executorch_batch_norm_1d_with_two_dynamic_dims_stays_outside_xnnpack():
+    """FastSpeech2Conformer's BatchNorm1d over a dynamic batch and length: XNNPACK decomposes it into a
+    depthwise conv1d, run as a 2-D conv between single-dynamic-dim reshapes."""
+    model = torch.nn.BatchNorm1d(4).eval()
+    with torch.no_grad():
+        model.running_mean.uniform_(-1, 1)
+        model.running_var.uniform_(0.5, 2)
+    inputs = {"input": torch.randn(2, 4, 11)}
+    auto = torch.export.Dim.AUTO
+    config = et.ExecutorchConfig(dynamic_shapes={"input": {0: auto, 2: auto}})
+    name = "patch:executorch:executorch.backends.xnnpack.partition.config.node_configs.BatchNormConfig.check_constraints"
+    with pytest.raises(ExportStageError, match="only supports 1 dynamic dimension"):
+        et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(model, inputs, config)
+    art = et.ExecutorchExporter().export(model, inputs, config)
+    assert name in art.workarounds_fired
+    for batch, length in ((2, 11), (3, 7)):
+        probe = torch.randn(batch, 4, length)
+        (got,) = art(input=probe).values()
+        torch.testing.assert_close(got, model(probe))
+
+
+def test_executorch_runtime_error_codes_are_named():
+    assert "MemoryAllocationFailed" in et.runtime_error_name("Failed to load method forward, error: 0x:21")
+    assert "OperatorMissing" in et.runtime_error_name("error: 0x14")
+    assert "unknown" in et.runtime_error_name("no code here")
+
+
 def test_executorch_count_of_nonzero_rows_survives_the_fix():
     """A size taken from nonzero's rows (an arange of the count) must stay the runtime count."""
     ids = torch.zeros(2, 39, dtype=torch.long)
