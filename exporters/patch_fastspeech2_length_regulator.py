@@ -35,9 +35,8 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from .utils import ActedFlag, register_patch
+from .utils import ActedFlag, data_dependent_size, register_patch
 
 
 def regulated(encoded_embeddings: torch.Tensor, duration_labels: torch.Tensor, speaking_speed: float = 1.0):
@@ -73,7 +72,7 @@ def _patch_rel_positions_for_any_length(original):
     @functools.wraps(original)
     def forward(self, feature_representation):
         length = feature_representation.size(1)
-        if not (isinstance(length, torch.SymInt) and free_unbacked_symbols(length)):
+        if not data_dependent_size(length):
             return original(self, feature_representation)
         acted.set()
         pos_emb = self.extend_pos_enc(feature_representation)  # the 2L - 1 positions the slice would give
@@ -101,7 +100,7 @@ def _patch_relative_shift_as_gather(original):
     @functools.wraps(original)
     def shift_relative_position_tensor(self, pos_tensor):
         time = pos_tensor.size(-2)
-        if not (isinstance(time, torch.SymInt) and free_unbacked_symbols(time)):
+        if not data_dependent_size(time):
             return original(self, pos_tensor)
         acted.set()
         return shifted(pos_tensor)

@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any
 
 import torch
 
-from .utils import ActedFlag, register_patch
+from .utils import ActedFlag, data_dependent_size, register_patch
 
 
 @contextlib.contextmanager
@@ -57,12 +56,6 @@ def answered(length: torch.SymInt, answers: dict[str, bool]):
             setattr(torch.SymInt, f"__{name}__", method)
 
 
-def _has_unbacked(value: Any) -> bool:
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
-    return isinstance(value, torch.SymInt) and bool(free_unbacked_symbols(value))
-
-
 def length_decided(attention_fn):
     """``attention_fn`` (sdpa_attention_forward) with its result-neutral query-length tests answered."""
     acted = ActedFlag()
@@ -70,7 +63,7 @@ def length_decided(attention_fn):
     @functools.wraps(attention_fn)
     def attend(module, query, key, value, attention_mask, *args, **kwargs):
         q_length = query.shape[2]
-        if not _has_unbacked(q_length):
+        if not data_dependent_size(q_length):
             return attention_fn(module, query, key, value, attention_mask, *args, **kwargs)
         is_causal = kwargs.get("is_causal", args[2] if len(args) > 2 else None)
         is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)

@@ -434,6 +434,13 @@ class NewNodes(list):
         return self[-1]
 
 
+def data_dependent_size(value: Any) -> bool:
+    """``value`` is a SymInt with an unbacked symbol (a size read from tensor values while tracing)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return isinstance(value, torch.SymInt) and bool(free_unbacked_symbols(value))
+
+
 def fake_val(arg: Any) -> Any:
     """A node argument's fake value (``meta["val"]``), None for a constant or a node without one."""
     return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
