@@ -20,13 +20,13 @@ from __future__ import annotations
 import contextlib
 import functools
 
+import torch.fx.config as fx_config
+
 from .utils import register_patch
 
 
 @contextlib.contextmanager
 def stacks_not_captured():
-    import torch.fx.config as fx_config
-
     previous = fx_config.do_not_emit_stack_traces
     fx_config.do_not_emit_stack_traces = True
     try:

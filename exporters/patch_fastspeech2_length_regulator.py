@@ -63,23 +63,32 @@ def _patch_length_regulator_vectorized(original):
     return regulated
 
 
+def _for_data_dependent_lengths(original, length_of, replacement):
+    """``original`` (a method ``(self, x)``), replaced by ``replacement(self, x)`` when ``length_of(x)`` is a
+    data-dependent size; marked fired only on such calls."""
+    acted = ActedFlag()
+
+    @functools.wraps(original)
+    def method(self, x):
+        if not data_dependent_size(length_of(x)):
+            return original(self, x)
+        acted.set()
+        return replacement(self, x)
+
+    method.acted = acted
+    return method
+
+
+def _positions_for_length(self, feature_representation):
+    pos_emb = self.extend_pos_enc(feature_representation)  # the 2L - 1 positions the slice would give
+    return self.dropout(feature_representation * self.input_scale), self.dropout(pos_emb)
+
+
 @register_patch("dynamo",
                 "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer."
                 "FastSpeech2ConformerRelPositionalEncoding.forward")
 def _patch_rel_positions_for_any_length(original):
-    acted = ActedFlag()
-
-    @functools.wraps(original)
-    def forward(self, feature_representation):
-        length = feature_representation.size(1)
-        if not data_dependent_size(length):
-            return original(self, feature_representation)
-        acted.set()
-        pos_emb = self.extend_pos_enc(feature_representation)  # the 2L - 1 positions the slice would give
-        return self.dropout(feature_representation * self.input_scale), self.dropout(pos_emb)
-
-    forward.acted = acted
-    return forward
+    return _for_data_dependent_lengths(original, lambda x: x.size(1), _positions_for_length)
 
 
 def shifted(pos_tensor: torch.Tensor) -> torch.Tensor:
@@ -95,15 +104,4 @@ def shifted(pos_tensor: torch.Tensor) -> torch.Tensor:
                 "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer."
                 "FastSpeech2ConformerAttention.shift_relative_position_tensor")
 def _patch_relative_shift_as_gather(original):
-    acted = ActedFlag()
-
-    @functools.wraps(original)
-    def shift_relative_position_tensor(self, pos_tensor):
-        time = pos_tensor.size(-2)
-        if not data_dependent_size(time):
-            return original(self, pos_tensor)
-        acted.set()
-        return shifted(pos_tensor)
-
-    shift_relative_position_tensor.acted = acted
-    return shift_relative_position_tensor
+    return _for_data_dependent_lengths(original, lambda x: x.size(-2), lambda self, x: shifted(x))
