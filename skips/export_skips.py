@@ -129,16 +129,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "(fixed chunk grid over the padded features)",
     ),
     ExportSkip(
-        classes=("Qwen3ASREncoder", "Qwen3ASRForConditionalGeneration", "Qwen3ASRModel"),
-        stage="export",
-        reason="the attention windows come from the mask values: get_audio_cu_seqlens builds cu_seqlens in a "
-               "Python loop over per-sample lengths from input_features_mask (max().item(), "
-               "'[window_aftercnn] * (cnn_len // window_aftercnn)' at models/qwen3_asr/modeling_qwen3_asr.py:315), "
-               "and Qwen3ASREncoder.forward then keeps valid_mask.nonzero() frames (line 426), a data-dependent "
-               "length. Remove when the encoder computes windows as a static-shape mask over the padded chunk grid "
-               "instead of Python lists and nonzero",
-    ),
-    ExportSkip(
         classes=("SLANetForTableRecognition", "SLANeXtForTableRecognition"),
         stage="export",
         reason="the structure head decodes greedily with an early exit: 'if torch.stack(structure_ids_list, "
