@@ -108,13 +108,14 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "the relations between unbacked symbols when it re-traces",
     ),
     ExportSkip(
-        classes=("LightGlueForKeypointMatching", "SuperGlueForKeypointMatching"),
+        classes=("LightGlueForKeypointMatching",),
         stage="export",
-        reason="the number of keypoints is data-dependent: the SuperPoint detector keeps "
-               "torch.nonzero(scores > keypoint_threshold) (models/superpoint/modeling_superpoint.py:244), then "
-               "top_k_keypoints branches on 'k >= len(keypoints)' (line 49, SuperGlue) and LightGlue on "
-               "'keypoints.shape[2] == 0' (models/lightglue/modeling_lightglue.py:698). Remove when SuperPoint "
-               "returns a fixed keypoint budget (top-k of max_keypoints with a validity mask) instead of nonzero",
+        reason="adaptive depth decides control flow from the data: with depth_confidence > 0 (default 0.95) each "
+               "layer tests 'if torch.any(early_stopped_pairs)' on the keypoint confidences and drops the stopped "
+               "pairs by boolean indexing (models/lightglue/modeling_lightglue.py:780-800; keypoint pruning at "
+               "width_confidence > 0 likewise). SuperPoint's keypoint count is handled "
+               "(exporters/patch_keypoint_budget.py). Remove when LightGlue runs every layer for every pair and "
+               "applies early stopping and pruning as masks",
     ),
     ExportSkip(
         classes=("Qwen2_5OmniThinkerForConditionalGeneration", "Qwen2_5OmniThinkerModel",
