@@ -898,6 +898,42 @@ def _fix_integer_remainder_floored(gm: torch.fx.GraphModule, node: torch.fx.Node
     return True
 
 
+_EMPTY = (torch.ops.aten.new_empty.default, torch.ops.aten.empty.memory_format)
+
+
+@register_fx_node_fix("executorch")
+def _fix_symbolic_empty_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """ExecuTorch's edge lowering turns ``empty`` into ``dim_order_ops::_empty_dim_order``, whose ``size``
+    is ``int[]``, not ``SymInt[]`` (MemoryFormatOpsPass, exir/passes/dim_order_ops_registry.py): calling it
+    with symbolic sizes reads each one as an int, which specializes the input dims behind them to their
+    traced values in a frozen shape environment ("Ignored guard s70 == 7, this could result in accuracy
+    problems"). The whole program is then planned static: the DeepSeek-V3-style MLA ``expand_kv``
+    (``kv_nope.new_empty(batch, heads, seq, dim)``, 17 model families) refused every other sequence
+    length ("Attempted to resize a bounded tensor with a maximum capacity of 14 elements to 16"). An
+    empty tensor's contents are undefined, so a zero-filled one of the same size is a valid value;
+    ``full`` takes ``SymInt[]`` and stays dynamic. Static sizes are left alone.
+
+    before: e = new_empty(x, [s0, 4, s1, 12])        after: e = full([s0, 4, s1, 12], 0, dtype=x.dtype)
+    """
+    if node.op != "call_function" or node.target not in _EMPTY:
+        return False
+    val = fake_val(node)
+    if val is None or not any(isinstance(d, torch.SymInt) for d in val.shape):
+        return False
+    if node.target is torch.ops.aten.empty.memory_format and node.kwargs.get("memory_format") not in (
+            None, torch.contiguous_format, torch.preserve_format):
+        return False
+    size = node.args[1] if node.target is torch.ops.aten.new_empty.default else node.args[0]
+    made = NewNodes(gm.graph)
+    with gm.graph.inserting_before(node):
+        full = made.call(torch.ops.aten.full.default, size, 0, dtype=val.dtype, device=val.device)
+    full.meta["val"] = val
+    copy_source_meta(node, made)
+    node.replace_all_uses_with(full)
+    gm.graph.erase_node(node)
+    return True
+
+
 _CUMULATIVE = {torch.ops.aten.cummax.default: torch.ops.aten.amax.default,
                torch.ops.aten.cummin.default: torch.ops.aten.amin.default}
 

@@ -1012,6 +1012,32 @@ def test_executorch_integer_remainder_takes_the_divisors_sign():
         assert got.dtype == want.dtype and torch.equal(got, want)
 
 
+class _ExpandKv(torch.nn.Module):
+    """DeepSeek-V3's MLA expand_kv: a new_empty of symbolic size, filled by two slice copies."""
+
+    def forward(self, k_nope, k_rot):
+        key = k_nope.new_empty(*k_nope.shape[:-1], 6)
+        key[..., :4].copy_(k_nope)
+        key[..., 4:].copy_(k_rot.expand(-1, k_nope.shape[1], -1, -1))
+        return key
+
+
+def test_executorch_symbolic_empty_keeps_the_program_dynamic():
+    g = torch.Generator().manual_seed(0)
+    traced = {"k_nope": torch.randn(2, 3, 5, 4, generator=g), "k_rot": torch.randn(2, 1, 5, 2, generator=g)}
+    other = {"k_nope": torch.randn(3, 3, 9, 4, generator=g), "k_rot": torch.randn(3, 1, 9, 2, generator=g)}
+    config = et.ExecutorchConfig(dynamic=True)
+    name = "fix:executorch:_fix_symbolic_empty_as_full"
+    without = et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(_ExpandKv(), traced, config)
+    with pytest.raises(Exception):  # specialized to the traced sizes: the runtime refuses the others
+        without(**other)
+    art = et.ExecutorchExporter().export(_ExpandKv(), traced, config)
+    assert name in art.workarounds_fired
+    for inputs in (traced, other):
+        (got,) = art(**inputs).values()
+        torch.testing.assert_close(got, _ExpandKv()(**inputs), rtol=0, atol=0)
+
+
 class _RunningExtremes(torch.nn.Module):
     """Grounding DINO's previous/next special token: cummax, and cummin of the flipped positions."""
 
