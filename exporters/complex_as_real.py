@@ -58,8 +58,10 @@ class _Rewriter:
         set_fake_val(new)
         if "val" not in new.meta:  # no tensor operand to take the fake mode from (arange)
             fake_mode = detect_fake_mode([_val(n) for n in self.graph.nodes if isinstance(_val(n), torch.Tensor)])
+            values = torch.utils._pytree.tree_map(lambda a: _val(a) if isinstance(a, torch.fx.Node) else a,
+                                                  (args, kwargs))
             with fake_mode:
-                new.meta["val"] = op(*args, **kwargs)
+                new.meta["val"] = op(*values[0], **values[1])
         return new
 
     def parts(self, a: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node]:
@@ -380,15 +382,26 @@ def _dft(rw, node, x, dims, sizes, scale_of, inverse=False, onesided=False):
         raise _Unhandled(f"{node.target} over dims {dims!r} with sizes {sizes!r}")
     for i, (d, n) in enumerate(zip(dims, sizes)):
         length = val.shape[d]
-        n = length if n is None or n == -1 else n
-        if not isinstance(length, int) or not isinstance(n, int) or n < 1:
-            raise _Unhandled(f"{node.target} of a dynamic or empty length over dim {d}")
-        scale = scale_of(n)
-        if scale is None:
-            raise _Unhandled(f"{node.target} with an unknown normalization")
-        bins = n // 2 + 1 if onesided and i == len(dims) - 1 else n
-        rows = min(length, n)  # zero padding past the input adds nothing; trimming drops rows
-        cos, sin = _dft_matrices(rw, rows, n, bins, scale, dtype)
+        last = onesided and i == len(dims) - 1
+        if isinstance(length, torch.SymInt) and (n is None or n == -1):
+            # a dynamic length, transformed whole (FNet's fftn over the sequence): matrices of the
+            # runtime length, built in the graph; only unnormalized, as a scale would be 1 / n at run time
+            if scale_of(1) != 1.0 or scale_of(2) != 1.0:
+                raise _Unhandled(f"{node.target} of a dynamic length over dim {d} with a normalization")
+            size = rw.call(aten.sym_size.int, re, d)
+            bins = rw.call(operator.add, rw.call(operator.floordiv, size, 2), 1) if last else size
+            cos, sin = _dft_matrices_dynamic(rw, size, bins, dtype)
+            rows = length
+        else:
+            n = length if n is None or n == -1 else n
+            if not isinstance(length, int) or not isinstance(n, int) or n < 1:
+                raise _Unhandled(f"{node.target} of a dynamic or empty length over dim {d}")
+            scale = scale_of(n)
+            if scale is None:
+                raise _Unhandled(f"{node.target} with an unknown normalization")
+            bins = n // 2 + 1 if last else n
+            rows = min(length, n)  # zero padding past the input adds nothing; trimming drops rows
+            cos, sin = _dft_matrices(rw, rows, n, bins, scale, dtype)
 
         def along(part):  # the part with dim d last (trimmed to ``rows``), or None
             if part is None:
@@ -414,6 +427,20 @@ def _dft(rw, node, x, dims, sizes, scale_of, inverse=False, onesided=False):
             new_im = rw.call(aten.transpose.int, new_im, d, rank - 1)
         re, im = new_re, new_im
     return rw.pack(re, im)
+
+
+def _dft_matrices_dynamic(rw, n, bins, dtype):
+    """``_dft_matrices`` for a length ``n`` known only at run time (a SymInt node): [n, bins] cos and sin
+    of 2 pi t k / n, unscaled; t * k is reduced mod n in int64 (a tensor divisor, so the angles stay
+    exact as in the static case)."""
+    t = rw.call(aten.arange.default, n, dtype=torch.int64)
+    k = rw.call(aten.arange.default, bins, dtype=torch.int64)
+    n_int = rw.call(aten.scalar_tensor.default, n, dtype=torch.int64)
+    m = rw.call(aten.remainder.Tensor, rw.call(aten.mul.Tensor, rw.call(aten.unsqueeze.default, t, -1), k), n_int)
+    n_real = rw.call(aten.scalar_tensor.default, n, dtype=dtype)
+    turns = rw.call(aten.div.Tensor, rw.call(aten._to_copy.default, m, dtype=dtype), n_real)
+    angle = rw.call(aten.mul.Tensor, turns, 2 * torch.pi)
+    return rw.call(aten.cos.default, angle), rw.call(aten.sin.default, angle)
 
 
 _NORM = {  # str norm -> scale of one dim of length n, forward and inverse

@@ -194,16 +194,44 @@ def test_decomposed_fft_ops_are_rewritten():
     torch.testing.assert_close(fixed.module()(**inputs), model(**inputs), atol=1e-4, rtol=1e-4)
 
 
-def test_fft_of_a_dynamic_length_leaves_the_program_unchanged():
-    class Fft(torch.nn.Module):
+def test_fft_of_a_dynamic_length_is_rewritten_for_any_length():
+    """FNet's mixing with a dynamic sequence: the DFT matrices are built in the graph at the run-time length."""
+    torch.manual_seed(0)
+    seq = torch.export.Dim("seq", min=2, max=64)
+    model = _FNetMixing().eval()
+    program = torch.export.export(model, (), {"hidden_states": torch.randn(2, 7, 8)},
+                                  dynamic_shapes={"hidden_states": {1: seq}})
+    fixed, modified = _fix_complex_as_real(program, config=exporters.ExecutorchConfig())
+    assert modified and not _complex_nodes(fixed)
+    for length in (7, 3, 16):
+        x = torch.randn(2, length, 8)
+        torch.testing.assert_close(fixed.module()(hidden_states=x), model(hidden_states=x), atol=1e-4, rtol=1e-4)
+
+
+def test_normalized_fft_of_a_dynamic_length_leaves_the_program_unchanged():
+    class Fft(torch.nn.Module):  # the scale would be 1 / sqrt(n), a run-time value
         def forward(self, x):
-            return torch.fft.fft(x, dim=-2).real
+            return torch.fft.fft(x, dim=-2, norm="ortho").real
 
     seq = torch.export.Dim("seq", min=2, max=64)
     program = torch.export.export(Fft(), (torch.randn(2, 7, 8),), dynamic_shapes=({1: seq},))
     before = program.graph_module.code
     assert _fix_complex_as_real(program, config=exporters.ExecutorchConfig()) == (program, False)
     assert program.graph_module.code == before
+
+
+@pytest.mark.slow
+def test_executorch_runs_fft_of_a_dynamic_length():
+    torch.manual_seed(0)
+    model = _FNetMixing().eval()
+    art = exporters.ExecutorchExporter().export(model, {"hidden_states": torch.randn(2, 7, 8)},
+                                                exporters.ExecutorchConfig(dynamic=True))
+    assert _FIRED in art.workarounds_fired
+    for length in (7, 12):
+        x = torch.randn(3, length, 8)
+        with torch.no_grad():
+            expected = flatten_outputs(model(hidden_states=x))
+        assert_close(expected, art(hidden_states=x), "executorch")
 
 
 def test_unhandled_complex_op_leaves_the_program_unchanged():
