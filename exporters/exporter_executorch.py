@@ -1103,7 +1103,9 @@ def _conv_args(node: torch.fx.Node):
     w = fake_val(args["weight"])
     if x is None or w is None or x.dim() != 5 or args.get("transposed"):
         return None
-    if not all(isinstance(d, int) for d in (*x.shape[1:], *w.shape)):  # only the batch may be symbolic
+    # the batch and the spatial sizes may be symbolic (read back with sym_size); channels, frames and the
+    # kernel must be static (the taps are unrolled, the frame slices have fixed bounds)
+    if not all(isinstance(d, int) for d in (*x.shape[1:3], *w.shape)):
         return None
     triple = lambda v: list(v) * 3 if len(v) == 1 else list(v)  # noqa: E731
     return (args["input"], args["weight"], args["bias"], triple(args["stride"]), triple(args["padding"]),
@@ -1137,6 +1139,8 @@ def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
         if pt:
             x = call(aten.constant_pad_nd.default, x, [0, 0, 0, 0, pt, pt], 0.0)
         total = None
+        size = lambda value, of, d: value if isinstance(value, int) else call(aten.sym_size.int, of, d)  # noqa: E731
+        h, w = size(h, x, 3), size(w, x, 4)
         for i in range(kt):
             frames = call(aten.slice.Tensor, x, 2, i * dt, i * dt + st * (t_out - 1) + 1, st)
             folded = call(aten.reshape.default, call(aten.permute.default, frames, [0, 2, 1, 3, 4]), [-1, c, h, w])
@@ -1144,7 +1148,7 @@ def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
             y = call(aten.convolution.default, folded, tap, bias if i == 0 else None, [sh, sw], [ph, pw],
                      [dh, dw], False, [0, 0], groups)
             total = y if total is None else call(aten.add.Tensor, total, y)
-        unfolded = call(aten.reshape.default, total, [-1, t_out, o, h_out, w_out])
+        unfolded = call(aten.reshape.default, total, [-1, t_out, o, size(h_out, total, 2), size(w_out, total, 3)])
         call(aten.permute.default, unfolded, [0, 2, 1, 3, 4])
     replace_node(gm, node, made)
     return True

@@ -500,6 +500,21 @@ def test_executorch_runs_3d_convolutions_as_2d(conv):
     torch.testing.assert_close(actual, model(**inputs), atol=1e-4, rtol=1e-4)
 
 
+def test_executorch_runs_3d_convolutions_with_dynamic_sizes_as_2d():
+    """Batch, height and width dynamic (GlmOcr's patch embedding left its width symbolic): the folded 2-D
+    convolutions read those sizes back at run time."""
+    torch.manual_seed(0)
+    model = torch.nn.Conv3d(4, 6, kernel_size=(2, 3, 3), stride=(2, 1, 2), padding=(0, 1, 1)).eval()
+    traced = {"input": torch.randn(2, 4, 4, 8, 12)}
+    art = et.ExecutorchExporter().export(model, traced, et.ExecutorchConfig(dynamic=True, dynamic_shapes={
+        "input": {0: torch.export.Dim("n", min=1, max=8), 3: torch.export.Dim("h", min=4, max=32),
+                  4: torch.export.Dim("w", min=4, max=32)}}))
+    assert "fix:executorch:_fix_conv3d_as_conv2d" in art.workarounds_fired
+    for inputs in (traced, {"input": torch.randn(3, 4, 4, 10, 7)}):
+        (actual,) = art(**inputs).values()
+        torch.testing.assert_close(actual, model(**inputs), atol=1e-4, rtol=1e-4)
+
+
 class _MeanOverLength(torch.nn.Module):
     """Pools each row over its own length, read from the mask (the XVector heads' statistics pooling)."""
 
