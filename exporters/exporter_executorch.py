@@ -934,6 +934,54 @@ def _fix_symbolic_empty_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -
     return True
 
 
+@register_fx_node_fix("executorch")
+def _fix_empty_cat_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """ExecuTorch's PruneEmptyTensorsPass replaces a ``cat`` whose inputs are all empty with
+    ``full(tuple(out.meta["val"].shape), 0)`` (exir/passes/prune_empty_tensors_pass.py): with dynamic
+    shapes that tuple holds SymInt objects, not graph nodes, and the emitter stops ("Unsupported type
+    encountered in int list", at ``aten.full.out(args = ((s43, 1, s53, 0), 0))``). Glm5Next's MLA has no
+    rotary part (``qk_rope_head_dim = 0``), so its cache update concatenates (B, 1, S, 0) keys. Done here
+    first, with the sizes as graph values: the same empty tensor, and nothing left for that pass.
+
+    before: y = cat([a[s0, 1, s1, 0], b[s0, 1, s2, 0]], 2)
+    after:  y = full([sym_size(a, 0), 1, sym_size(a, 2) + sym_size(b, 2), 0], 0, dtype=a.dtype)
+    """
+    if node.op != "call_function" or node.target is not torch.ops.aten.cat.default:
+        return False
+    val, parts = fake_val(node), list(node.args[0])
+    if val is None or not parts or not any(isinstance(d, torch.SymInt) for d in val.shape):
+        return False
+    vals = [fake_val(p) for p in parts]
+    if any(v is None for v in vals) or not any(isinstance(d, int) and d == 0 for d in val.shape):
+        return False  # not certainly empty
+    dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % val.dim()
+    made = NewNodes(gm.graph)
+    with gm.graph.inserting_before(node):
+        def size(part, value, d):
+            extent = value.shape[d]
+            return extent if isinstance(extent, int) else made.call(torch.ops.aten.sym_size.int, part, d)
+
+        sizes = []
+        for d in range(val.dim()):
+            if d != dim:
+                sizes.append(size(parts[0], vals[0], d))
+                continue
+            total = 0
+            for part, value in zip(parts, vals):
+                if value.dim() == val.dim():  # a legacy 1-D empty input takes no part
+                    extent = size(part, value, d)
+                    total = extent if isinstance(total, int) and total == 0 else (
+                        total + extent if isinstance(total, int) and isinstance(extent, int)
+                        else made.call(operator.add, total, extent))
+            sizes.append(total)
+        full = made.call(torch.ops.aten.full.default, sizes, 0, dtype=val.dtype, device=val.device)
+    full.meta["val"] = val
+    copy_source_meta(node, made)
+    node.replace_all_uses_with(full)
+    gm.graph.erase_node(node)
+    return True
+
+
 _CUMULATIVE = {torch.ops.aten.cummax.default: torch.ops.aten.amax.default,
                torch.ops.aten.cummin.default: torch.ops.aten.amin.default}
 

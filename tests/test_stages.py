@@ -1053,6 +1053,31 @@ def test_executorch_symbolic_empty_keeps_the_program_dynamic():
         torch.testing.assert_close(got, _ExpandKv()(**inputs), rtol=0, atol=0)
 
 
+class _EmptyRotaryCache(torch.nn.Module):
+    """Glm5Next's cache update with no rotary part: a cat of (B, 1, S, 0) keys, then joined to the rest."""
+
+    def forward(self, past, new):
+        rot = torch.cat([past[..., :0], new[..., :0]], dim=2)  # (B, 1, S1 + S2, 0)
+        return torch.cat([past, new], dim=2) + rot.sum(-1, keepdim=True)  # an empty sum is 0
+
+
+def test_executorch_cat_of_empty_tensors_with_dynamic_sizes():
+    g = torch.Generator().manual_seed(0)
+    traced = {"past": torch.randn(2, 1, 3, 4, generator=g), "new": torch.randn(2, 1, 5, 4, generator=g)}
+    dims = {"past": {0: torch.export.Dim("b", min=1, max=8), 2: torch.export.Dim("s1", min=1, max=32)},
+            "new": {0: torch.export.Dim("b", min=1, max=8), 2: torch.export.Dim("s2", min=1, max=32)}}
+    config = et.ExecutorchConfig(dynamic=True, dynamic_shapes=dims)
+    name = "fix:executorch:_fix_empty_cat_as_full"
+    with pytest.raises(ExportStageError, match="Unsupported type encountered in int list"):
+        et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(_EmptyRotaryCache(), traced, config)
+    art = et.ExecutorchExporter().export(_EmptyRotaryCache(), traced, config)
+    assert name in art.workarounds_fired
+    other = {"past": torch.randn(3, 1, 7, 4, generator=g), "new": torch.randn(3, 1, 2, 4, generator=g)}
+    for inputs in (traced, other):
+        (got,) = art(**inputs).values()
+        torch.testing.assert_close(got, _EmptyRotaryCache()(**inputs), rtol=0, atol=0)
+
+
 class _RunningExtremes(torch.nn.Module):
     """Grounding DINO's previous/next special token: cummax, and cummin of the flipped positions."""
 
