@@ -174,18 +174,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "or the lowering keeps the bounds of the symbols it re-creates",
     ),
     ExportSkip(
-        classes=("LongcatFlashForCausalLM", "LongcatFlashModel"),
-        backends=("executorch",),
-        variants=("dynamic",),
-        stage="shapes",
-        reason="the .pte comes out static: LongcatFlashMLA.forward builds key_states with kv_nope.new_empty(...) "
-               "(models/longcat_flash/modeling_longcat_flash.py:380), which ExecuTorch's MemoryFormatOpsPass rewrites "
-               "to _empty_dim_order(int[] size); the schema takes int[], not SymInt[], so to_edge adds Eq(s72, 2) and "
-               "Eq(s70, 7) and pins batch and sequence, and the program refuses other sizes ('Attempted to resize a "
-               "static tensor', 0x12). Remove when _empty_dim_order takes SymInt[] (or the model builds key_states "
-               "without new_empty, e.g. torch.cat)",
-    ),
-    ExportSkip(
         classes=("DepthProForDepthEstimation", "DepthProModel"),
         backends=("dynamo", "onnx"),
         variants=("dynamic",),
