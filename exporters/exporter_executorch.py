@@ -955,6 +955,10 @@ def _fix_empty_cat_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> boo
     if any(v is None for v in vals) or not any(isinstance(d, int) and d == 0 for d in val.shape):
         return False  # not certainly empty
     dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % val.dim()
+    # a legacy 1-D empty input (a cache's initial torch.tensor([])) takes no part in the sizes
+    ranked = [(part, value) for part, value in zip(parts, vals) if value.dim() == val.dim()]
+    if not ranked:
+        return False
     made = NewNodes(gm.graph)
     with gm.graph.inserting_before(node):
         def size(part, value, d):
@@ -964,15 +968,14 @@ def _fix_empty_cat_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> boo
         sizes = []
         for d in range(val.dim()):
             if d != dim:
-                sizes.append(size(parts[0], vals[0], d))
+                sizes.append(size(*ranked[0], d))
                 continue
             total = 0
-            for part, value in zip(parts, vals):
-                if value.dim() == val.dim():  # a legacy 1-D empty input takes no part
-                    extent = size(part, value, d)
-                    total = extent if isinstance(total, int) and total == 0 else (
-                        total + extent if isinstance(total, int) and isinstance(extent, int)
-                        else made.call(operator.add, total, extent))
+            for part, value in ranked:
+                extent = size(part, value, d)
+                total = extent if isinstance(total, int) and total == 0 else (
+                    total + extent if isinstance(total, int) and isinstance(extent, int)
+                    else made.call(operator.add, total, extent))
             sizes.append(total)
         full = made.call(torch.ops.aten.full.default, sizes, 0, dtype=val.dtype, device=val.device)
     full.meta["val"] = val

@@ -1057,7 +1057,8 @@ class _EmptyRotaryCache(torch.nn.Module):
     """Glm5Next's cache update with no rotary part: a cat of (B, 1, S, 0) keys, then joined to the rest."""
 
     def forward(self, past, new):
-        rot = torch.cat([past[..., :0], new[..., :0]], dim=2)  # (B, 1, S1 + S2, 0)
+        # a cache's legacy 1-D empty start, then (B, 1, S, 0) keys: (B, 1, S1 + S2, 0)
+        rot = torch.cat([past.new_zeros(0), past[..., :0], new[..., :0]], dim=2)
         return torch.cat([past, new], dim=2) + rot.sum(-1, keepdim=True)  # an empty sum is 0
 
 
