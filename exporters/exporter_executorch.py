@@ -140,6 +140,37 @@ def traced_unbacked_values(program: torch.export.ExportedProgram, inputs: list[t
     return values
 
 
+def inputs_at_upper_bounds(program: torch.export.ExportedProgram, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The user ``inputs`` grown to the largest sizes ``program`` accepts: every input dim's expression
+    evaluated with each dynamic symbol at its upper bound (so dims tied by the program stay tied), the
+    tensor tiled along the dim to reach it (its values repeat: token ids stay valid ids, masks stay
+    masks). A dim whose bound is not finite keeps its traced size."""
+    import sympy
+
+    bounds = {symbol: int(r.upper) for symbol, r in program.range_constraints.items() if _finite(r.upper)}
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    grown = []
+    for name, tensor in zip(names, inputs):
+        val = placeholders[name].meta.get("val")
+        if not isinstance(tensor, torch.Tensor) or not isinstance(val, torch.Tensor):
+            grown.append(tensor)
+            continue
+        for dim, size in enumerate(val.shape):
+            if not isinstance(size, torch.SymInt):
+                continue
+            expr = size.node.expr
+            if not expr.free_symbols <= bounds.keys():
+                continue
+            target = int(sympy.sympify(expr).subs(bounds))
+            if target > tensor.shape[dim] > 0:
+                reps = [1] * tensor.dim()
+                reps[dim] = -(-target // tensor.shape[dim])
+                tensor = tensor.repeat(reps).narrow(dim, 0, target)
+        grown.append(tensor)
+    return grown
+
+
 def _symbolic_sizes(node: torch.fx.Node) -> list[tuple[int | None, torch.SymInt]]:
     """(dim, size) for each symbolic size of a node's value: its dims for a tensor, (None, it) for a SymInt."""
     val = node.meta.get("val")
@@ -156,9 +187,11 @@ def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs:
     are new ones; only a constraint written in the graph reaches them. When a lowering fails so (and
     only then: a size the graph bounds already, like a slice of a known length, keeps its wider
     range), bound each unbacked size by the value it took when the program ran on the traced inputs
-    (``traced_unbacked_values``): the
-    program then runs for those inputs and any whose data-dependent sizes are no larger; a larger one
-    fails in the runtime's resize check ("op_slice_copy.cpp: Check failed (resize_tensor(out, ...))").
+    (``traced_unbacked_values``), or at the traced inputs grown to the program's largest sizes if that is
+    more (``inputs_at_upper_bounds``: Longformer's padded length and JetMoE's per-expert token counts grow
+    with the sequence; bounded at the traced 7 tokens, 9 failed): the program then runs for inputs whose
+    data-dependent sizes are no larger; a larger one fails in the runtime's resize check
+    ("op_slice_copy.cpp: Check failed (resize_tensor(out, ...))").
     A size whose lower bound is unknown too (Ernie 4.5-VL's ``-u145 + u146``) stays unbounded.
 
     before: n = x.item()                        (u0 in [0, int_oo])
@@ -168,6 +201,11 @@ def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs:
     values = traced_unbacked_values(program, inputs)
     if not values:
         return False
+    try:  # the sizes the data makes at the largest inputs the program accepts, where they grow with them
+        larger = traced_unbacked_values(program, inputs_at_upper_bounds(program, inputs))
+    except Exception:  # noqa: BLE001  (an input the model refuses at that size: the traced values only)
+        larger = {}
+    values = {symbol: max(value, larger.get(symbol, value)) for symbol, value in values.items()}
     graph, done = program.graph, set()
     for node in list(graph.nodes):
         for dim, size in _symbolic_sizes(node):

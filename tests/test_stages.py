@@ -1134,6 +1134,27 @@ def test_executorch_unbacked_size_bounded_by_its_traced_value(monkeypatch):
         art(x=inputs["x"], counts=torch.tensor([3, 3, 1]))
 
 
+class _LengthFromMask(torch.nn.Module):
+    """Longformer's padded length / JetMoE's expert counts: a size read from data that grows with the
+    (dynamic) sequence."""
+
+    def forward(self, x, mask):
+        n = mask.sum().item()
+        torch._check(n >= 0)
+        return torch.arange(n, dtype=x.dtype) * x.amax()  # amax: exact, whatever the order
+
+
+def test_executorch_unbacked_size_bounded_at_the_largest_inputs():
+    inputs = {"x": torch.randn(2, 7), "mask": torch.ones(2, 7, dtype=torch.long)}
+    seq = torch.export.Dim("seq", min=2, max=32)
+    art = et.ExecutorchExporter().export(_LengthFromMask(), inputs, et.ExecutorchConfig(
+        dynamic=True, dynamic_shapes={"x": {1: seq}, "mask": {1: seq}}))
+    assert "fix:executorch:bound_unbacked_sizes_by_trace" in art.workarounds_fired
+    for length in (7, 12, 32):  # bounded at the traced 14 only, 24 and 64 were refused
+        feed = {"x": torch.randn(2, length), "mask": torch.ones(2, length, dtype=torch.long)}
+        torch.testing.assert_close(next(iter(art(**feed).values())), _LengthFromMask()(**feed))
+
+
 class _Int32Index(torch.nn.Module):
     """Glm5Next's MoE combines expert outputs with an int32 index; eager takes it, the kernels do not."""
 
