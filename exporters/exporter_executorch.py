@@ -962,14 +962,20 @@ def _fix_symbolic_empty_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -
             None, torch.contiguous_format, torch.preserve_format):
         return False
     size = node.args[1] if node.target is torch.ops.aten.new_empty.default else node.args[0]
-    made = NewNodes(gm.graph)
+    _zeros_in_place_of(gm, node, NewNodes(gm.graph), size)
+    return True
+
+
+def _zeros_in_place_of(gm: torch.fx.GraphModule, node: torch.fx.Node, made: NewNodes, sizes: list) -> None:
+    """Replace ``node`` by ``full(sizes, 0)`` of its dtype and device (its fake value kept); ``made`` holds
+    the nodes already added for ``sizes``."""
+    val = fake_val(node)
     with gm.graph.inserting_before(node):
-        full = made.call(torch.ops.aten.full.default, size, 0, dtype=val.dtype, device=val.device)
+        full = made.call(torch.ops.aten.full.default, sizes, 0, dtype=val.dtype, device=val.device)
     full.meta["val"] = val
     copy_source_meta(node, made)
     node.replace_all_uses_with(full)
     gm.graph.erase_node(node)
-    return True
 
 
 @register_fx_node_fix("executorch")
@@ -1015,11 +1021,7 @@ def _fix_empty_cat_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> boo
                     total + extent if isinstance(total, int) and isinstance(extent, int)
                     else made.call(operator.add, total, extent))
             sizes.append(total)
-        full = made.call(torch.ops.aten.full.default, sizes, 0, dtype=val.dtype, device=val.device)
-    full.meta["val"] = val
-    copy_source_meta(node, made)
-    node.replace_all_uses_with(full)
-    gm.graph.erase_node(node)
+    _zeros_in_place_of(gm, node, made, sizes)
     return True
 
 
