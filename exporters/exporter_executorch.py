@@ -936,6 +936,34 @@ def _fix_integer_remainder_floored(gm: torch.fx.GraphModule, node: torch.fx.Node
     return True
 
 
+@register_fx_node_fix("executorch")
+def _fix_symint_mod_floored(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The runtime's ``executorch_prim::mod.Scalar`` (a Python ``%`` on sizes in the graph) is C's ``%``:
+    the result takes the dividend's sign, where Python's takes the divisor's. LongT5's local attention pads
+    the sequence by ``(-seq) % block_len``: the runtime computed -7 for 121, ``constant_pad_nd`` refused the
+    negative pad (portable kernel) and XNNPACK's pad divided by zero (the process died of SIGFPE). With a
+    positive divisor, ``((a % b) + b) % b`` is Python's result under either convention.
+
+    before: r = a % b                 after: r = ((a % b) + b) % b        (SymInts, b > 0 constant)
+    """
+    if node.op != "call_function" or node.target is not operator.mod or node.meta.get("floored_mod"):
+        return False
+    dividend, divisor = node.args
+    if not isinstance(divisor, int) or divisor <= 0 or not isinstance(fake_val(node), torch.SymInt):
+        return False
+    made = NewNodes(gm.graph)
+    with gm.graph.inserting_after(node):
+        shifted = made.call(operator.add, node, divisor)
+    with gm.graph.inserting_after(shifted):
+        floored = made.call(operator.mod, shifted, divisor)
+    shifted.meta["val"] = fake_val(node) + divisor
+    floored.meta["val"] = fake_val(node)
+    floored.meta["floored_mod"] = True
+    copy_source_meta(node, made)
+    node.replace_all_uses_with(floored, delete_user_cb=lambda user: user is not shifted)
+    return True
+
+
 _EMPTY = (torch.ops.aten.new_empty.default, torch.ops.aten.empty.memory_format)
 
 

@@ -1079,6 +1079,28 @@ def test_executorch_cat_of_empty_tensors_with_dynamic_sizes():
         torch.testing.assert_close(got, _EmptyRotaryCache()(**inputs), rtol=0, atol=0)
 
 
+class _PadToBlocks(torch.nn.Module):
+    """LongT5's local attention: pad the sequence to a multiple of the block length, (-seq) % block."""
+
+    def forward(self, ids):
+        return torch.nn.functional.pad(ids, (0, (-ids.shape[1]) % 8), value=-1)
+
+
+def test_executorch_size_modulo_takes_the_divisors_sign():
+    traced = {"ids": torch.arange(14).reshape(2, 7)}  # int64: the portable pad kernel, not XNNPACK's
+    config = et.ExecutorchConfig(dynamic=True, dynamic_shapes={"ids": {1: torch.export.Dim("seq", min=2, max=32)}})
+    name = "fix:executorch:_fix_symint_mod_floored"
+    without = et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(_PadToBlocks(), traced, config)
+    with pytest.raises(RuntimeError, match=r"Padding values must be non-negative, but got pad\[1\] = -7"):
+        without(**traced)
+    art = et.ExecutorchExporter().export(_PadToBlocks(), traced, config)
+    assert name in art.workarounds_fired
+    for length in (7, 8, 13):
+        inputs = {"ids": torch.arange(2 * length).reshape(2, length)}
+        (got,) = art(**inputs).values()
+        torch.testing.assert_close(got, _PadToBlocks()(**inputs), rtol=0, atol=0)
+
+
 class _RunningExtremes(torch.nn.Module):
     """Grounding DINO's previous/next special token: cummax, and cummin of the flipped positions."""
 
