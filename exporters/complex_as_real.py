@@ -58,10 +58,9 @@ class _Rewriter:
         set_fake_val(new)
         if "val" not in new.meta:  # no tensor operand to take the fake mode from (arange)
             fake_mode = detect_fake_mode([_val(n) for n in self.graph.nodes if isinstance(_val(n), torch.Tensor)])
-            values = torch.utils._pytree.tree_map(lambda a: _val(a) if isinstance(a, torch.fx.Node) else a,
-                                                  (args, kwargs))
+            vals, kwvals = torch.fx.node.map_arg((args, kwargs), _val)  # a SymInt node's value (arange(n))
             with fake_mode:
-                new.meta["val"] = op(*values[0], **values[1])
+                new.meta["val"] = op(*vals, **kwvals)
         return new
 
     def parts(self, a: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node]:

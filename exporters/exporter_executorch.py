@@ -145,8 +145,6 @@ def inputs_at_upper_bounds(program: torch.export.ExportedProgram, inputs: list[t
     evaluated with each dynamic symbol at its upper bound (so dims tied by the program stay tied), the
     tensor tiled along the dim to reach it (its values repeat: token ids stay valid ids, masks stay
     masks). A dim whose bound is not finite keeps its traced size."""
-    import sympy
-
     bounds = {symbol: int(r.upper) for symbol, r in program.range_constraints.items() if _finite(r.upper)}
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
@@ -162,7 +160,7 @@ def inputs_at_upper_bounds(program: torch.export.ExportedProgram, inputs: list[t
             expr = size.node.expr
             if not expr.free_symbols <= bounds.keys():
                 continue
-            target = int(sympy.sympify(expr).subs(bounds))
+            target = int(expr.subs(bounds))
             if target > tensor.shape[dim] > 0:
                 reps = [1] * tensor.dim()
                 reps[dim] = -(-target // tensor.shape[dim])
@@ -948,7 +946,7 @@ def _fix_symint_mod_floored(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bo
     """
     if node.op != "call_function" or node.target is not operator.mod or node.meta.get("floored_mod"):
         return False
-    dividend, divisor = node.args
+    divisor = node.args[1]
     if not isinstance(divisor, int) or divisor <= 0 or not isinstance(fake_val(node), torch.SymInt):
         return False
     made = NewNodes(gm.graph)
@@ -994,6 +992,11 @@ def _fix_symbolic_empty_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -
     return True
 
 
+def _size_value(made: NewNodes, of: torch.fx.Node, d: int, extent):
+    """Dim ``d`` of ``of`` as a node argument: ``extent`` when it is static, else a ``sym_size.int`` node."""
+    return extent if isinstance(extent, int) else made.call(torch.ops.aten.sym_size.int, of, d)
+
+
 def _zeros_in_place_of(gm: torch.fx.GraphModule, node: torch.fx.Node, made: NewNodes, sizes: list) -> None:
     """Replace ``node`` by ``full(sizes, 0)`` of its dtype and device (its fake value kept); ``made`` holds
     the nodes already added for ``sizes``."""
@@ -1033,21 +1036,15 @@ def _fix_empty_cat_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> boo
         return False
     made = NewNodes(gm.graph)
     with gm.graph.inserting_before(node):
-        def size(part, value, d):
-            extent = value.shape[d]
-            return extent if isinstance(extent, int) else made.call(torch.ops.aten.sym_size.int, part, d)
-
         sizes = []
         for d in range(val.dim()):
             if d != dim:
-                sizes.append(size(*ranked[0], d))
+                sizes.append(_size_value(made, ranked[0][0], d, ranked[0][1].shape[d]))
                 continue
-            total = 0
-            for part, value in ranked:
-                extent = size(part, value, d)
-                total = extent if isinstance(total, int) and total == 0 else (
-                    total + extent if isinstance(total, int) and isinstance(extent, int)
-                    else made.call(operator.add, total, extent))
+            total, *rest = [_size_value(made, part, d, value.shape[d]) for part, value in ranked]
+            for extent in rest:
+                total = total + extent if isinstance(total, int) and isinstance(extent, int) else \
+                    made.call(operator.add, total, extent)
             sizes.append(total)
     _zeros_in_place_of(gm, node, made, sizes)
     return True
@@ -1258,8 +1255,7 @@ def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
         if pt:
             x = call(aten.constant_pad_nd.default, x, [0, 0, 0, 0, pt, pt], 0.0)
         total = None
-        size = lambda value, of, d: value if isinstance(value, int) else call(aten.sym_size.int, of, d)  # noqa: E731
-        h, w = size(h, x, 3), size(w, x, 4)
+        h, w = _size_value(made, x, 3, h), _size_value(made, x, 4, w)
         for i in range(kt):
             frames = call(aten.slice.Tensor, x, 2, i * dt, i * dt + st * (t_out - 1) + 1, st)
             folded = call(aten.reshape.default, call(aten.permute.default, frames, [0, 2, 1, 3, 4]), [-1, c, h, w])
@@ -1267,7 +1263,8 @@ def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
             y = call(aten.convolution.default, folded, tap, bias if i == 0 else None, [sh, sw], [ph, pw],
                      [dh, dw], False, [0, 0], groups)
             total = y if total is None else call(aten.add.Tensor, total, y)
-        unfolded = call(aten.reshape.default, total, [-1, t_out, o, size(h_out, total, 2), size(w_out, total, 3)])
+        unfolded = call(aten.reshape.default, total, [-1, t_out, o, _size_value(made, total, 2, h_out),
+                                                      _size_value(made, total, 3, w_out)])
         call(aten.permute.default, unfolded, [0, 2, 1, 3, 4])
     replace_node(gm, node, made)
     return True
