@@ -156,15 +156,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "(fixed chunk grid over the padded features)",
     ),
     ExportSkip(
-        classes=("SLANetForTableRecognition", "SLANeXtForTableRecognition"),
-        stage="export",
-        reason="the structure head decodes greedily with an early exit: 'if torch.stack(structure_ids_list, "
-               "dim=1).eq(out_channels - 1).any(-1).all(): break' (models/slanet/modeling_slanet.py:181, "
-               "models/slanext/modeling_slanext.py:589), so the number of steps (and the output length) depends on "
-               "the predictions. Remove when the head can run a fixed max_text_length steps and mask after the end "
-               "token (e.g. a flag to disable the early exit)",
-    ),
-    ExportSkip(
         classes=("ViltForQuestionAnswering", "ViltModel"),
         stage="export",
         reason="ViltEmbeddings.visual_embed interpolates the position embeddings to per-image sizes read from the "

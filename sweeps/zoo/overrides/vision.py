@@ -180,6 +180,10 @@ OVERRIDES: dict[str, dict] = {
                   "the shrunk table consistent; the structure decoder loops max_text_length (500) steps",
         "config": {"backbone_config.divisor": 2, "max_text_length": 16},
     },
+    "slanext": {
+        "reason": "the structure decoder loops up to max_text_length (500) steps: 16 keeps the unrolled export small",
+        "config": {"max_text_length": 16},
+    },
     "pp_doclayout_v2": {
         "reason": "per-label score thresholds and reading-order priorities default to None (set by checkpoints): one per label (2); "
                   "the reading-order box embeddings (171/170 wide over 1024 positions, names the shrinker does not know) dominate the size; "
