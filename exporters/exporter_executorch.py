@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .exporter_dynamo import _finite, shape_arithmetic_patches, trace
@@ -308,13 +308,26 @@ def _patch_view_copy_keeps_dynamism(original):
     ``mask.sum()`` rows and views them as an (h, w) grid read from ``spatial_shapes``, so
     ``Ne(4*u1*u2*((4*u0)//(u1*u2)), 16*u0)`` is asked. Such a node stays a copy too.
 
+    A view is planned in its base's memory, but declared with a capacity of its own: the product of
+    its dims' separate upper bounds, which can exceed its base's when the dims split one size
+    differently (Reformer's LSH chunks view a padded length L as L // (L // 4) chunks of L // 4;
+    FastSpeech2's mel frames): the runtime then refused to load the program ("offset_bytes + size_bytes
+    >= allocator size", MemoryAllocationFailed). A view whose capacity exceeds its base's stays a copy.
+
     before: view_copy(static (6, d)) -> (6//u0, u0, d): Exception at to_executorch
             view_copy((u0, 4)) -> (1, u1, u2, (4*u0)//(u1*u2)): GuardOnDataDependentSymNode
+            view_copy([2, 4, L, 8]) -> [2, 4, L//c, c, 8] with capacity 16*67*134 > 4*L: 0x21 at load
     after:  those view_copies stay copies; every other view_copy still becomes a view
     """
 
+    from executorch.exir.sym_util import eval_shape_upper_bound
     from executorch.exir.tensor import determine_tensor_dynanism
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    def exceeds_base(val, base_val) -> bool:
+        try:
+            return math.prod(eval_shape_upper_bound(val.shape)) > math.prod(eval_shape_upper_bound(base_val.shape))
+        except RuntimeError:  # no finite bound for a data-dependent size: planning reports it itself
+            return False
 
     def is_view_copy(node) -> bool:
         if not original(node):
@@ -324,6 +337,8 @@ def _patch_view_copy_keeps_dynamism(original):
         if base_spec is None or val is None:
             return True
         if isinstance(base_val, torch.Tensor) and not statically_known_true(base_val.numel() == val.numel()):
+            return False
+        if isinstance(base_val, torch.Tensor) and exceeds_base(val, base_val):
             return False
         return determine_tensor_dynanism(val.shape) == base_spec.shape_dynamism
 
@@ -916,10 +931,16 @@ def _fix_integer_remainder_floored(gm: torch.fx.GraphModule, node: torch.fx.Node
         return False
     aten, made = torch.ops.aten, NewNodes(gm.graph)
     truncated, divisor = node, node.args[1]
+    size_divisor = isinstance(divisor, torch.fx.Node) and isinstance(fake_val(divisor), torch.SymInt)
+    if size_divisor and not statically_known_true(fake_val(divisor) >= 1):
+        return False  # a symbolic divisor of unknown sign: no tensor to compare (never seen; sizes are >= 1)
     users = list(node.users)
     with gm.graph.inserting_before(node.next):
         negative = made.call(aten.lt.Scalar, truncated, 0)
-        if isinstance(divisor, torch.fx.Node):
+        if size_divisor:  # a size (Reformer's sequence length): positive, added as a Scalar
+            differs = negative
+            shifted = made.call(aten.add.Scalar, truncated, divisor)
+        elif isinstance(divisor, torch.fx.Node):
             differs = made.call(aten.logical_xor.default, negative, made.call(aten.lt.Scalar, divisor, 0))
             shifted = made.call(aten.add.Tensor, truncated, divisor)
         else:

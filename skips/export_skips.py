@@ -31,19 +31,6 @@ from skips.records import ExportSkip
 
 EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
-        classes=("FastSpeech2ConformerModel", "FastSpeech2ConformerWithHifiGan"),
-        backends=("executorch",),
-        variants=("dynamic",),
-        stage="run",
-        reason="the .pte does not load (MemoryAllocationFailed, 0x21): ExecuTorch plans a view in its base's "
-               "storage but declares the view's capacity as the product of its dims' separate upper bounds, and "
-               "with the data-dependent mel length those do not hold together: value 403, a [15, 2, 64, 130048] "
-               "fp32 view (999 MB) of a [15, 2, 128, 2048] buffer (31 MB), is refused at load ('offset_bytes "
-               "(31457280) + size_bytes (998768640) >= allocator size (63435104)', hierarchical_allocator.h:102; "
-               "repro at 9be4f33). Remove when ExecuTorch bounds a view's capacity by its base's (or plans the "
-               "dims of one view jointly)",
-    ),
-    ExportSkip(
         classes=("LwDetrModel",),
         backends=("executorch",),
         variants=("dynamic",),

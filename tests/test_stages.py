@@ -584,6 +584,72 @@ def test_executorch_view_of_a_data_dependent_grid():
         torch.testing.assert_close(actual, _UnpadToGrid()(**case))
 
 
+def _symbolic_fake(env, mode, shape_of):
+    """A fake tensor whose shape is ``shape_of(L)`` for a size ``L`` in [4, 67] (traced at 16)."""
+    from torch._dynamo.source import ConstantSource
+
+    symbol = env.create_symbol(16, ConstantSource("L"))
+    env.constrain_symbol_range(symbol, compiler_min=4, compiler_max=67)
+    length = env.create_symintnode(symbol, hint=16)
+    with mode:
+        return torch.empty(shape_of(length))
+
+
+def test_executorch_view_larger_than_its_base_stays_a_copy():
+    """Reformer's LSH chunks (and FastSpeech2's mel frames) view a padded length L as (L // (L // 4),
+    L // 4): the view's declared capacity, its dims' separate upper bounds multiplied (67 * 16), is
+    larger than its base's (67), and the runtime refused to load the program (0x21). Such a view
+    must stay a copy; a view whose capacity fits its base still becomes a view."""
+    import types
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from exporters.exporter_executorch import _patch_view_copy_keeps_dynamism
+
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    base = _symbolic_fake(env, mode, lambda n: (2, 4, n, 8))
+    length = base.shape[2]
+    with mode:
+        chunks = torch.empty((2, 4, length // (length // 4), length // 4, 8))
+        flat = torch.empty((2, 4 * length * 8))
+    graph = torch.fx.Graph()
+    base_node = graph.placeholder("base")
+    base_node.meta.update(val=base, spec=types.SimpleNamespace(shape_dynamism=1))
+
+    def view_of(val):
+        node = graph.call_function(torch.ops.aten.view_copy.default, (base_node, []))  # the patch reads meta only
+        node.meta["val"] = val
+        return node
+
+    is_view_copy = _patch_view_copy_keeps_dynamism(lambda node: True)
+    assert not is_view_copy(view_of(chunks))
+    assert is_view_copy(view_of(flat))
+
+
+class _PositionInRoundShifted(torch.nn.Module):
+    """Reformer's LSH sort, with the first index one before the start: a negative dividend modulo the
+    (dynamic) sequence length."""
+
+    def forward(self, x):
+        flat = torch.arange(3 * x.shape[1]).expand(x.shape[0], -1) - 1
+        return x.gather(1, flat % x.shape[1])
+
+
+def test_executorch_remainder_by_a_size():
+    """The floored-remainder fix compared a size divisor as a tensor (aten.lt.Scalar on a SymInt: the
+    lowering failed, ReformerForQuestionAnswering executorch dynamic); a size is positive, and the
+    dividend's sign alone decides."""
+    inputs = {"x": torch.randn(2, 6)}
+    art = et.ExecutorchExporter().export(_PositionInRoundShifted(), inputs, et.ExecutorchConfig(dynamic=True))
+    assert "fix:executorch:_fix_integer_remainder_floored" in art.workarounds_fired
+    for shape in ((2, 6), (3, 5)):
+        x = torch.randn(shape)
+        (got,) = art(x=x).values()
+        torch.testing.assert_close(got, _PositionInRoundShifted()(x))
+
+
 class _MaxOver(torch.nn.Module):
     def __init__(self, dim: int, keepdim: bool):
         super().__init__()
