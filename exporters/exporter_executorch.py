@@ -1191,14 +1191,13 @@ def _fix_scatter_reduce_as_masked_reduction(gm: torch.fx.GraphModule, node: torc
     args = {"include_self": True, **dict(zip(names, node.args)), **node.kwargs}
     vals = [fake_val(args[k]) for k in ("self", "index", "src")]
     if (args["reduce"] not in _SEGMENT_REDUCTIONS or any(v is None or v.dim() != 1 for v in vals)
-            or args["dim"] not in (0, -1) or not vals[2].is_floating_point()):
+            or args["dim"] not in (0, -1) or not isinstance(vals[0].shape[0], int) or not vals[2].is_floating_point()):
         return False
     aten, made = torch.ops.aten, NewNodes(gm.graph)
     call = made.call
     identity, reduction = _SEGMENT_REDUCTIONS[args["reduce"]]
+    segments = vals[0].shape[0]
     with gm.graph.inserting_before(node):
-        # a dynamic segment count (TAPAS's cells, with the table's size) is read from self at run time
-        segments = _size_value(made, args["self"], 0, vals[0].shape[0])
         ids = call(aten.arange.start_step, 0, segments, 1, dtype=vals[1].dtype)
         member = call(aten.eq.Tensor, call(aten.unsqueeze.default, args["index"], 0), call(aten.unsqueeze.default, ids, 1))
         spread = call(aten.where.self, member, call(aten.unsqueeze.default, args["src"], 0),

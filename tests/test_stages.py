@@ -756,23 +756,6 @@ def test_executorch_scatter_reduce_without_its_kernel(reduce, include_self):
     torch.testing.assert_close(actual, model(**inputs))
 
 
-class _SegmentSums(torch.nn.Module):
-    """TAPAS's dynamic variant: as many segments as the table has cells, a dynamic size."""
-
-    def forward(self, cells, values, index):
-        return cells.scatter_reduce(0, index, values, reduce="sum", include_self=False)
-
-
-def test_executorch_scatter_reduce_over_a_dynamic_segment_count():
-    inputs = {"cells": torch.zeros(6), "values": torch.randn(9), "index": torch.tensor([0, 1, 1, 3, 3, 5, 0, 2, 2])}
-    art = et.ExecutorchExporter().export(_SegmentSums(), inputs, et.ExecutorchConfig(dynamic=True))
-    assert "fix:executorch:_fix_scatter_reduce_as_masked_reduction" in art.workarounds_fired
-    grown = {"cells": torch.full((8,), 0.5), "values": torch.randn(11), "index": torch.tensor([7, 1, 1, 3, 3, 5, 0, 2, 2, 6, 7])}
-    for case in (inputs, grown):
-        (actual,) = art(**case).values()
-        torch.testing.assert_close(actual, _SegmentSums()(**case))
-
-
 def _assert_fix_supplies_missing_kernel(model, inputs, kernel: str, fix: str) -> None:
     """Without any workaround the program fails to load naming ``kernel``; with them ``fix`` fires
     and every output matches eager."""
