@@ -628,26 +628,17 @@ def test_executorch_view_larger_than_its_base_stays_a_copy():
     assert is_view_copy(view_of(flat))
 
 
-class _PositionInRoundShifted(torch.nn.Module):
-    """Reformer's LSH sort, with the first index one before the start: a negative dividend modulo the
-    (dynamic) sequence length."""
-
-    def forward(self, x):
-        flat = torch.arange(3 * x.shape[1]).expand(x.shape[0], -1) - 1
-        return x.gather(1, flat % x.shape[1])
-
-
 def test_executorch_remainder_by_a_size():
     """The floored-remainder fix compared a size divisor as a tensor (aten.lt.Scalar on a SymInt: the
     lowering failed, ReformerForQuestionAnswering executorch dynamic); a size is positive, and the
     dividend's sign alone decides."""
     inputs = {"x": torch.randn(2, 6)}
-    art = et.ExecutorchExporter().export(_PositionInRoundShifted(), inputs, et.ExecutorchConfig(dynamic=True))
+    art = et.ExecutorchExporter().export(_PositionInRound(start=-1), inputs, et.ExecutorchConfig(dynamic=True))
     assert "fix:executorch:_fix_integer_remainder_floored" in art.workarounds_fired
     for shape in ((2, 6), (3, 5)):
         x = torch.randn(shape)
         (got,) = art(x=x).values()
-        torch.testing.assert_close(got, _PositionInRoundShifted()(x))
+        torch.testing.assert_close(got, _PositionInRound(start=-1)(x))
 
 
 class _MaxOver(torch.nn.Module):
@@ -1712,10 +1703,15 @@ def test_onnx_tensor_times_a_symbolic_float():
 
 
 class _PositionInRound(torch.nn.Module):
-    """Reformer's LSH sort: flat indices over hash rounds taken modulo the (dynamic) sequence length."""
+    """Reformer's LSH sort: flat indices over hash rounds taken modulo the (dynamic) sequence length;
+    ``start=-1`` begins one before the first, a negative dividend."""
+
+    def __init__(self, start: int = 0):
+        super().__init__()
+        self.start = start
 
     def forward(self, x):
-        flat = torch.arange(3 * x.shape[1]).expand(x.shape[0], -1)
+        flat = torch.arange(3 * x.shape[1]).expand(x.shape[0], -1) + self.start
         return x.gather(1, flat % x.shape[1])
 
 
