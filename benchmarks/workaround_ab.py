@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     from sweeps.runner import reference
 
     ref = reference(args.model_class)
+    get_exporter(args.backend)  # imports the backend's module, which registers its workarounds
     registries = {"with": DEFAULT_REGISTRY, "without": DEFAULT_REGISTRY.without(args.workaround)}
     times: dict[str, list[float]] = {"with": [], "without": []}
     for round_ in range(args.repeat):
