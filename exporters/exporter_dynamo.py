@@ -232,6 +232,7 @@ from .patch_audio_windows import _patch_audio_windows_static  # noqa: E402,F401 
 from .patch_keypoint_budget import _patch_keypoint_budget_without_branch, _patch_matcher_needs_a_keypoint  # noqa: E402,F401  (registers on import)
 from .patch_structure_decode import _patch_structure_decode_fixed_steps  # noqa: E402,F401  (registers on import)
 from .patch_frozen_guards import _patch_frozen_guard_counted_not_formatted  # noqa: E402,F401  (registers on import)
+from .patch_delta_rule_solve import _patch_delta_rule_takes_eager_solve  # noqa: E402,F401  (registers on import)
 from .patch_decomposition_stacks import _patch_edge_decompositions_without_stack_capture, _patch_onnx_decompositions_without_stack_capture  # noqa: E402,F401  (registers on import)
 from .patch_fastspeech2_length_regulator import (  # noqa: E402,F401  (registers on import)
     _patch_length_regulator_vectorized, _patch_rel_positions_for_any_length, _patch_relative_shift_as_gather)

@@ -31,7 +31,7 @@ from skips.records import ExportSkip
 
 EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
-        classes=("Qwen3_5TextModel", "Qwen3_5ForTokenClassification", "Swinv2ForImageClassification"),
+        classes=("Swinv2ForImageClassification",),
         backends=("executorch",),
         variants=("dynamic",),
         stage="lower",
@@ -39,9 +39,8 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "to_edge_transform_and_lower re-traces the program with symbolic sizes (run_decompositions in "
                "_gen_edge_manager_for_partitioners) and torch's shape reasoning dominates it: py-spy on Swinv2Model "
                "put 74% of samples in the fake-tensor re-trace, 49% in ShapeEnv.evaluate_expr, 11% formatting "
-               "ignored guards (now skipped, exporters/patch_frozen_guards.py); Qwen3_5TextModel spent over 7 min "
-               "in to_edge alone (Swin's padded windows, Qwen3.5's gated-delta chunk padding: many size "
-               "expressions). ONNX dynamic, which re-traces once, passes all three in 217-270 s. Remove when the "
+               "ignored guards (now skipped, exporters/patch_frozen_guards.py); Swin's padded windows make many "
+               "size expressions. ONNX dynamic, which re-traces once, passes it. Remove when the "
                "lowering fits the budget (a cheaper symbolic re-trace in ExecuTorch's to_edge) or the budget "
                "for executorch dynamic is raised",
     ),
