@@ -72,7 +72,7 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "size instead of planning it at the traced value",
     ),
     ExportSkip(
-        classes=("Lfm2VlForConditionalGeneration",),
+        classes=("Lfm2VlForConditionalGeneration", "Lfm2VlModel"),
         backends=("executorch",),
         variants=("dynamic",),
         stage="lower",
