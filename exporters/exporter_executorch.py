@@ -19,9 +19,10 @@ from .exporter_dynamo import _finite, shape_arithmetic_patches, trace
 from .utils import (FiredLog, NewNodes, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, copy_source_meta,
                     fake_val, register_fx_node_fix, register_patch, replace_node, replace_unpacked)
 
-# "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering);
+# "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering):
+# ExecuTorch's internals, and the torch function its delegation calls once per partition program;
 # the others are torch patches (stage 2, installed around torch.export).
-_EXECUTORCH_INTERNALS = ("executorch.",)
+_EXECUTORCH_INTERNALS = ("executorch.", "torch.export.exported_program._convert_guards_to_code")
 
 
 @dataclasses.dataclass
@@ -1686,3 +1687,4 @@ def _lower_program(program, partitioners, et_patches, fired) -> tuple[bytes, tup
 
 from .complex_as_real import _fix_complex_as_real  # noqa: E402,F401  (registers on import)
 from .patch_partition_legalize import _patch_partitions_legalized_when_needed  # noqa: E402,F401  (registers on import)
+from .patch_guards_code_cache import _patch_guards_code_printed_once  # noqa: E402,F401  (registers on import)
