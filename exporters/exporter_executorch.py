@@ -1370,19 +1370,37 @@ def _fix_random_like_as_sized(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     return True
 
 
-def _aa_bicubic_weights(new: NewNodes, n_in: int, n_out: int, align_corners: bool, scale: float | None):
+def _aa_bicubic_weights(new: NewNodes, n_in, n_out, align_corners: bool, scale: float | None):
     """The [n_out, n_in] matrix of ATen's antialiased bicubic resampling along one axis (Keys' cubic,
     a = -0.5, stretched by the scale when downsampling, each row normalised to sum 1), built from
-    aranges so that it needs no constant tensor."""
+    aranges so that it needs no constant tensor. ``n_in`` and ``n_out`` are ints, or ``sym_size``
+    nodes for symbolic sizes: the step and the stretch are then computed as 0-d tensors in the
+    program, the stretch without a branch (``min(1 / step, 1)``)."""
     aten, a = torch.ops.aten, -0.5
-    if align_corners:
-        step = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
-    else:
-        step = 1.0 / scale if scale else n_in / n_out
-    stretch = 1.0 / step if step >= 1.0 else 1.0
     call = new.call
+    if isinstance(n_in, int) and isinstance(n_out, int):
+        if align_corners:
+            step = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+        else:
+            step = 1.0 / scale if scale else n_in / n_out
+        stretch = 1.0 / step if step >= 1.0 else 1.0
+        half_step = 0.5 * step
+    else:
+        def size(n):
+            return call(aten.scalar_tensor.default, n, dtype=torch.float32)
+
+        if align_corners:  # (n_in - 1) / (n_out - 1), 0 for a single output
+            span = call(aten.clamp_min.default, call(aten.sub.Tensor, size(n_out), 1.0), 1.0)
+            step = call(aten.where.self, call(aten.gt.Scalar, size(n_out), 1.0),
+                        call(aten.div.Tensor, call(aten.sub.Tensor, size(n_in), 1.0), span), size(0))
+        elif scale:
+            step = call(aten.scalar_tensor.default, 1.0 / scale, dtype=torch.float32)
+        else:
+            step = call(aten.div.Tensor, size(n_in), size(n_out))
+        stretch = call(aten.clamp_max.default, call(aten.reciprocal.default, step), 1.0)  # 1/0 = inf -> 1
+        half_step = call(aten.mul.Tensor, step, 0.5)
     centers = call(aten.unsqueeze.default, call(aten.add.Tensor, call(aten.mul.Tensor, call(
-        aten.arange.default, n_out, dtype=torch.float32), step), 0.5 * step), -1)
+        aten.arange.default, n_out, dtype=torch.float32), step), half_step), -1)
     taps = call(aten.unsqueeze.default, call(aten.add.Tensor, call(aten.arange.default, n_in, dtype=torch.float32), 0.5), 0)
     x = call(aten.abs.default, call(aten.mul.Tensor, call(aten.sub.Tensor, taps, centers), stretch))
     near = call(aten.add.Tensor, call(aten.mul.Tensor, call(aten.mul.Tensor, call(
@@ -1399,13 +1417,14 @@ def _aa_bicubic_weights(new: NewNodes, n_in: int, n_out: int, align_corners: boo
 def _fix_bicubic_aa_as_matmuls(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """The ExecuTorch runtime has no kernel for ``aten::_upsample_bicubic2d_aa.out``
     (``F.interpolate(mode="bicubic", antialias=True)``: UnlimitedOcr resizes its position embeddings
-    with it); the program lowers, then fails to load. At fixed sizes the resampling is separable and
-    linear: a weight matrix per axis, applied by two matmuls.
+    with it); the program lowers, then fails to load. The resampling is separable and linear: a
+    weight matrix per axis, applied by two matmuls. Symbolic sizes (UnlimitedOcr's dynamic export
+    resizes to the image's patch grid) build the matrices from ``sym_size`` reads.
 
     before: _upsample_bicubic2d_aa(x[..., H, W], [H', W'], align_corners, scales)
     after:  Wh[H', H] @ x @ Ww[W', W].T      # the weight matrices built from aranges
 
-    Sizes that are symbolic, or a dtype other than float32, are left alone.
+    A dtype other than float32 is left alone.
     """
     aten = torch.ops.aten
     if node.op != "call_function":
@@ -1423,12 +1442,17 @@ def _fix_bicubic_aa_as_matmuls(gm: torch.fx.GraphModule, node: torch.fx.Node) ->
     x, out = fake_val(args["input"]), node.meta.get("val")
     if x is None or out is None or x.dtype != torch.float32:
         return False
-    sizes = (x.shape[-2], x.shape[-1], out.shape[-2], out.shape[-1])
-    if not all(isinstance(n, int) for n in sizes):
-        return False
-    (h, w, h_out, w_out), align = sizes, bool(args["align_corners"])
+    align = bool(args["align_corners"])
+    requested = args.get("output_size")
+    if requested is not None and len(requested) == 2 and all(isinstance(n, (int, torch.fx.Node)) for n in requested):
+        h_out, w_out = requested  # ints, or the nodes reading the symbolic sizes
+    elif isinstance(out.shape[-2], int) and isinstance(out.shape[-1], int):
+        h_out, w_out = out.shape[-2], out.shape[-1]
+    else:
+        return False  # symbolic output sizes from scale factors alone: no node holds them
     new = NewNodes(gm.graph)
     with gm.graph.inserting_before(node):
+        h, w = (_size_value(new, args["input"], x.dim() + d, x.shape[d]) for d in (-2, -1))
         rows = _aa_bicubic_weights(new, h, h_out, align, scales[0])
         cols = _aa_bicubic_weights(new, w, w_out, align, scales[1])
         resized = new.call(aten.matmul.default, rows, args["input"])

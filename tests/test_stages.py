@@ -848,6 +848,36 @@ def test_executorch_antialiased_bicubic_without_its_kernel():
                                         "_fix_bicubic_aa_as_matmuls")
 
 
+class _PositionTableToGrid(torch.nn.Module):
+    """UnlimitedOcr's dynamic export: a fixed (8, 8) position table resized, bicubic with antialias, to
+    the patch grid of the image, whose sizes are symbolic (down and up across the range)."""
+
+    def __init__(self, align_corners=False):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(1, 3, 8, 8))
+        self.align_corners = align_corners
+
+    def forward(self, x):
+        grid = F.interpolate(self.table, size=(x.shape[-2], x.shape[-1]), mode="bicubic", antialias=True,
+                             align_corners=self.align_corners)
+        return x + grid
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_executorch_antialiased_bicubic_to_symbolic_sizes(align_corners):
+    torch.manual_seed(0)
+    model = _PositionTableToGrid(align_corners).eval()
+    traced = {"x": torch.randn(1, 3, 6, 10)}
+    config = et.ExecutorchConfig(dynamic=True, dynamic_shapes={"x": {2: torch.export.Dim("h", min=1, max=20),
+                                                                     3: torch.export.Dim("w", min=1, max=20)}})
+    art = et.ExecutorchExporter().export(model, traced, config)
+    assert "fix:executorch:_fix_bicubic_aa_as_matmuls" in art.workarounds_fired
+    for h, w in ((6, 10), (3, 17), (20, 8), (1, 1), (8, 8)):
+        x = torch.randn(1, 3, h, w)
+        (got,) = art(x=x).values()
+        torch.testing.assert_close(got, model(x), atol=1e-5, rtol=1e-5)
+
+
 class _NonzeroRows(torch.nn.Module):
     """MusicFlamingo's mask positions: nonzero's indices returned, sliced and used in arithmetic."""
 
