@@ -21,15 +21,20 @@ def _program():
     return torch.export.export(_Guarded(), (torch.randn(4, 3),), dynamic_shapes=({0: Dim.AUTO(min=2, max=64)},))
 
 
-def test_printed_once_per_state_and_equal_to_torchs():
-    gm = _program().graph_module
+def _patched_counting_torchs():
+    """The patch around torch's own function, and the list of the calls that reached torch's."""
     calls = []
 
     def counting(graph_module):
         calls.append(graph_module)
         return _convert_guards_to_code(graph_module)
 
-    patched = _patch_guards_code_printed_once(counting)
+    return _patch_guards_code_printed_once(counting), calls
+
+
+def test_printed_once_per_state_and_equal_to_torchs():
+    gm = _program().graph_module
+    patched, calls = _patched_counting_torchs()
     first = patched(gm)
     assert first == _convert_guards_to_code(gm) and len(calls) == 1 and not patched.acted()
     second = patched(gm)
@@ -38,13 +43,7 @@ def test_printed_once_per_state_and_equal_to_torchs():
 
 def test_a_new_guard_prints_again():
     gm = _program().graph_module
-    calls = []
-
-    def counting(graph_module):
-        calls.append(graph_module)
-        return _convert_guards_to_code(graph_module)
-
-    patched = _patch_guards_code_printed_once(counting)
+    patched, calls = _patched_counting_torchs()
     patched(gm)
     env = _get_shape_env(gm)
     assert env.guards  # the branch on x.shape[0] left one
