@@ -57,7 +57,7 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "index_put(accumulate=True) and amax/amin with a kernel that scales with the elements only",
     ),
     ExportSkip(
-        classes=("LwDetrModel",),
+        classes=("LwDetrModel", "LwDetrViTBackbone"),
         backends=("executorch",),
         variants=("dynamic",),
         stage="shapes",
