@@ -59,7 +59,7 @@ def unit_lower_solve(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     n = int(a.shape[-1])  # a symbolic n is specialized to its traced value: a guard torch keeps
     power = -torch.tril(a, diagonal=-1)
     x = b
-    steps = max(1, math.ceil(math.log2(n))) if n > 1 else 0
+    steps = math.ceil(math.log2(n)) if n > 1 else 0  # P^(2^steps) = 0 once 2^steps >= n
     for step in range(steps):
         x = x + power @ x
         if step + 1 < steps:
@@ -69,7 +69,8 @@ def unit_lower_solve(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @register_patch("dynamo", "torch.linalg.solve_triangular")
 def _patch_unit_lower_solve_as_products(original):
-    """A unit lower triangular solve of static size traced as log2(n) Neumann factors (matmuls)."""
+    """A unit lower triangular solve traced as log2(n) Neumann factors (matmuls); a symbolic n is
+    specialized (see ``unit_lower_solve``)."""
 
     acted = ActedFlag()  # set only on the calls spelled as products
 
