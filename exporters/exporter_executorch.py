@@ -1386,17 +1386,17 @@ def _aa_bicubic_weights(new: NewNodes, n_in, n_out, align_corners: bool, scale: 
         stretch = 1.0 / step if step >= 1.0 else 1.0
         half_step = 0.5 * step
     else:
-        def size(n):
-            return call(aten.scalar_tensor.default, n, dtype=torch.float32)
+        def scalar(value):  # a size node or a number, as a 0-d float32 tensor
+            return call(aten.scalar_tensor.default, value, dtype=torch.float32)
 
         if align_corners:  # (n_in - 1) / (n_out - 1), 0 for a single output
-            span = call(aten.clamp_min.default, call(aten.sub.Tensor, size(n_out), 1.0), 1.0)
-            step = call(aten.where.self, call(aten.gt.Scalar, size(n_out), 1.0),
-                        call(aten.div.Tensor, call(aten.sub.Tensor, size(n_in), 1.0), span), size(0))
+            span = call(aten.clamp_min.default, call(aten.sub.Tensor, scalar(n_out), 1.0), 1.0)
+            step = call(aten.where.self, call(aten.gt.Scalar, scalar(n_out), 1.0),
+                        call(aten.div.Tensor, call(aten.sub.Tensor, scalar(n_in), 1.0), span), scalar(0))
         elif scale:
-            step = call(aten.scalar_tensor.default, 1.0 / scale, dtype=torch.float32)
+            step = scalar(1.0 / scale)
         else:
-            step = call(aten.div.Tensor, size(n_in), size(n_out))
+            step = call(aten.div.Tensor, scalar(n_in), scalar(n_out))
         stretch = call(aten.clamp_max.default, call(aten.reciprocal.default, step), 1.0)  # 1/0 = inf -> 1
         half_step = call(aten.mul.Tensor, step, 0.5)
     centers = call(aten.unsqueeze.default, call(aten.add.Tensor, call(aten.mul.Tensor, call(
