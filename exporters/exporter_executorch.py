@@ -1170,53 +1170,59 @@ def _fix_embedding_bag_of_equal_bags(gm: torch.fx.GraphModule, node: torch.fx.No
     return True
 
 
-_SEGMENT_REDUCTIONS = {"sum": (0.0, "sum"), "mean": (0.0, "sum"), "amax": (-math.inf, "amax"), "amin": (math.inf, "amin")}
-
-
 @register_fx_node_fix("executorch")
-def _fix_scatter_reduce_as_masked_reduction(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+def _fix_scatter_reduce_by_segment(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """The ExecuTorch runtime has no kernel for ``aten::scatter_reduce.two_out`` (TAPAS reduces table
     cells by segment with it: "the ExecuTorch runtime has no kernel for aten::scatter_reduce.two_out").
-    For a 1-D reduction, spell it as a reduction over a (segments x elements) membership mask, in ops
-    the portable kernels have.
+    For a 1-D reduction, spell it in ops the portable kernels have, in memory O(segments + elements):
+    TAPAS's segment count grows with the batch (65536 x batch for its position reset), and a
+    (segments x elements) membership mask planned at the upper bounds did not load (std::bad_alloc).
+
+    - sum and mean accumulate with ``index_put(accumulate=True)``;
+    - amax and amin order the elements by value (``topk`` of all of them: the runtime has no sort)
+      so that each segment's extreme comes last, then ``scatter`` them: the portable scatter kernel
+      writes in index order, so the last write, the extreme, stays (a unit test runs it in the runtime).
 
     before: scatter_reduce(self[S], 0, index[N], src[N], reduce, include_self)
-    after:  member = index[None, :] == arange(S)[:, None]
-            r = reduce_over_dim_1(where(member, src[None, :], identity))   (mean: sum / count)
-            include_self: r combined with self (mean: (sum + self) / (count + 1));
-            else: where(count > 0, r, self)
+    after:  sum/mean: total = index_put(include_self ? self : zeros, [index], src, accumulate=True)
+                      count = index_put(zeros, [index], ones, accumulate=True)
+                      mean: total / (count + 1) with self, else total / max(count, 1)
+                      without self: where(count > 0, total, self)   (an empty segment keeps self)
+            amax:     values, order = topk(src, N, largest=False)   (ascending; amin: descending)
+                      r = scatter(self, 0, index[order], values)     (an empty segment keeps self)
+                      with self: maximum(r, self)                    (amin: minimum)
     """
     if node.op != "call_function" or node.target is not torch.ops.aten.scatter_reduce.two:
         return False
     names = ("self", "dim", "index", "src", "reduce", "include_self")
     args = {"include_self": True, **dict(zip(names, node.args)), **node.kwargs}
     vals = [fake_val(args[k]) for k in ("self", "index", "src")]
-    if (args["reduce"] not in _SEGMENT_REDUCTIONS or any(v is None or v.dim() != 1 for v in vals)
-            or args["dim"] not in (0, -1) or not isinstance(vals[0].shape[0], int) or not vals[2].is_floating_point()):
+    reduce, include_self = args["reduce"], args["include_self"]
+    if (reduce not in ("sum", "mean", "amax", "amin") or any(v is None or v.dim() != 1 for v in vals)
+            or args["dim"] not in (0, -1) or not vals[2].is_floating_point() or vals[1].dtype != torch.int64):
         return False
     aten, made = torch.ops.aten, NewNodes(gm.graph)
     call = made.call
-    identity, reduction = _SEGMENT_REDUCTIONS[args["reduce"]]
-    segments = vals[0].shape[0]
+    self_, index, src = args["self"], args["index"], args["src"]
     with gm.graph.inserting_before(node):
-        ids = call(aten.arange.start_step, 0, segments, 1, dtype=vals[1].dtype)
-        member = call(aten.eq.Tensor, call(aten.unsqueeze.default, args["index"], 0), call(aten.unsqueeze.default, ids, 1))
-        spread = call(aten.where.self, member, call(aten.unsqueeze.default, args["src"], 0),
-                      call(aten.scalar_tensor.default, identity, dtype=vals[2].dtype))
-        reduced = call(getattr(aten, reduction).dim_IntList if reduction == "sum" else getattr(aten, reduction).default,
-                       spread, [1])
-        count = call(aten.sum.dim_IntList, call(aten._to_copy.default, member, dtype=vals[2].dtype), [1])
-        self_ = args["self"]
-        if args["reduce"] == "mean":
-            if args["include_self"]:
-                reduced = call(aten.div.Tensor, call(aten.add.Tensor, reduced, self_), call(aten.add.Tensor, count, 1.0))
-            else:
-                reduced = call(aten.div.Tensor, reduced, call(aten.clamp_min.default, count, 1.0))
-        elif args["include_self"]:
-            combine = {"sum": aten.add.Tensor, "amax": aten.maximum.default, "amin": aten.minimum.default}
-            reduced = call(combine[args["reduce"]], reduced, self_)
-        if not args["include_self"]:  # a segment nothing was scattered to keeps self, as in torch
-            call(aten.where.self, call(aten.gt.Scalar, count, 0), reduced, self_)
+        if reduce in ("amax", "amin"):
+            n = _size_value(made, src, 0, vals[2].shape[0])
+            ordered = call(aten.topk.default, src, n, 0, reduce == "amin", True)
+            values, order = call(operator.getitem, ordered, 0), call(operator.getitem, ordered, 1)
+            reduced = call(aten.scatter.src, self_, 0, call(aten.index_select.default, index, 0, order), values)
+            if include_self:
+                call(aten.maximum.default if reduce == "amax" else aten.minimum.default, reduced, self_)
+        else:
+            zeros = call(aten.full_like.default, self_, 0.0)
+            count = None
+            if reduce == "mean" or not include_self:  # how many elements each segment got
+                count = call(aten.index_put.default, zeros, [index], call(aten.full_like.default, src, 1.0), True)
+            reduced = call(aten.index_put.default, self_ if include_self else zeros, [index], src, True)
+            if reduce == "mean":
+                reduced = call(aten.div.Tensor, reduced, call(aten.add.Tensor, count, 1.0) if include_self
+                               else call(aten.clamp_min.default, count, 1.0))
+            if not include_self:
+                call(aten.where.self, call(aten.gt.Scalar, count, 0), reduced, self_)
     replace_node(gm, node, made)
     return True
 

@@ -45,18 +45,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "for executorch dynamic is raised",
     ),
     ExportSkip(
-        classes=("TapasForQuestionAnswering",),
-        backends=("executorch",),
-        variants=("dynamic",),
-        stage="run",
-        reason="the ExecuTorch runtime has no kernel for aten::scatter_reduce.two_out (TAPAS reduces table cells by "
-               "segment with it). Static exports spell it as a reduction over a (segments x elements) membership "
-               "mask (_fix_scatter_reduce_as_masked_reduction); with a dynamic segment count that mask is planned at "
-               "both dims' upper bounds and the program did not load (std::bad_alloc; tried at b88ad17, reverted). "
-               "Remove when the portable kernels register scatter_reduce.two_out, or sum/mean are spelled with "
-               "index_put(accumulate=True) and amax/amin with a kernel that scales with the elements only",
-    ),
-    ExportSkip(
         classes=("LwDetrModel", "LwDetrViTBackbone"),
         backends=("executorch",),
         variants=("dynamic",),

@@ -742,9 +742,43 @@ def test_executorch_scatter_reduce_without_its_kernel(reduce, include_self):
         with pytest.raises(ExportStageError, match="no kernel for aten::scatter_reduce.two_out"):
             et.ExecutorchExporter(registry=Registry()).export(model, inputs)
     art = et.ExecutorchExporter().export(model, inputs)
-    assert "fix:executorch:_fix_scatter_reduce_as_masked_reduction" in art.workarounds_fired
+    assert "fix:executorch:_fix_scatter_reduce_by_segment" in art.workarounds_fired
     (actual,) = art(**inputs).values()
     torch.testing.assert_close(actual, model(**inputs))
+
+
+class _BatchedSegmentSum(torch.nn.Module):
+    """TAPAS's batched segment reduction: the segment count (batch x segments per row) grows with the
+    batch, so a dynamic export has a symbolic number of segments."""
+
+    def __init__(self, reduce: str):
+        super().__init__()
+        self.reduce = reduce
+
+    def forward(self, values, index):
+        batch, per_row = values.shape[0], 4
+        flat = (index + torch.arange(batch).unsqueeze(1) * per_row).reshape(-1)
+        out = torch.zeros(batch * per_row).scatter_reduce(0, flat, values.reshape(-1), reduce=self.reduce,
+                                                           include_self=False)
+        return out.view(batch, per_row)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "amin"])
+def test_executorch_scatter_reduce_with_a_dynamic_segment_count(reduce):
+    """The program's memory grows with the segments plus the elements, not their product (a membership
+    mask planned at the upper bounds did not load), and it runs at a batch it was not traced at;
+    segment 2 gets nothing and keeps 0, segments 1 and 3 get several values."""
+    model = _BatchedSegmentSum(reduce)
+    index = torch.tensor([[0, 1, 1, 3, 3, 0]])
+    traced = {"values": torch.randn(2, 6), "index": index.repeat(2, 1)}
+    batch = torch.export.Dim("batch", min=1, max=64)
+    config = et.ExecutorchConfig(dynamic=True, dynamic_shapes={"values": {0: batch}, "index": {0: batch}})
+    art = et.ExecutorchExporter().export(model, traced, config)
+    assert "fix:executorch:_fix_scatter_reduce_by_segment" in art.workarounds_fired
+    for n in (2, 5):
+        inputs = {"values": torch.randn(n, 6), "index": index.repeat(n, 1)}
+        (actual,) = art(**inputs).values()
+        torch.testing.assert_close(actual, model(**inputs))
 
 
 def _assert_fix_supplies_missing_kernel(model, inputs, kernel: str, fix: str) -> None:
