@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import math
 import operator
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -1247,9 +1248,9 @@ def _conv_args(node: torch.fx.Node):
     w = fake_val(args["weight"])
     if x is None or w is None or x.dim() != 5 or args.get("transposed"):
         return None
-    # the batch and the spatial sizes may be symbolic (read back with sym_size); channels, frames and the
-    # kernel must be static (the taps are unrolled, the frame slices have fixed bounds)
-    if not all(isinstance(d, int) for d in (*x.shape[1:3], *w.shape)):
+    # the batch, the frames and the spatial sizes may be symbolic (read back with sym_size); channels
+    # and the kernel must be static (the taps are unrolled)
+    if not all(isinstance(d, int) for d in (x.shape[1], *w.shape)):
         return None
     triple = lambda v: list(v) * 3 if len(v) == 1 else list(v)  # noqa: E731
     return (args["input"], args["weight"], args["bias"], triple(args["stride"]), triple(args["padding"]),
@@ -1269,6 +1270,8 @@ def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
     after:  x padded in T; for each tap i: conv2d(fold(x[:, :, i*dt :: st][:, :, :T_out]), w[:, :, i],
             b if i == 0 else None, stride[1:], padding[1:], dilation[1:], g); summed; unfolded to
             [N, O, T_out, H', W']
+    A symbolic frame count (a video model's dynamic num_frames: VideoMAE, ViViT) takes T_out from the
+    last tap's slice, x[:, :, (kt-1)*dt :: st], which has exactly T_out frames.
     """
     found = _conv_args(node)
     if found is None:
@@ -1284,8 +1287,14 @@ def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
             x = call(aten.constant_pad_nd.default, x, [0, 0, 0, 0, pt, pt], 0.0)
         total = None
         h, w = _size_value(made, x, 3, h), _size_value(made, x, 4, w)
+        if not isinstance(t_out, int):
+            last = call(aten.slice.Tensor, x, 2, (kt - 1) * dt, sys.maxsize, st)
+            t_out = call(aten.sym_size.int, last, 2)
         for i in range(kt):
-            frames = call(aten.slice.Tensor, x, 2, i * dt, i * dt + st * (t_out - 1) + 1, st)
+            if isinstance(t_out, int):
+                frames = call(aten.slice.Tensor, x, 2, i * dt, i * dt + st * (t_out - 1) + 1, st)
+            else:  # every tap's slice cut to T_out frames
+                frames = call(aten.slice.Tensor, call(aten.slice.Tensor, x, 2, i * dt, sys.maxsize, st), 2, 0, t_out)
             folded = call(aten.reshape.default, call(aten.permute.default, frames, [0, 2, 1, 3, 4]), [-1, c, h, w])
             tap = call(aten.select.int, weight, 2, i)
             y = call(aten.convolution.default, folded, tap, bias if i == 0 else None, [sh, sw], [ph, pw],

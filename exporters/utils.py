@@ -406,6 +406,7 @@ def set_fake_val(node: torch.fx.Node) -> None:
     """Give a node that a node fix created the ``meta["val"]`` its op computes on its inputs' fake
     values: torch.onnx's lowering reads every node's val (KeyError: 'val' otherwise), and so do later
     fixes. Left unset when the inputs carry no fake tensors."""
+    from torch._dispatch.python import enable_python_dispatcher
     from torch._guards import detect_fake_mode
 
     if node.op != "call_function" or any("val" not in n.meta for n in node.all_input_nodes):
@@ -417,7 +418,9 @@ def set_fake_val(node: torch.fx.Node) -> None:
         if not leaves and getattr(node.target, "__module__", None) == "_operator":
             node.meta["val"] = node.target(*args, **kwargs)  # size arithmetic on SymInts: no tensor involved
         return
-    with fake_mode:
+    # with the Python dispatcher, as tracing runs ops: some C++ kernels (constant_pad_nd) read sizes as
+    # ints, which specializes a symbolic size to its traced value (the program then accepts only it)
+    with fake_mode, enable_python_dispatcher():
         node.meta["val"] = node.target(*args, **kwargs)
 
 

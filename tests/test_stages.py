@@ -515,6 +515,26 @@ def test_executorch_runs_3d_convolutions_with_dynamic_sizes_as_2d():
         torch.testing.assert_close(actual, model(**inputs), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("conv", [
+    dict(kernel_size=(2, 4, 4), stride=(2, 4, 4)),  # VideoMAE's tubelets
+    dict(kernel_size=3, stride=(2, 1, 2), padding=(1, 2, 0), dilation=(2, 1, 1)),
+], ids=["tubelet", "padded-strided-dilated"])
+def test_executorch_runs_3d_convolutions_with_dynamic_frames_as_2d(conv):
+    """A dynamic frame count (VideoMAE's num_frames): each tap's frame slice is cut to the output's
+    frame count, read back from the last tap's slice; the program runs at frame counts it was not
+    traced at, odd ones included."""
+    torch.manual_seed(0)
+    model = torch.nn.Conv3d(4, 6, **conv).eval()
+    traced = {"input": torch.randn(2, 4, 8, 8, 12)}
+    art = et.ExecutorchExporter().export(model, traced, et.ExecutorchConfig(dynamic=True, dynamic_shapes={
+        "input": {2: torch.export.Dim("t", min=6, max=16)}}))
+    assert "fix:executorch:_fix_conv3d_as_conv2d" in art.workarounds_fired
+    for frames in (8, 7, 12):
+        inputs = {"input": torch.randn(2, 4, frames, 8, 12)}
+        (actual,) = art(**inputs).values()
+        torch.testing.assert_close(actual, model(**inputs), atol=1e-4, rtol=1e-4)
+
+
 class _MeanOverLength(torch.nn.Module):
     """Pools each row over its own length, read from the mask (the XVector heads' statistics pooling)."""
 
