@@ -16,6 +16,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statically_known_true
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
+from .constant_scalars import fold_input_independent_scalars
 from .exporter_dynamo import _finite, shape_arithmetic_patches, trace
 from .utils import (FiredLog, NewNodes, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, copy_source_meta,
                     fake_val, register_fx_node_fix, register_patch, replace_node, replace_unpacked)
@@ -192,7 +193,9 @@ def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs:
     with the sequence; bounded at the traced 7 tokens, 9 failed): the program then runs for inputs whose
     data-dependent sizes are no larger; a larger one fails in the runtime's resize check
     ("op_slice_copy.cpp: Check failed (resize_tensor(out, ...))").
-    A size whose lower bound is unknown too (Ernie 4.5-VL's ``-u145 + u146``) stays unbounded.
+    A size whose lower bound is unknown too (a difference of two read values, ``-u145 + u146``) stays
+    unbounded; ``fold_input_independent_scalars`` first turns those no input can change into ints
+    (Ernie 4.5-VL's offsets).
 
     before: n = x.item()                        (u0 in [0, int_oo])
     after:  n = x.item(); sym_constrain_range(n, min=lower(u0), max=u0 at the traced inputs)
@@ -1671,10 +1674,17 @@ class ExecutorchExporter(Exporter):
                 # the program's own: re-tracing it again then meets its own names ("u1 possible memo
                 # disaster", Lfm2Vl); a fresh export has a fresh shape environment
                 program = self._fixed(retrace(), config, fired)
-            if not bound_unbacked_sizes_by_trace(program, list(inputs)):
+            # a scalar no input can change is an int (Ernie 4.5-VL's offsets); what stays data-dependent
+            # is bounded by the value it takes on the traced inputs
+            folded = fold_input_independent_scalars(program, list(inputs))
+            if folded:
+                fired.add("fix:executorch:fold_input_independent_scalars")
+            bounded = bound_unbacked_sizes_by_trace(program, list(inputs))
+            if not (bounded or folded):
                 raise
-            retry = "fix:executorch:bound_unbacked_sizes_by_trace"
-        fired.add(retry)
+            retry = "fix:executorch:bound_unbacked_sizes_by_trace" if bounded else None
+        if retry:
+            fired.add(retry)
         _forget_pending_unbacked(program)
         return _lower_program(program, partitioners, et_patches, fired)
 

@@ -193,20 +193,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "magnitude (or compares against an fp64 reference)",
     ),
     ExportSkip(
-        classes=("Ernie4_5_VLMoeForConditionalGeneration", "Ernie4_5_VLMoeModel"),
-        backends=("executorch",),
-        stage="lower",
-        reason="the vision resampler's _temporal_slicing builds its batch offsets in a torch.empty tensor written "
-               "in place from grid_thw (models/ernie4_5_vl_moe/modeling_ernie4_5_vl_moe.py:1005-1007), so they are "
-               "traced values, read back with .item() as arange bounds (line 1019); to_executorch's memory planning "
-               "then needs an upper bound for the arange length -u289 + u290, which the symbols created when "
-               "to_edge re-traces do not have ('Cannot evaluate a finite upper bound', after "
-               "bound_unbacked_sizes_by_trace bounded the program's own); the dynamic program fails the same way "
-               "('-u145 + u146'). dynamo and onnx need no bound and pass. "
-               "Remove when the offsets come from grid_thw's values in Python (as the loop over it already does) "
-               "or the lowering keeps the bounds of the symbols it re-creates",
-    ),
-    ExportSkip(
         classes=("DepthProForDepthEstimation", "DepthProModel"),
         backends=("dynamo", "onnx"),
         variants=("dynamic",),
