@@ -1231,6 +1231,14 @@ def _fix_scatter_reduce_by_segment(gm: torch.fx.GraphModule, node: torch.fx.Node
     return True
 
 
+def _known_int(size) -> int | None:
+    """A size as an int when it has one value: an int, or a SymInt a guard pinned to a number (VJEPA2's
+    channel dim, Dim.AUTO specialized to 3, prints as 3 but is still a SymInt)."""
+    if isinstance(size, torch.SymInt) and size.node.expr.is_number:
+        return int(size.node.expr)
+    return size if isinstance(size, int) else None
+
+
 def _conv_args(node: torch.fx.Node):
     """(x, weight, bias, stride, padding, dilation, groups) of a 3-D convolution node, else None."""
     aten = torch.ops.aten
@@ -1253,7 +1261,7 @@ def _conv_args(node: torch.fx.Node):
         return None
     # the batch, the frames and the spatial sizes may be symbolic (read back with sym_size); channels
     # and the kernel must be static (the taps are unrolled)
-    if not all(isinstance(d, int) for d in (x.shape[1], *w.shape)):
+    if any(_known_int(d) is None for d in (x.shape[1], *w.shape)):
         return None
     triple = lambda v: list(v) * 3 if len(v) == 1 else list(v)  # noqa: E731
     return (args["input"], args["weight"], args["bias"], triple(args["stride"]), triple(args["padding"]),
@@ -1282,7 +1290,8 @@ def _fix_conv3d_as_conv2d(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
     x, weight, bias, (st, sh, sw), (pt, ph, pw), (dt, dh, dw), groups = found
     _, c, t, h, w = node.args[0].meta["val"].shape
     _, o, t_out, h_out, w_out = node.meta["val"].shape
-    kt = weight.meta["val"].shape[2]
+    c, o, kt = _known_int(c), _known_int(o), _known_int(weight.meta["val"].shape[2])
+    t_out = _known_int(t_out) or t_out
     aten, made = torch.ops.aten, NewNodes(gm.graph)
     call = made.call
     with gm.graph.inserting_before(node):

@@ -535,6 +535,19 @@ def test_executorch_runs_3d_convolutions_with_dynamic_frames_as_2d(conv):
         torch.testing.assert_close(actual, model(**inputs), atol=1e-4, rtol=1e-4)
 
 
+def test_executorch_runs_3d_convolutions_with_every_dim_auto_as_2d():
+    """dynamic=True marks every dim Dim.AUTO; the channel dim the weight pins comes out as a SymInt
+    equal to 3, not an int (VJEPA2's patch embedding), and still counts as static."""
+    torch.manual_seed(0)
+    model = torch.nn.Conv3d(3, 6, kernel_size=(2, 4, 4), stride=(2, 4, 4)).eval()
+    traced = {"input": torch.randn(2, 3, 8, 8, 12)}
+    art = et.ExecutorchExporter().export(model, traced, et.ExecutorchConfig(dynamic=True))
+    assert "fix:executorch:_fix_conv3d_as_conv2d" in art.workarounds_fired
+    for inputs in (traced, {"input": torch.randn(3, 3, 6, 12, 8)}):
+        (actual,) = art(**inputs).values()
+        torch.testing.assert_close(actual, model(**inputs), atol=1e-4, rtol=1e-4)
+
+
 class _MeanOverLength(torch.nn.Module):
     """Pools each row over its own length, read from the mask (the XVector heads' statistics pooling)."""
 
