@@ -706,12 +706,25 @@ def _fix_negative_pad_as_slice(gm: torch.fx.GraphModule, node: torch.fx.Node) ->
     return True
 
 
+def _input_dim_of(gm: torch.fx.GraphModule, size: torch.SymInt) -> tuple[torch.fx.Node, int] | None:
+    """(placeholder, dim) of an input whose size is exactly ``size``'s symbol, else None."""
+    if free_unbacked_symbols(size) or not size.node.expr.is_Symbol:
+        return None
+    for node in gm.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(val, torch.Tensor):
+            for d, s in enumerate(val.shape):
+                if isinstance(s, torch.SymInt) and s.node.expr == size.node.expr:
+                    return node, d
+    return None
+
+
 @register_fx_node_fix("executorch")
 def _fix_bincount_of_known_length(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """The ExecuTorch runtime has no kernel for ``aten::bincount.out`` (Splinter counts question
     tokens per row with ``torch.bincount(rows)``). Its length is data-dependent, but when the graph
-    pins it (Splinter checks it equals the batch size) the counts are a comparison with each bin
-    and a sum, which the portable kernels have. An unweighted bincount only; one whose length the
+    pins it (Splinter checks it equals the batch size; a dynamic batch is read back from the input)
+    the counts are a comparison with each bin and a sum, which the portable kernels have. An unweighted bincount only; one whose length the
     graph does not pin is left alone.
 
     before: bincount(x)                                  # length u0, asserted == B
@@ -726,11 +739,13 @@ def _fix_bincount_of_known_length(gm: torch.fx.GraphModule, node: torch.fx.Node)
     if args["weights"] is not None or out is None or xv is None:
         return False
     length = out.shape[0]
-    length = length if isinstance(length, int) else length.node.maybe_as_int()
+    length = length if isinstance(length, int) else (length.node.maybe_as_int() or _input_dim_of(gm, length))
     if length is None:
         return False
     new = NewNodes(gm.graph)
     with gm.graph.inserting_before(node):
+        if isinstance(length, tuple):  # pinned to a dynamic input size (the batch): read it back
+            length = new.call(aten.sym_size.int, *length)
         bins = new.call(aten.arange.default, length, dtype=xv.dtype)
         hits = new.call(aten.eq.Tensor, new.call(aten.unsqueeze.default, x, -1), bins)
         counts = new.call(aten._to_copy.default, hits, dtype=torch.int64)

@@ -1120,6 +1120,17 @@ def test_executorch_bincount_of_a_pinned_length():
     _assert_fix_supplies_missing_kernel(_QuestionsPerRow(), inputs, "aten::bincount.out", "_fix_bincount_of_known_length")
 
 
+def test_executorch_bincount_pinned_to_a_dynamic_batch():
+    """With a dynamic batch the pinned length is the batch's symbol, read back from the input."""
+    model, traced = _QuestionsPerRow(), {"ids": torch.tensor([[1, 7, 7, 2], [7, 3, 4, 7], [7, 0, 0, 0]])}
+    config = et.ExecutorchConfig(dynamic=True, dynamic_shapes={"ids": {0: torch.export.Dim("b", min=2, max=16)}})
+    art = et.ExecutorchExporter().export(model, traced, config)
+    assert "fix:executorch:_fix_bincount_of_known_length" in art.workarounds_fired
+    inputs = {"ids": torch.tensor([[7, 7, 7, 2], [7, 3, 4, 7], [7, 0, 0, 0], [1, 7, 2, 2], [7, 1, 1, 1]])}
+    for got, want in zip(art(**inputs).values(), model(**inputs)):
+        torch.testing.assert_close(got, want)
+
+
 class _Sorts(torch.nn.Module):
     """JetMoe's grouping of tokens by expert (sort of int ids) and Hiera's argsort of noise."""
 
