@@ -16,8 +16,6 @@ written. The value is the one the program computes on the traced inputs.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch.export.graph_signature import InputKind
 
@@ -89,44 +87,25 @@ def input_dependent_nodes(program: torch.export.ExportedProgram) -> set[torch.fx
     return tainted
 
 
-def fold_input_independent_scalars(program: torch.export.ExportedProgram, inputs: list[Any]) -> int:
-    """Replace each ``item`` of an input-independent tensor by the int it is on the traced ``inputs``.
+def fold_input_independent_scalars(program: torch.export.ExportedProgram, values: dict) -> int:
+    """Replace each ``item`` of an input-independent tensor by the int it is on the traced inputs
+    (``values``: each unbacked symbol's value there, ``traced_unbacked_values``).
 
     before: offset = (table + 4).item()               (Sym(u0): no bound for memory planning)
             idx = arange(offset, offset2)             (i64[u1 - u0])
     after:  idx = arange(12, 16)                      (i64[4])
     Returns how many were folded."""
     tainted = input_dependent_nodes(program)
-    candidates = [n for n in program.graph.nodes
-                  if n.op == "call_function" and n.target in _SCALAR_READS and n not in tainted
-                  and isinstance(n.meta.get("val"), torch.SymInt)
-                  and not any(u.op == "output" for u in n.users)]
-    if not candidates:
-        return 0
-    wanted, values = set(candidates), {}
-
-    class Recorder(torch.fx.Interpreter):
-        def run_node(self, node):
-            out = super().run_node(node)
-            if node in wanted:
-                values[node] = int(out)
-            return out
-
-    user, args = iter(inputs), []
-    for spec in program.graph_signature.input_specs:
-        if spec.kind == InputKind.USER_INPUT:
-            args.append(next(user))
-        elif spec.target in program.state_dict:
-            args.append(program.state_dict[spec.target])
-        else:
-            args.append(program.constants[spec.target])
-    try:
-        with torch.no_grad():
-            Recorder(program.graph_module).run(*args)
-    except Exception:  # noqa: BLE001  (the graph does not run eagerly on its inputs: fold nothing, the
-        return 0       # caller's lowering error stands)
-    for node in candidates:
-        node.replace_all_uses_with(values[node])
+    folded = 0
+    for node in list(program.graph.nodes):
+        val = node.meta.get("val")
+        if (node.op != "call_function" or node.target not in _SCALAR_READS or node in tainted
+                or not isinstance(val, torch.SymInt) or val.node.expr not in values
+                or any(u.op == "output" for u in node.users)):
+            continue
+        node.replace_all_uses_with(values[val.node.expr])
         program.graph.erase_node(node)
-    program.graph_module.recompile()
-    return len(candidates)
+        folded += 1
+    if folded:
+        program.graph_module.recompile()
+    return folded

@@ -1249,9 +1249,7 @@ def _fix_scatter_reduce_by_segment(gm: torch.fx.GraphModule, node: torch.fx.Node
 def _known_int(size) -> int | None:
     """A size as an int when it has one value: an int, or a SymInt a guard pinned to a number (VJEPA2's
     channel dim, Dim.AUTO specialized to 3, prints as 3 but is still a SymInt)."""
-    if isinstance(size, torch.SymInt) and size.node.expr.is_number:
-        return int(size.node.expr)
-    return size if isinstance(size, int) else None
+    return size if isinstance(size, int) else size.node.maybe_as_int()
 
 
 def _conv_args(node: torch.fx.Node):
@@ -1700,7 +1698,11 @@ class ExecutorchExporter(Exporter):
                 program = self._fixed(retrace(), config, fired)
             # a scalar no input can change is an int (Ernie 4.5-VL's offsets); what stays data-dependent
             # is bounded by the value it takes on the traced inputs
-            folded = fold_input_independent_scalars(program, list(inputs))
+            try:
+                values = traced_unbacked_values(program, list(inputs))
+            except Exception:  # noqa: BLE001  (the graph does not run eagerly on its inputs: fold nothing,
+                values = {}    # the lowering's own error stands)
+            folded = fold_input_independent_scalars(program, values)
             if folded:
                 fired.add("fix:executorch:fold_input_independent_scalars")
             bounded = bound_unbacked_sizes_by_trace(program, list(inputs))

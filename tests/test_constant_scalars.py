@@ -6,6 +6,7 @@ import torch
 
 from exporters import exporter_executorch as et
 from exporters.constant_scalars import fold_input_independent_scalars, input_dependent_nodes
+from exporters.exporter_executorch import traced_unbacked_values
 
 
 class _ConstantOffsets(torch.nn.Module):
@@ -38,7 +39,7 @@ def test_items_of_constants_are_folded():
     program = _export(model, x)
     assert _items(program)
     assert not set(_items(program)) & input_dependent_nodes(program)
-    assert fold_input_independent_scalars(program, [x]) == len(_items(_export(model, x)))
+    assert fold_input_independent_scalars(program, traced_unbacked_values(program, [x])) == len(_items(_export(model, x)))
     assert not _items(program)
     torch.testing.assert_close(program.module()(x), model(x))
 
@@ -68,7 +69,7 @@ def test_items_an_input_or_randomness_reaches_are_kept(model):
     x = torch.randn(6)
     program = _export(model, x)
     assert _items(program) and set(_items(program)) <= input_dependent_nodes(program)
-    assert fold_input_independent_scalars(program, [x]) == 0
+    assert fold_input_independent_scalars(program, traced_unbacked_values(program, [x])) == 0
     assert _items(program)
 
 
