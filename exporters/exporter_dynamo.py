@@ -218,6 +218,7 @@ from .patch_moe_dense import _patch_dense_experts  # noqa: E402,F401  (registers
 from .patch_global_attention import _patch_global_attention  # noqa: E402,F401  (registers on import)
 from .patch_shape_arithmetic import _patch_shape_simplify_by_expansion  # noqa: E402,F401  (registers on import)
 from .patch_floor_div_axioms import _patch_floor_div_axioms_resimplified_by_need  # noqa: E402,F401  (registers on import)
+from .patch_value_range_memo import _patch_value_ranges_once_per_subexpression  # noqa: E402,F401  (registers on import)
 from .patch_reformer import _patch_lsh_hashing, _patch_pad_before_the_model  # noqa: E402,F401  (registers on import)
 from .patch_dim_constraints import _patch_dim_constraints_skip_unsolvable_equalities  # noqa: E402,F401  (registers on import)
 from .patch_replacement_bounds import _patch_replacement_bounds_overflow_skipped  # noqa: E402,F401  (registers on import)
@@ -400,7 +401,7 @@ def register_pytree_nodes(obj: Any = None) -> None:
 # Torch's shape-arithmetic patches (sympy.simplify, ShapeEnv internals) matter wherever torch rebuilds
 # symbolic sizes, not only in torch.export: the ONNX and ExecuTorch lowerings re-trace the program
 # (run_decompositions, to_edge) over the same nested expressions, so they install these too.
-SHAPE_ARITHMETIC_PATHS = ("sympy.", "torch.fx.experimental.symbolic_shapes.")
+SHAPE_ARITHMETIC_PATHS = ("sympy.", "torch.fx.experimental.symbolic_shapes.", "torch.utils._sympy.")
 
 
 def shape_arithmetic_patches(patches: list[PatchEntry]) -> list[PatchEntry]:

@@ -74,6 +74,7 @@ def test_lowerings_install_the_shape_arithmetic_patches(monkeypatch):
     for key, paths in seen.items():
         assert "sympy.simplify" in paths, key
         assert "torch.fx.experimental.symbolic_shapes.ShapeEnv._maybe_evaluate_static" in paths, key
+        assert "torch.utils._sympy.value_ranges.sympy_interp" in paths, key
         own = {"onnx": ("torch.onnx.", "onnxscript.", "onnx_ir.", "onnx."), "executorch": et._EXECUTORCH_INTERNALS}[key]
         dynamo_only = {p for p in paths if not p.startswith(own)}  # the backend's own lowering patches aside
         assert all(p.startswith(SHAPE_ARITHMETIC_PATHS) for p in dynamo_only), (key, dynamo_only)
