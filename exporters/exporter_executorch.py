@@ -1763,3 +1763,4 @@ def _lower_program(program, partitioners, et_patches, fired) -> tuple[bytes, tup
 from .complex_as_real import _fix_complex_as_real  # noqa: E402,F401  (registers on import)
 from .patch_partition_legalize import _patch_partitions_legalized_when_needed  # noqa: E402,F401  (registers on import)
 from .patch_guards_code_cache import _patch_guards_code_printed_once  # noqa: E402,F401  (registers on import)
+from .patch_planning_bounds import _patch_unbounded_sizes_planned_at_their_maximum  # noqa: E402,F401  (registers on import)

@@ -1,0 +1,176 @@
+"""ExecuTorch patch: a planned size with no finite interval bound is planned at its true maximum.
+
+Cause. ExecuTorch plans every dynamic tensor at its sizes' upper bounds (executorch/exir/sym_util.py,
+``eval_upper_bound``, called by ``ConstraintBasedSymShapeEvalPass`` and ``eval_shape_upper_bound``),
+and takes each bound from interval arithmetic (``bound_sympy`` over the shape environment's ranges).
+Where that arithmetic loses the bound it either stops or guesses:
+- a size computed through float math is bounded by sympy's ``oo``, which it rejects: "Expect upper
+  bound to be sympy.Integer or int_oo. but got oo" (SwinForMaskedImageModeling's decoder takes
+  ``math.floor(sequence_length ** 0.5)``, modeling_swin.py:963, a float power interval arithmetic
+  does not bound);
+- a size bounded by ``int_oo`` (a floor division whose divisor's interval reaches 0) is planned at its
+  traced value, too small for larger inputs within the exported bounds.
+
+What this changes (while lowering only). When the interval bound is not a finite integer and every
+symbol of the size has a finite integer range, the size is bounded by its maximum over those ranges:
+a product is bounded factor by factor (a factor that can be negative stops it), each factor by its
+interval bounds where they are finite, otherwise by its least and greatest value at every point of
+its symbols' ranges when they hold at most ``POINTS`` points (a point where it is undefined, a
+division by zero, is no size any input makes). Every input the program accepts lies within those
+ranges, so the bound is sound; it is exact for a factor evaluated point by point. Otherwise, and for
+every size interval arithmetic bounds, ExecuTorch's own answer stands.
+
+    before: eval_upper_bound(floor(sqrt(s1*s2)))          -> RuntimeError (oo)
+    after:  eval_upper_bound(floor(sqrt(s1*s2)))          -> max over s1, s2 in their ranges
+    before: eval_upper_bound(s0 * ((s1//8) // (s2//32)))  -> the traced value (int_oo bound)
+    after:  eval_upper_bound(s0 * ((s1//8) // (s2//32)))  -> max(s0) * max over (s1, s2) of the rest
+
+Measured (``python -m sweeps.repro executorch-dynamic-<class>``, 2026-12-02): LwDetrViTBackbone and
+LwDetrModel, whose window count B*(H//8)*((W//8)//(4*(H//32))) interval arithmetic bounds by
+``int_oo``, PASS with 3 dynamic shapes compared (31.8 s, 77.0 s); without this patch the backbone's
+program, planned for batch 2, fails at batch 3 (native_layer_norm's resize_tensor check).
+SwinForMaskedImageModeling's float size is now planned; its lowering stops later, on the float
+power and floor ExecuTorch's runtime has no prim for (an EXPORT_SKIPS entry).
+
+Remove it when ExecuTorch bounds planned sizes past interval arithmetic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+
+import sympy
+
+from .utils import ActedFlag, register_patch
+
+POINTS = 1 << 18  # points of a factor's symbol ranges evaluated at most (262,144: under a second compiled)
+SYMPY_POINTS = 1 << 12  # ... where torch's printer cannot write the factor and sympy evaluates it (slower)
+
+
+def _finite_int(value) -> int | None:
+    return int(value) if isinstance(value, sympy.Integer) else None  # int_oo and oo are not sympy.Integer
+
+
+def _compiled(expr: sympy.Expr, symbols: list) -> Callable | None:
+    """``expr`` as a Python function of its symbols, printed the way torch prints guards (ints, ``//``,
+    ``%``, ``math.floor``); None when torch's printer cannot write it."""
+    import torch
+    from torch.utils._sympy.printers import PythonPrinter
+
+    try:
+        code = PythonPrinter().doprint(expr)
+        return eval(f"lambda {', '.join(map(str, symbols))}: {code}", {"math": math, "torch": torch})  # noqa: S307
+    except Exception:  # noqa: BLE001 - an expression the printer does not cover: evaluated by sympy
+        return None
+
+
+def _by_sympy(expr: sympy.Expr, symbols: list) -> Callable:
+    def value(*point):
+        result = expr.xreplace({s: sympy.Integer(v) for s, v in zip(symbols, point)})
+        if isinstance(result, sympy.Integer):
+            return int(result)
+        return float(result) if isinstance(result, sympy.Float) else None
+
+    return value
+
+
+class _DoesNotRun(Exception):
+    """The printed code raised something no size value explains (a name torch's printer assumes)."""
+
+
+def _scan(value: Callable, axes: list) -> tuple[int, int] | None:
+    least = greatest = None
+    for point in itertools.product(*axes):
+        try:
+            v = value(*point)
+        except (ZeroDivisionError, ValueError, OverflowError):  # undefined there: no input makes this size
+            continue
+        except Exception as exc:  # noqa: BLE001
+            raise _DoesNotRun from exc
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                continue
+            v = math.ceil(v)  # rounded up: still an upper bound
+        if not isinstance(v, int):
+            continue
+        least = v if least is None else min(least, v)
+        greatest = v if greatest is None else max(greatest, v)
+    return None if greatest is None else (least, greatest)
+
+
+def factor_range(expr: sympy.Expr, ranges: dict, points: int = POINTS) -> tuple[int, int] | None:
+    """The least and greatest value of ``expr`` over the integer ranges of its symbols, by evaluation
+    at every point; None when a range is not finite, the ranges hold more than ``points`` points
+    (``SYMPY_POINTS`` where torch's printer cannot write ``expr`` and sympy evaluates it), or no point
+    has a value."""
+    symbols = sorted(expr.free_symbols, key=str)
+    axes = []
+    for symbol in symbols:
+        vr = ranges.get(symbol)
+        lower, upper = (None, None) if vr is None else (_finite_int(vr.lower), _finite_int(vr.upper))
+        if lower is None or upper is None:
+            return None
+        axes.append(range(lower, upper + 1))
+    count = math.prod(len(a) for a in axes)
+    compiled = _compiled(expr, symbols) if count <= points else None
+    if compiled is not None:
+        try:
+            return _scan(compiled, axes)
+        except _DoesNotRun:
+            pass
+    if count > min(points, SYMPY_POINTS):
+        return None
+    try:
+        return _scan(_by_sympy(expr, symbols), axes)
+    except _DoesNotRun:
+        return None
+
+
+def size_maximum(expr: sympy.Expr, ranges: dict, points: int = POINTS) -> int | None:
+    """An upper bound of the size ``expr`` over its symbols' ranges (see the module docstring), or None.
+    A factor keeps its interval bounds where they are finite (and, in a product, non-negative);
+    otherwise its values are enumerated."""
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    factors = expr.args if isinstance(expr, sympy.Mul) else (expr,)
+    product = len(factors) > 1
+    bound = 1
+    for factor in factors:
+        interval = bound_sympy(factor, ranges)
+        lower, upper = _finite_int(interval.lower), _finite_int(interval.upper)
+        if upper is None or (product and (lower is None or lower < 0)):
+            exact = factor_range(factor, ranges, points)
+            if exact is None:
+                return None
+            lower, upper = exact
+        if product and lower < 0:
+            return None  # a factor that can be negative: the product of maxima bounds nothing
+        bound *= upper
+    return bound
+
+
+@register_patch("executorch", "executorch.exir.sym_util.eval_upper_bound",
+                "executorch.exir.passes.sym_shape_eval_pass.eval_upper_bound")
+def _patch_unbounded_sizes_planned_at_their_maximum(original):
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    acted = ActedFlag()
+    found: dict = {}  # expression -> bound, for this installation (one lowering)
+
+    def eval_upper_bound(maybe_symint):
+        if isinstance(maybe_symint, int):
+            return maybe_symint
+        node = maybe_symint.node
+        expr, ranges = node.expr, node.shape_env.var_to_range
+        if _finite_int(bound_sympy(expr, ranges).upper) is None:
+            if expr not in found:
+                found[expr] = size_maximum(expr, ranges)
+            if found[expr] is not None:
+                acted.set()
+                return found[expr]
+        return original(maybe_symint)
+
+    eval_upper_bound.acted = acted
+    return eval_upper_bound
