@@ -31,6 +31,19 @@ from skips.records import ExportSkip
 
 EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
+        classes=("GroundingDinoForObjectDetection",),
+        backends=("executorch",),
+        variants=("dynamic",),
+        stage="lower",
+        reason="lowering outlasts the sweep's 900 s item budget on 2 cores (pytest-timeout at 884 s in lowering, in "
+               "torch/utils/_sympy/functions.py:670, MinMaxBase.__new__: sympy building size expressions; sweep at "
+               "76d5e29 with the value-range memo, 2 workers beside single repro runs): Grounding DINO's Swin backbone pads "
+               "each stage to its window, so to_edge's symbolic re-trace rebuilds nested size expressions (its dynamo "
+               "dynamic export alone takes 419 s, onnx dynamic 347 s in results.json). Not profiled yet. Remove when "
+               "the lowering fits the budget (a cheaper symbolic re-trace in ExecuTorch's to_edge, fewer nested sizes "
+               "from the padded windows) or the budget for executorch dynamic is raised",
+    ),
+    ExportSkip(
         classes=("Swin2SRForImageSuperResolution", "Swin2SRModel"),
         backends=("executorch",),
         variants=("dynamic",),
