@@ -34,14 +34,15 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
         classes=("GroundingDinoForObjectDetection",),
         backends=("executorch",),
         variants=("dynamic",),
-        stage="lower",
-        reason="lowering outlasts the sweep's 900 s item budget on 2 cores (pytest-timeout at 884 s in lowering, in "
-               "torch/utils/_sympy/functions.py:670, MinMaxBase.__new__: sympy building size expressions; sweep at "
-               "76d5e29 with the value-range memo, 2 workers beside single repro runs): Grounding DINO's Swin backbone pads "
-               "each stage to its window, so to_edge's symbolic re-trace rebuilds nested size expressions (its dynamo "
-               "dynamic export alone takes 419 s, onnx dynamic 347 s in results.json). Not profiled yet. Remove when "
-               "the lowering fits the budget (a cheaper symbolic re-trace in ExecuTorch's to_edge, fewer nested sizes "
-               "from the padded windows) or the budget for executorch dynamic is raised",
+        reason="the program calls aten::cummax.out and aten::cummin.out outside any delegate, and the ExecuTorch "
+               "runtime has no kernel for them: 'Failed to load method forward, error: 0x14' at run (sweep at "
+               "08ddb08, lowering 404 s beside one other job). They come from the text mask's special-token spans "
+               "(models/grounding_dino/modeling_grounding_dino.py:1835 torch.cummax, :1840 torch.cummin; the ONNX "
+               "exporter lowers them with _aten_cummax). Beside a second sweep worker its lowering also outlasted "
+               "the 900 s item budget (pytest-timeout at 884 s in sympy's MinMaxBase.__new__, sweep at 76d5e29; "
+               "its dynamo dynamic export alone takes 419 s). Remove when an executorch node fix lowers "
+               "cummax/cummin to ops the runtime has (a running max by a lower-triangular mask), or the runtime "
+               "registers their kernels",
     ),
     ExportSkip(
         classes=("Swin2SRForImageSuperResolution", "Swin2SRModel"),
