@@ -20,8 +20,8 @@ division by zero, is no size any input makes). Every input the program accepts l
 ranges, so the bound is sound; it is exact for a factor evaluated point by point. Otherwise, and for
 every size interval arithmetic bounds, ExecuTorch's own answer stands.
 
-    before: eval_upper_bound(floor(sqrt(s1*s2)))          -> RuntimeError (oo)
-    after:  eval_upper_bound(floor(sqrt(s1*s2)))          -> max over s1, s2 in their ranges
+    before: eval_upper_bound(floor(s1 / (s2 // 32)))      -> RuntimeError (oo)
+    after:  eval_upper_bound(floor(s1 / (s2 // 32)))      -> max over s1, s2 in their ranges
     before: eval_upper_bound(s0 * ((s1//8) // (s2//32)))  -> the traced value (int_oo bound)
     after:  eval_upper_bound(s0 * ((s1//8) // (s2//32)))  -> max(s0) * max over (s1, s2) of the rest
 
@@ -164,13 +164,15 @@ def _patch_unbounded_sizes_planned_at_their_maximum(original):
             return maybe_symint
         node = maybe_symint.node
         expr, ranges = node.expr, node.shape_env.var_to_range
-        if _finite_int(bound_sympy(expr, ranges).upper) is None:
-            if expr not in found:
-                found[expr] = size_maximum(expr, ranges)
-            if found[expr] is not None:
-                acted.set()
-                return found[expr]
-        return original(maybe_symint)
+        upper = _finite_int(bound_sympy(expr, ranges).upper)
+        if upper is not None:
+            return upper  # what ExecuTorch returns for a finite bound, without computing it again
+        if expr not in found:
+            found[expr] = size_maximum(expr, ranges)
+        if found[expr] is not None:
+            acted.set()
+            return found[expr]
+        return original(maybe_symint)  # ExecuTorch's own refusal or trace-hint fallback
 
     eval_upper_bound.acted = acted
     return eval_upper_bound
