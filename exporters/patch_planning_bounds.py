@@ -16,7 +16,9 @@ symbol of the size has a finite integer range, the size is bounded by its maximu
 a product is bounded factor by factor (a factor that can be negative stops it), each factor by its
 interval bounds where they are finite, otherwise by its least and greatest value at every point of
 its symbols' ranges when they hold at most ``POINTS`` points (a point where it is undefined, a
-division by zero, is no size any input makes). Every input the program accepts lies within those
+division by zero, is no size any input makes), or else at every combination of the distinct values
+its one-symbol subexpressions take (a length made of floor divisions of a sample count takes a few
+dozen values over thousands of counts). Every input the program accepts lies within those
 ranges, so the bound is sound; it is exact for a factor evaluated point by point. Otherwise, and for
 every size interval arithmetic bounds, ExecuTorch's own answer stands.
 
@@ -29,7 +31,11 @@ Measured (``python -m sweeps.repro executorch-dynamic-<class>``, 2026-12-02): Lw
 LwDetrModel, whose window count B*(H//8)*((W//8)//(4*(H//32))) interval arithmetic bounds by
 ``int_oo``, PASS with 3 dynamic shapes compared (31.8 s, 77.0 s); without this patch the backbone's
 program, planned for batch 2, fails at batch 3 (native_layer_norm's resize_tensor check).
-SwinForMaskedImageModeling's float size is now planned; its lowering stops later, on the float
+SEWDForCTC's attention batch, ``s0 * ((4*s0) // ((4*s0*L**2) // (L*4*L)))`` (4*s0, from
+``view(-1, L, L)``) over 63 batch sizes and 14,001 audio lengths (882,063 points, past ``POINTS``) is
+planned at 4 * 64 from 63 and 22 distinct values of its batch and length terms; before, it was planned at the traced 8 and
+the program failed at batch 6 (XNNPACK "Failed to resize output tensor", 0x10); now PASS with 3
+shapes compared (75.6 s). SwinForMaskedImageModeling's float size is now planned; its lowering stops later, on the float
 power and floor ExecuTorch's runtime has no prim for (an EXPORT_SKIPS entry).
 
 Remove it when ExecuTorch bounds planned sizes past interval arithmetic.
@@ -100,11 +106,84 @@ def _scan(value: Callable, axes: list) -> tuple[int, int] | None:
     return None if greatest is None else (least, greatest)
 
 
+def own_terms(expr: sympy.Expr) -> dict:
+    """The largest subexpressions of ``expr`` that hold one symbol each, by symbol: ``expr`` is a
+    function of them, and each takes a value per value of its symbol. In
+    ``s0 * ((4*s0) // ((4*s0*L**2) // (L*(4*L + 4))))`` with ``L = (s1 // 80 - 3) // 2 + 1``:
+    ``{s0: [s0, 4*s0], s1: [L**2, L*(4*L + 4)]}``."""
+    terms: dict = {}
+    seen: set = set()
+
+    def walk(e):
+        if e in seen:
+            return
+        seen.add(e)
+        symbols = e.free_symbols
+        if len(symbols) == 1:
+            own = terms.setdefault(next(iter(symbols)), [])
+            if e not in own:
+                own.append(e)
+            return
+        for arg in e.args:
+            walk(arg)
+
+    walk(expr)
+    return terms
+
+
+def _distinct_values(terms: list, symbol, axis: range) -> list[tuple] | None:
+    """The distinct tuples ``terms`` take over ``axis`` (values where one is undefined are no input's);
+    None when torch's printer cannot write one of them."""
+    compiled = [_compiled(t, [symbol]) for t in terms]
+    if any(c is None for c in compiled):
+        return None
+    values: dict = {}
+    for v in axis:
+        try:
+            values[tuple(c(v) for c in compiled)] = None
+        except (ZeroDivisionError, ValueError, OverflowError):
+            continue
+        except Exception:  # noqa: BLE001 - a name torch's printer assumes: not evaluated here
+            return None
+    return list(values)
+
+
+def _range_by_terms(expr: sympy.Expr, symbols: list, axes: list, points: int) -> tuple[int, int] | None:
+    """``factor_range`` where the symbols' ranges hold too many points: ``expr`` evaluated at every
+    combination of the distinct values its one-symbol terms take (``own_terms``). Exact, as the
+    ranges are independent; a size made of floor divisions of a length takes few distinct values
+    (SEW-D's encoder length: 23 over an audio length of 1,360 to 15,360 samples)."""
+    terms = own_terms(expr)
+    if set(terms) != set(symbols) or any(len(a) > points for a in axes):
+        return None
+    replaced, groups, names = {}, [], []
+    for symbol, axis in zip(symbols, axes):
+        values = _distinct_values(terms[symbol], symbol, axis)
+        if not values:
+            return None
+        groups.append(values)
+        for i, term in enumerate(terms[symbol]):
+            integral = all(isinstance(v[i], int) for v in values)
+            name = sympy.Symbol(f"_term_{len(names)}", integer=True) if integral else sympy.Symbol(f"_term_{len(names)}")
+            replaced[term] = name
+            names.append(name)
+    if math.prod(len(g) for g in groups) > points:
+        return None
+    compiled = _compiled(expr.xreplace(replaced), names)
+    if compiled is None:
+        return None
+    try:
+        return _scan(lambda *point: compiled(*itertools.chain.from_iterable(point)), groups)
+    except _DoesNotRun:
+        return None
+
+
 def factor_range(expr: sympy.Expr, ranges: dict, points: int = POINTS) -> tuple[int, int] | None:
     """The least and greatest value of ``expr`` over the integer ranges of its symbols, by evaluation
-    at every point; None when a range is not finite, the ranges hold more than ``points`` points
-    (``SYMPY_POINTS`` where torch's printer cannot write ``expr`` and sympy evaluates it), or no point
-    has a value."""
+    at every point, or at every combination of its one-symbol terms' distinct values where the ranges
+    hold more than ``points`` points; None when a range is not finite, still more than ``points``
+    points remain (``SYMPY_POINTS`` where torch's printer cannot write ``expr`` and sympy evaluates
+    it), or no point has a value."""
     symbols = sorted(expr.free_symbols, key=str)
     axes = []
     for symbol in symbols:
@@ -114,7 +193,9 @@ def factor_range(expr: sympy.Expr, ranges: dict, points: int = POINTS) -> tuple[
             return None
         axes.append(range(lower, upper + 1))
     count = math.prod(len(a) for a in axes)
-    compiled = _compiled(expr, symbols) if count <= points else None
+    if count > points:
+        return _range_by_terms(expr, symbols, axes, points)
+    compiled = _compiled(expr, symbols)
     if compiled is not None:
         try:
             return _scan(compiled, axes)

@@ -21,6 +21,7 @@ from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 from exporters.patch_planning_bounds import (
     _patch_unbounded_sizes_planned_at_their_maximum,
     factor_range,
+    own_terms,
     size_maximum,
 )
 from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_patches, register_patch
@@ -128,3 +129,36 @@ def test_a_three_symbol_factor_like_swins_is_bounded_exactly():
     assert factor_range(expr, RANGES) == (0, 120)  # 59,535 points; the greatest where h // 4 == 0
     assert _brute(lambda bb, y, x: (bb * ((x // 4 + 1) // 2)) // max(1, bb * ((y // 4 + 1) // 2)),
                   range(1, 16), range(2, 65), range(2, 65)) == 120
+
+
+L = FloorDiv(FloorDiv(h, 4) - 1, 2) + 1  # a length through floor divisions: few distinct values
+SEWD_HEADS = FloorDiv(4 * b, FloorDiv(4 * b * L**2, L * (4 * L)))  # SEW-D's view(-1, L, L) batch: 4 for any b, h
+LONG = {b: ValueRanges(1, 15), h: ValueRanges(8, 640)}  # 9,495 points
+
+
+def test_own_terms_are_the_largest_one_symbol_subexpressions():
+    terms = own_terms(b * SEWD_HEADS)
+    assert set(terms) == {b, h}
+    assert set(terms[b]) == {b, 4 * b}
+    assert set(terms[h]) == {L**2, L * (4 * L)}
+    assert all(t.free_symbols == {s} for s, ts in terms.items() for t in ts)
+
+
+def test_too_many_points_are_enumerated_by_their_terms_distinct_values():
+    assert bound_sympy(SEWD_HEADS, LONG).upper is int_oo
+    brute = _brute(lambda bb, y: (4 * bb) // ((4 * bb * ((y // 4 - 1) // 2 + 1) ** 2) // (4 * ((y // 4 - 1) // 2 + 1) ** 2)),
+                   range(1, 16), range(8, 641))
+    assert brute == 4
+    # 9,495 points; b's terms take 15 distinct values, h's 80: 1,200 combinations
+    assert factor_range(SEWD_HEADS, LONG, points=2000) == (4, 4)
+    assert size_maximum(b * SEWD_HEADS, LONG, points=2000) == 15 * 4
+    assert factor_range(SEWD_HEADS, LONG, points=1000) is None  # 1,200 combinations: still too many
+    assert factor_range(SEWD_HEADS, LONG, points=500) is None  # h's own range (633) past the limit
+
+
+def test_terms_keep_the_exact_range_where_values_differ():
+    expr = FloorDiv(b * L + w, FloorDiv(h, 32) + 1)
+    ranges = {b: ValueRanges(1, 15), h: ValueRanges(8, 640), w: ValueRanges(2, 64)}
+    brute = [(bb * ((y // 4 - 1) // 2 + 1) + x) // (y // 32 + 1)
+             for bb in range(1, 16) for y in range(8, 641) for x in range(2, 65)]
+    assert factor_range(expr, ranges, points=100_000) == (min(brute), max(brute))  # 598,185 points
