@@ -9,7 +9,7 @@ import math
 import operator
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
@@ -31,6 +31,9 @@ _EXECUTORCH_INTERNALS = ("executorch.", "torch.export.exported_program._convert_
 class ExecutorchConfig(ExportConfig):
     backend: str = "xnnpack"  # a key of _BACKEND_PREPARE
     max_dim: int = 64  # ExecuTorch plans memory for the upper bound of every dynamic dim
+    # a dynamic program planning more memory than this (MiB) is exported again with every dim that
+    # max_dim bounds bounded by half as much, down to the largest traced size (see halved_max_dim)
+    memory_budget_mb: int = 8192
 
 
 # ── Stage 1: Backend preparation ─────────────────────────────────────────────
@@ -1615,12 +1618,21 @@ class ExecutorchArtifact(Artifact):
     backend = "executorch"
     file_name = "model.pte"
 
-    def __init__(self, buffer: bytes, *, mutated_inputs: tuple[str, ...] = (), **kwargs):
+    def __init__(self, buffer: bytes, *, mutated_inputs: tuple[str, ...] = (), planned_bytes: int | None = None, **kwargs):
         super().__init__(**kwargs)
         self.buffer = buffer
         self.mutated_inputs = tuple(mutated_inputs)
         self.extra_metadata["mutated_inputs"] = list(self.mutated_inputs)
-        self._program, self._method = load_forward(buffer)
+        try:
+            self._program, self._method = load_forward(buffer)
+        except MemoryError as exc:
+            if planned_bytes is None:
+                raise
+            raise MemoryError(
+                f"loading the program allocates its memory plan, {planned_bytes / 2**30:.1f} GiB for every dynamic "
+                f"dim at its upper bound (max_dim {self.config.max_dim}), and this machine could not ({exc}): "
+                "export with smaller bounds (ExecutorchConfig.max_dim, or dynamic_shapes with a max per dim)"
+            ) from exc
 
     def _run(self, ordered):
         outputs = execute_with_runtime_log(self._method, [t.contiguous() for t in ordered])
@@ -1655,16 +1667,30 @@ class ExecutorchExporter(Exporter):
         torch_patches = [p for p in patches if not p.path.startswith(_EXECUTORCH_INTERNALS)]
         et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
         et_patches += shape_arithmetic_patches(torch_patches)  # to_edge re-traces the sizes too
-        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
-        ordered = [inputs[name] for name in traced.input_names]
-        retrace = lambda: trace(model, inputs, config, torch_patches, fired).program  # noqa: E731
-        buffer, mutated = run_stage("lower", self.backend,
-                                    lambda: self._lower(traced.program, config, partitioners, et_patches, fired, ordered, retrace),
-                                    fired)
+        def export_and_lower(config):
+            traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
+            ordered = [inputs[name] for name in traced.input_names]
+            retrace = lambda: trace(model, inputs, config, torch_patches, fired).program  # noqa: E731
+            lowered = run_stage("lower", self.backend,
+                                lambda: self._lower(traced.program, config, partitioners, et_patches, fired, ordered, retrace),
+                                fired)
+            return traced, lowered
+
+        traced, lowered = export_and_lower(config)
+        while lowered.planned_bytes > config.memory_budget_mb << 20:
+            smaller = halved_max_dim(config, inputs)
+            if smaller is None:
+                break  # the artifact reports what it plans; loading it may still fail for memory
+            fired.add("fix:executorch:bounds_halved_to_fit_memory")
+            config = dataclasses.replace(config, max_dim=smaller)
+            traced, lowered = export_and_lower(config)
         return run_stage(
             "run", self.backend,
-            lambda: ExecutorchArtifact(buffer, mutated_inputs=[traced.input_names[i] for i in mutated], **traced.artifact_kwargs(fired, config),
-                                       extra_metadata={"executorch_backend": config.backend}),
+            lambda: ExecutorchArtifact(lowered.buffer, mutated_inputs=[traced.input_names[i] for i in lowered.mutated],
+                                       planned_bytes=lowered.planned_bytes, **traced.artifact_kwargs(fired, config),
+                                       extra_metadata={"executorch_backend": config.backend,
+                                                       "planned_bytes": lowered.planned_bytes,
+                                                       "max_dim": config.max_dim}),
             fired,
         )
 
@@ -1673,7 +1699,7 @@ class ExecutorchExporter(Exporter):
         apply_fx_node_fixes(self.registry.fixes("executorch", "node"), program.graph_module, fired)
         return program
 
-    def _lower(self, program, config, partitioners, et_patches, fired, inputs=(), retrace=None) -> tuple[bytes, tuple[int, ...]]:
+    def _lower(self, program, config, partitioners, et_patches, fired, inputs=(), retrace=None) -> Lowered:
         """Lower ``program``; ``retrace()`` exports it again, for a retry that needs a program no
         lowering has touched."""
         program = self._fixed(program, config, fired)
@@ -1715,6 +1741,33 @@ class ExecutorchExporter(Exporter):
         return _lower_program(program, partitioners, et_patches, fired)
 
 
+class Lowered(NamedTuple):
+    buffer: bytes  # the .pte program
+    mutated: tuple[int, ...]  # mutated_user_inputs
+    planned_bytes: int  # the memory its plan allocates when the method loads (every planned buffer)
+
+
+def planned_bytes(program) -> int:
+    """What loading ``program`` (an ExecuTorch ``Program``) allocates for its planned tensors: each
+    plan's non-constant buffers, sized for the upper bounds of every dynamic dim."""
+    return sum(sum(plan.non_const_buffer_sizes) for plan in program.execution_plan)
+
+
+def halved_max_dim(config: ExecutorchConfig, inputs: dict[str, Any]) -> int | None:
+    """The bound to export again with when the plan is too large: half of ``config.max_dim``, but not
+    below the largest traced size among the dims it bounds, so every traced shape stays valid; None when
+    nothing would change (explicit ``dynamic_shapes`` keep their bounds; a static export plans exactly).
+
+    VJEPA2Model: its 2 x (T//2)(H//8)(W//8) predictor tokens reach 4,096 with every dim at 64, and an
+    attention matrix per layer of 64 x 4 x 4,096^2 floats (16 GiB); at 32 its plan fits.
+    """
+    if config.dynamic_shapes is not None or not config.dynamic:
+        return None
+    traced = [s for t in inputs.values() if isinstance(t, torch.Tensor) for s in t.shape if s <= config.max_dim]
+    smaller = max(config.max_dim // 2, max(traced, default=1))
+    return smaller if smaller < config.max_dim else None
+
+
 def mutated_user_inputs(program: torch.export.ExportedProgram) -> tuple[int, ...]:
     """Positions of the user inputs forward mutates in place, in the order the lowered program returns
     their new values (ahead of its outputs). The traced program still has the in-place op; the edge
@@ -1747,7 +1800,7 @@ def _forget_pending_unbacked(program: torch.export.ExportedProgram) -> None:
             return
 
 
-def _lower_program(program, partitioners, et_patches, fired) -> tuple[bytes, tuple[int, ...]]:
+def _lower_program(program, partitioners, et_patches, fired) -> Lowered:
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     # no_grad: a program that still has complex ops fails here with grad on ("view_as_complex_copy
@@ -1757,7 +1810,8 @@ def _lower_program(program, partitioners, et_patches, fired) -> tuple[bytes, tup
             program, partitioner=partitioners, compile_config=EdgeCompileConfig(_check_ir_validity=False)
         )
         buffers_keep_their_values(edge.exported_program())
-        return edge.to_executorch().buffer, mutated_user_inputs(edge.exported_program())
+        lowered = edge.to_executorch()
+        return Lowered(lowered.buffer, mutated_user_inputs(edge.exported_program()), planned_bytes(lowered.executorch_program))
 
 
 from .complex_as_real import _fix_complex_as_real  # noqa: E402,F401  (registers on import)

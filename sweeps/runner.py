@@ -141,6 +141,9 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
             record("workarounds_fired", exc.workarounds_fired)
             raise
         record("workarounds_fired", artifact.workarounds_fired)
+        if "planned_bytes" in artifact.extra_metadata:  # ExecuTorch: the memory its plan allocates, and for which bounds
+            record("planned_mb", round(artifact.extra_metadata["planned_bytes"] / 2**20, 1))
+            record("max_dim", artifact.extra_metadata["max_dim"])
         if keep_dir:
             artifact.save(keep_dir)
         stage = "run"

@@ -1,0 +1,69 @@
+"""exporters/exporter_executorch.py: a dynamic program planning more memory than
+``ExecutorchConfig.memory_budget_mb`` is exported again with halved bounds, and says so.
+
+The plan size must be what ExecuTorch's program records, the bounds must halve only down to the
+largest traced size (every traced shape stays valid), static and explicit ``dynamic_shapes``
+exports must keep their bounds, and a program that cannot load for memory must name its plan size
+and the bound to lower, not only ``std::bad_alloc``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import exporters.exporter_executorch as et
+from exporters import ExportStageError
+
+HALVED = "fix:executorch:bounds_halved_to_fit_memory"
+
+
+class Square(torch.nn.Module):
+    def forward(self, x):
+        return (x @ x.transpose(0, 1)).relu()  # an n x n output: the plan grows with the square of the bound
+
+
+def _export(**config):
+    return et.ExecutorchExporter().export(Square(), {"x": torch.randn(6, 5)}, et.ExecutorchConfig(dynamic=True, **config))
+
+
+def test_the_plan_is_reported_and_sized_for_the_bounds():
+    art = _export()
+    assert art.metadata["max_dim"] == 64
+    planned = art.metadata["planned_bytes"]
+    assert 64 * 64 * 4 <= planned < 2**20  # the 64 x 64 float output at least
+    assert HALVED not in art.workarounds_fired
+
+
+def test_a_plan_past_the_budget_halves_the_bounds_down_to_the_traced_sizes():
+    art = _export(memory_budget_mb=0)  # nothing fits: 64 -> 32 -> 16 -> 8 -> 6, the largest traced size
+    assert HALVED in art.workarounds_fired
+    assert art.metadata["max_dim"] == 6
+    assert {d["max"] for d in art.dynamic_dims["x"].values()} == {6}
+    x = torch.randn(6, 5)
+    torch.testing.assert_close(art(x=x)["output"], Square()(x))
+    small = torch.randn(3, 4)
+    torch.testing.assert_close(art(x=small)["output"], Square()(small))
+    with pytest.raises(ValueError, match=r"x.*dim 0.*7.*6"):  # past the new bound: named, not a runtime code
+        art(x=torch.randn(7, 5))
+
+
+def test_what_halving_leaves_alone():
+    config = et.ExecutorchConfig(dynamic=True)
+    assert et.halved_max_dim(config, {"x": torch.randn(6, 5)}) == 32
+    assert et.halved_max_dim(config, {"x": torch.randn(6, 40)}) == 40  # never below a traced size it bounds
+    assert et.halved_max_dim(config, {"x": torch.randn(6, 100)}) == 32  # a dim past max_dim keeps its own bound
+    assert et.halved_max_dim(et.ExecutorchConfig(dynamic=True, max_dim=6), {"x": torch.randn(6, 5)}) is None
+    assert et.halved_max_dim(et.ExecutorchConfig(), {"x": torch.randn(6, 5)}) is None  # static: planned exactly
+    explicit = et.ExecutorchConfig(dynamic_shapes={"x": {0: torch.export.Dim("n", max=64)}})
+    assert et.halved_max_dim(explicit, {"x": torch.randn(6, 5)}) is None  # the caller's bounds stand
+
+
+def test_a_program_too_large_to_load_names_its_plan_and_the_bound(monkeypatch):
+    def no_memory(buffer):
+        raise MemoryError("std::bad_alloc")
+
+    monkeypatch.setattr(et, "load_forward", no_memory)
+    with pytest.raises(ExportStageError, match=r"memory plan, 0\.0 GiB .*max_dim 64.*ExecutorchConfig.max_dim") as info:
+        _export()
+    assert info.value.stage == "run"
