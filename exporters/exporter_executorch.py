@@ -1759,7 +1759,9 @@ def halved_max_dim(config: ExecutorchConfig, inputs: dict[str, Any]) -> int | No
     nothing would change (explicit ``dynamic_shapes`` keep their bounds; a static export plans exactly).
 
     VJEPA2Model: its 2 x (T//2)(H//8)(W//8) predictor tokens reach 4,096 with every dim at 64, and an
-    attention matrix per layer of 64 x 4 x 4,096^2 floats (16 GiB); at 32 its plan fits.
+    attention matrix per layer of 64 x 4 x 4,096^2 floats (16 GiB): load_method raised std::bad_alloc.
+    Exported again at 32 it plans 398 MiB and passes, 3 dynamic shapes compared (``python -m sweeps.repro
+    executorch-dynamic-VJEPA2Model``, 566 s beside a 2-worker sweep, two lowerings).
     """
     if config.dynamic_shapes is not None or not config.dynamic:
         return None
