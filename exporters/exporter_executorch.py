@@ -1104,7 +1104,7 @@ def _fix_cumulative_extreme_as_masked_reduction(gm: torch.fx.GraphModule, node: 
     DINO finds each token's previous and next special token with them: "the ExecuTorch runtime has no
     kernel for aten::cummax.out, aten::cummin.out"). Along a dim of static length n, the running
     extreme at i is the extreme over the positions j <= i: a reduction over an (n x n) lower-triangular
-    mask, in ops the portable kernels have. Its index is eager's, the last position j <= i holding it
+    mask, in ops the portable kernels have; n may be dynamic (the text length of a dynamic export). Its index is eager's, the last position j <= i holding it
     (except after a NaN, whose running value is NaN as in eager but whose index is -1).
 
     before: values, indices = cummax(x, dim)
@@ -1117,11 +1117,11 @@ def _fix_cumulative_extreme_as_masked_reduction(gm: torch.fx.GraphModule, node: 
         return False
     x, dim = node.args[0], node.args[1]
     val = fake_val(x)
-    if (val is None or val.dim() == 0 or val.dtype == torch.bool or not isinstance(val.shape[dim], int)
+    if (val is None or val.dim() == 0 or val.dtype == torch.bool
             or any(u.op != "call_function" or u.target is not operator.getitem for u in node.users)):
         return False
-    n, last = val.shape[dim], val.dim() - 1
     dim %= val.dim()
+    last = val.dim() - 1
     reduce = _CUMULATIVE[node.target]
     info = torch.finfo(val.dtype) if val.is_floating_point() else torch.iinfo(val.dtype)
     lowest = (-math.inf if val.is_floating_point() else info.min) if reduce is torch.ops.aten.amax.default else (
@@ -1129,6 +1129,7 @@ def _fix_cumulative_extreme_as_masked_reduction(gm: torch.fx.GraphModule, node: 
     aten, made = torch.ops.aten, NewNodes(gm.graph)
     call = made.call
     with gm.graph.inserting_before(node):
+        n = _size_value(made, x, dim, val.shape[dim])  # a dynamic length: an (n x n) mask planned at its bound
         xt = call(aten.transpose.int, x, dim, last) if dim != last else x
         positions = call(aten.arange.start_step, 0, n, 1, dtype=torch.int64)
         keep = call(aten.le.Tensor, call(aten.unsqueeze.default, positions, 0), call(aten.unsqueeze.default, positions, 1))

@@ -1283,6 +1283,19 @@ def test_executorch_cummax_cummin_without_their_kernels():
                                         "_fix_cumulative_extreme_as_masked_reduction")
 
 
+def test_executorch_cummax_cummin_of_a_dynamic_length():
+    """Grounding DINO's dynamic export: the text length varies, so the mask is (n x n) for a symbolic n."""
+    special = torch.tensor([[0, 0, 2, 2, 0, 5, 0], [1, 0, 0, 3, 3, 0, 6]])
+    inputs = {"special": special, "x": torch.randn(6, 3)}
+    art = et.ExecutorchExporter().export(_RunningExtremes(), inputs, et.ExecutorchConfig(dynamic=True))
+    assert "fix:executorch:_fix_cumulative_extreme_as_masked_reduction" in art.workarounds_fired
+    assert art.dynamic_dims["special"] and art.dynamic_dims["x"]
+    for length, rows in ((7, 6), (12, 9), (3, 2)):
+        other = {"special": torch.randint(0, 4, (3, length)), "x": torch.randn(rows, 3)}
+        for got, want in zip(art(**other).values(), _RunningExtremes()(**other)):
+            torch.testing.assert_close(got, want)
+
+
 class _Bags(torch.nn.Module):
     """Kimi K2.5's weighted bicubic gather (mode sum with weights), and plain mean / max bags."""
 
