@@ -31,20 +31,6 @@ from skips.records import ExportSkip
 
 EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
-        classes=("GroundingDinoForObjectDetection",),
-        backends=("executorch",),
-        variants=("dynamic",),
-        reason="the program calls aten::cummax.out and aten::cummin.out outside any delegate, and the ExecuTorch "
-               "runtime has no kernel for them: 'Failed to load method forward, error: 0x14' at run (sweep at "
-               "08ddb08, lowering 404 s beside one other job). They come from the text mask's special-token spans "
-               "(models/grounding_dino/modeling_grounding_dino.py:1835 torch.cummax, :1840 torch.cummin; the ONNX "
-               "exporter lowers them with _aten_cummax). Beside a second sweep worker its lowering also outlasted "
-               "the 900 s item budget (pytest-timeout at 884 s in sympy's MinMaxBase.__new__, sweep at 76d5e29; "
-               "its dynamo dynamic export alone takes 419 s). Remove when an executorch node fix lowers "
-               "cummax/cummin to ops the runtime has (a running max by a lower-triangular mask), or the runtime "
-               "registers their kernels",
-    ),
-    ExportSkip(
         classes=("Swin2SRForImageSuperResolution", "Swin2SRModel"),
         backends=("executorch",),
         variants=("dynamic",),
