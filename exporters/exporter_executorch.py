@@ -3,6 +3,7 @@ run in the ExecuTorch runtime. Five stages around the lowering."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -1678,13 +1679,23 @@ class ExecutorchExporter(Exporter):
             return traced, lowered
 
         traced, lowered = export_and_lower(config)
-        while lowered.planned_bytes > config.memory_budget_mb << 20:
+        budget = config.memory_budget_mb << 20
+        exact = False
+        if lowered.planned_bytes > budget and exact_share(lowered.graph_module) < 0.5:
+            # interval arithmetic planned some sizes far past their true maxima (Swin2SR's window
+            # dims): plan every size at its true maximum, keeping the bounds
+            fired.add("fix:executorch:exact_bounds_to_fit_memory")
+            exact = True
+            with exact_planning_bounds():
+                traced, lowered = export_and_lower(config)
+        while lowered.planned_bytes > budget:
             smaller = halved_max_dim(config, inputs)
             if smaller is None:
                 break  # the artifact reports what it plans; loading it may still fail for memory
             fired.add("fix:executorch:bounds_halved_to_fit_memory")
             config = dataclasses.replace(config, max_dim=smaller)
-            traced, lowered = export_and_lower(config)
+            with exact_planning_bounds() if exact else contextlib.nullcontext():
+                traced, lowered = export_and_lower(config)
         return run_stage(
             "run", self.backend,
             lambda: ExecutorchArtifact(lowered.buffer, mutated_inputs=[traced.input_names[i] for i in lowered.mutated],
@@ -1746,6 +1757,7 @@ class Lowered(NamedTuple):
     buffer: bytes  # the .pte program
     mutated: tuple[int, ...]  # mutated_user_inputs
     planned_bytes: int  # the memory its plan allocates when the method loads (every planned buffer)
+    graph_module: Any = None  # the lowered program's graph, its tensor specs planned (exact_share reads it)
 
 
 def planned_bytes(program) -> int:
@@ -1814,10 +1826,12 @@ def _lower_program(program, partitioners, et_patches, fired) -> Lowered:
         )
         buffers_keep_their_values(edge.exported_program())
         lowered = edge.to_executorch()
-        return Lowered(lowered.buffer, mutated_user_inputs(edge.exported_program()), planned_bytes(lowered.executorch_program))
+        return Lowered(lowered.buffer, mutated_user_inputs(edge.exported_program()), planned_bytes(lowered.executorch_program),
+                       lowered.exported_program().graph_module)
 
 
 from .complex_as_real import _fix_complex_as_real  # noqa: E402,F401  (registers on import)
 from .patch_partition_legalize import _patch_partitions_legalized_when_needed  # noqa: E402,F401  (registers on import)
 from .patch_guards_code_cache import _patch_guards_code_printed_once  # noqa: E402,F401  (registers on import)
 from .patch_planning_bounds import _patch_unbounded_sizes_planned_at_their_maximum  # noqa: E402,F401  (registers on import)
+from .patch_planning_bounds import exact_planning_bounds, exact_share  # noqa: E402

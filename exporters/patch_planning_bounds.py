@@ -38,11 +38,20 @@ the program failed at batch 6 (XNNPACK "Failed to resize output tensor", 0x10); 
 shapes compared (75.6 s). SwinForMaskedImageModeling's float size is now planned; its lowering stops later, on the float
 power and floor ExecuTorch's runtime has no prim for (an EXPORT_SKIPS entry).
 
+Under ``exact_planning_bounds()`` (the ExecuTorch exporter enters it when a plan passes its memory
+budget and ``exact_share`` says exact bounds would keep less than half of it) every size interval
+arithmetic bounds is planned at the least of that bound and its true maximum: Swin2SRModel, whose
+window dims such as Hp // (Hp // 2) (always 2) interval arithmetic bounds at 66, planned
+19,235,868,927,504 bytes and its load raised std::bad_alloc; planned exactly, 17,416.9 MiB, it
+passes with 3 dynamic shapes compared (303.5 s, the exact lowering alone, beside a 2-worker sweep).
+
 Remove it when ExecuTorch bounds planned sizes past interval arithmetic.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import math
 from collections.abc import Callable
@@ -232,6 +241,49 @@ def size_maximum(expr: sympy.Expr, ranges: dict, points: int = POINTS) -> int | 
     return bound
 
 
+def exact_share(graph_module) -> float:
+    """The share of a lowered program's planned tensor memory that exact bounds would keep: each
+    planned tensor's bytes scaled, dim by dim, by its true maximum over the planned bound (1.0 where
+    interval arithmetic was exact or the maximum cannot be computed). Cheap next to a lowering: it
+    tells whether lowering again under ``exact_planning_bounds`` can shrink the plan."""
+    planned = kept = 0.0
+    maxima: dict = {}
+    for node in graph_module.graph.nodes:
+        spec, val = node.meta.get("spec"), node.meta.get("val")
+        if (getattr(spec, "mem_id", None) is None or not getattr(spec, "allocated_memory", 0)
+                or getattr(val, "shape", None) is None or len(val.shape) != len(spec.shape)):
+            continue
+        share = 1.0
+        for size, bound in zip(val.shape, spec.shape):
+            if isinstance(size, int) or not bound:
+                continue
+            expr, ranges = size.node.expr, size.node.shape_env.var_to_range
+            if expr not in maxima:
+                exact = factor_range(expr, ranges)
+                maxima[expr] = None if exact is None else max(exact[1], 0)
+            if maxima[expr] is not None and maxima[expr] < bound:
+                share *= maxima[expr] / bound
+        planned += spec.allocated_memory
+        kept += spec.allocated_memory * share
+    return kept / planned if planned else 1.0
+
+
+EXACT_BOUNDS = contextvars.ContextVar("exact_planning_bounds", default=False)
+
+
+@contextlib.contextmanager
+def exact_planning_bounds():
+    """While lowering inside this block, every planned size interval arithmetic bounds is planned at
+    the least of that bound and its true maximum (``factor_range`` over the whole size), where that
+    can be computed: exact, and slower. For a program whose plan is too large to load
+    (``ExecutorchConfig.memory_budget_mb``)."""
+    token = EXACT_BOUNDS.set(True)
+    try:
+        yield
+    finally:
+        EXACT_BOUNDS.reset(token)
+
+
 @register_patch("executorch", "executorch.exir.sym_util.eval_upper_bound",
                 "executorch.exir.passes.sym_shape_eval_pass.eval_upper_bound")
 def _patch_unbounded_sizes_planned_at_their_maximum(original):
@@ -246,6 +298,13 @@ def _patch_unbounded_sizes_planned_at_their_maximum(original):
         node = maybe_symint.node
         expr, ranges = node.expr, node.shape_env.var_to_range
         upper = _finite_int(bound_sympy(expr, ranges).upper)
+        if upper is not None and EXACT_BOUNDS.get():
+            if (expr, "exact") not in found:
+                exact = factor_range(expr, ranges)
+                found[(expr, "exact")] = None if exact is None or exact[1] >= upper else max(exact[1], 0)
+            if found[(expr, "exact")] is not None:
+                acted.set()
+                return found[(expr, "exact")]
         if upper is not None:
             return upper  # what ExecuTorch returns for a finite bound, without computing it again
         if expr not in found:

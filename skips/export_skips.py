@@ -31,22 +31,6 @@ from skips.records import ExportSkip
 
 EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
-        classes=("Swin2SRForImageSuperResolution", "Swin2SRModel"),
-        backends=("executorch",),
-        variants=("dynamic",),
-        stage="run",
-        reason="memory planned at per-dim interval bounds: ExecuTorch plans each dynamic tensor at the product of "
-               "its dims' separate upper bounds (executorch/exir/sym_util.py eval_upper_bound: bound_sympy, interval "
-               "arithmetic), and Swin2SR's padded windows (modeling_swin2sr.py:48 window_partition, :486 maybe_pad, "
-               ":737 pad_and_normalize) give dims such as Hp // (Hp // 2), always the window size 2 of the tiny model, "
-               "bounded at 66 (33 for Hp // 2, whose true maximum is 32); ShapeEnv.simplify does not tighten them. "
-               "The program (pixel_values traced at (2, 3, 64, 64)) plans 19,235,868,927,504 bytes, window tensors "
-               "planned at [16335, 33, 2, 32, 2178, 32], and load_program raises std::bad_alloc (seen at 77267c8, "
-               "after its lowering first fit the 900 s budget). Remove when ExecuTorch bounds planned sizes by the "
-               "expressions' true maxima over the input ranges (or plans by numel), or Swin2SR partitions windows "
-               "with its static window size",
-    ),
-    ExportSkip(
         classes=("SwinForMaskedImageModeling", "Swinv2ForMaskedImageModeling"),
         backends=("executorch",),
         variants=("dynamic",),

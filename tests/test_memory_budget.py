@@ -67,3 +67,33 @@ def test_a_program_too_large_to_load_names_its_plan_and_the_bound(monkeypatch):
     with pytest.raises(ExportStageError, match=r"memory plan, 0\.0 GiB .*max_dim 64.*ExecutorchConfig.max_dim") as info:
         _export()
     assert info.value.stage == "run"
+
+
+class LooseWindows(torch.nn.Module):
+    """Swin2SR's padded windows in small: h // (h // 2) is 2 or 3, and interval arithmetic bounds it at
+    64 (h up to 64 over h // 2 down to 1)."""
+
+    def forward(self, x):
+        h = x.shape[0]
+        return x.new_ones(h // (h // 2), h, 8).sum(0) * x  # a (windows, h, 8) tensor, 2 or 3 windows
+
+
+def test_loose_interval_bounds_are_planned_exactly_when_the_plan_is_too_large():
+    from exporters.patch_planning_bounds import exact_planning_bounds, exact_share
+
+    inputs = {"x": torch.randn(6, 8)}
+    config = et.ExecutorchConfig(dynamic_shapes={"x": {0: torch.export.Dim.AUTO(min=2, max=64)}})
+    exporter = et.ExecutorchExporter()
+    loose = exporter.export(LooseWindows(), inputs, config)
+    assert "fix:executorch:exact_bounds_to_fit_memory" not in loose.workarounds_fired  # within the budget
+    config.memory_budget_mb = 0
+    tight = exporter.export(LooseWindows(), inputs, config)
+    assert "fix:executorch:exact_bounds_to_fit_memory" in tight.workarounds_fired
+    assert HALVED not in tight.workarounds_fired  # explicit dynamic_shapes keep their bounds
+    assert tight.metadata["planned_bytes"] < loose.metadata["planned_bytes"] / 4  # windows planned at 3, not 64
+    for h in (2, 3, 6, 64):
+        x = torch.randn(h, 8)
+        torch.testing.assert_close(tight(x=x)["output"], LooseWindows()(x))
+    with exact_planning_bounds():
+        pass
+    assert exact_share(torch.fx.symbolic_trace(torch.nn.Identity())) == 1.0  # nothing planned: nothing to shrink
