@@ -31,6 +31,22 @@ from skips.records import ExportSkip
 
 EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
+        classes=("Swin2SRForImageSuperResolution",),
+        backends=("executorch",),
+        variants=("dynamic",),
+        stage="run",
+        reason="the final crop runs the portable slice_copy on a channels-last input into a contiguous output, which "
+               "it refuses: 'Check failed (tensors_have_same_dim_order(in, out))' at instruction 0:378 "
+               "(aten::slice_copy.Tensor_out, 0x12) at the traced shape. The crop reconstruction[:, :, :height*upscale, "
+               ":width*upscale] (models/swin2sr/modeling_swin2sr.py:1043) takes the upsampler's XNNPACK output, whose "
+               "strides are channels-last (dim order (0, 2, 3, 1)), while the slice_copy output is planned contiguous; "
+               "in the static export the crop covers the whole image and is dropped. Its memory plan now loads "
+               "(17,416.9 MiB planned exactly, fix:executorch:exact_bounds_to_fit_memory; it planned 19.8 TB by "
+               "interval bounds; seen at c832c16, sweep and a debug run). Remove when an executorch node fix makes "
+               "a cropped channels-last input contiguous first (or ExecuTorch plans slice_copy's output in its "
+               "input's dim order); Swin2SRModel, without the upsampler, passes",
+    ),
+    ExportSkip(
         classes=("SwinForMaskedImageModeling", "Swinv2ForMaskedImageModeling"),
         backends=("executorch",),
         variants=("dynamic",),
