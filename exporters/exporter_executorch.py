@@ -32,8 +32,9 @@ _EXECUTORCH_INTERNALS = ("executorch.", "torch.export.exported_program._convert_
 class ExecutorchConfig(ExportConfig):
     backend: str = "xnnpack"  # a key of _BACKEND_PREPARE
     max_dim: int = 64  # ExecuTorch plans memory for the upper bound of every dynamic dim
-    # a dynamic program planning more memory than this (MiB) is exported again with every dim that
-    # max_dim bounds bounded by half as much, down to the largest traced size (see halved_max_dim)
+    # a dynamic program planning more memory than this (MiB) is lowered again with exact size bounds
+    # where interval arithmetic overshot (exact_share), then, while still past it, exported again with
+    # every dim max_dim bounds bounded by half as much, down to the largest traced size (halved_max_dim)
     memory_budget_mb: int = 8192
 
 
@@ -1103,10 +1104,11 @@ _CUMULATIVE = {torch.ops.aten.cummax.default: torch.ops.aten.amax.default,
 def _fix_cumulative_extreme_as_masked_reduction(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """The ExecuTorch runtime has no kernel for ``aten::cummax.out`` / ``aten::cummin.out`` (Grounding
     DINO finds each token's previous and next special token with them: "the ExecuTorch runtime has no
-    kernel for aten::cummax.out, aten::cummin.out"). Along a dim of static length n, the running
-    extreme at i is the extreme over the positions j <= i: a reduction over an (n x n) lower-triangular
-    mask, in ops the portable kernels have; n may be dynamic (the text length of a dynamic export). Its index is eager's, the last position j <= i holding it
-    (except after a NaN, whose running value is NaN as in eager but whose index is -1).
+    kernel for aten::cummax.out, aten::cummin.out"). Along a dim of length n (static, or dynamic: the
+    text length of a dynamic export), the running extreme at i is the extreme over the positions j <= i:
+    a reduction over an (n x n) lower-triangular mask, in ops the portable kernels have. Its index is
+    eager's, the last position j <= i holding it (except after a NaN, whose running value is NaN as in
+    eager but whose index is -1).
 
     before: values, indices = cummax(x, dim)
     after:  xt = x.transpose(dim, -1); keep[i, j] = j <= i
@@ -1669,6 +1671,7 @@ class ExecutorchExporter(Exporter):
         torch_patches = [p for p in patches if not p.path.startswith(_EXECUTORCH_INTERNALS)]
         et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
         et_patches += shape_arithmetic_patches(torch_patches)  # to_edge re-traces the sizes too
+
         def export_and_lower(config):
             traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
             ordered = [inputs[name] for name in traced.input_names]

@@ -32,11 +32,11 @@ LwDetrModel, whose window count B*(H//8)*((W//8)//(4*(H//32))) interval arithmet
 ``int_oo``, PASS with 3 dynamic shapes compared (31.8 s, 77.0 s); without this patch the backbone's
 program, planned for batch 2, fails at batch 3 (native_layer_norm's resize_tensor check).
 SEWDForCTC's attention batch, ``s0 * ((4*s0) // ((4*s0*L**2) // (L*4*L)))`` (4*s0, from
-``view(-1, L, L)``) over 63 batch sizes and 14,001 audio lengths (882,063 points, past ``POINTS``) is
-planned at 4 * 64 from 63 and 22 distinct values of its batch and length terms; before, it was planned at the traced 8 and
-the program failed at batch 6 (XNNPACK "Failed to resize output tensor", 0x10); now PASS with 3
-shapes compared (75.6 s). SwinForMaskedImageModeling's float size is now planned; its lowering stops later, on the float
-power and floor ExecuTorch's runtime has no prim for (an EXPORT_SKIPS entry).
+``view(-1, L, L)``) over 63 batch sizes and 14,001 audio lengths (882,063 points, past ``POINTS``) is planned at 4 *
+64 from 63 and 22 distinct values of its batch and length terms; before, it was planned at the traced 8
+and the program failed at batch 6 (XNNPACK "Failed to resize output tensor", 0x10); now PASS with 3
+shapes compared (75.6 s). SwinForMaskedImageModeling's float size is now planned; its lowering stops
+later, on the float power and floor ExecuTorch's runtime has no prim for (an EXPORT_SKIPS entry).
 
 Under ``exact_planning_bounds()`` (the ExecuTorch exporter enters it when a plan passes its memory
 budget and ``exact_share`` says exact bounds would keep less than half of it) every size interval
