@@ -173,7 +173,7 @@ def _range_by_terms(expr: sympy.Expr, symbols: list, axes: list, points: int) ->
         groups.append(values)
         for i, term in enumerate(terms[symbol]):
             integral = all(isinstance(v[i], int) for v in values)
-            name = sympy.Symbol(f"_term_{len(names)}", integer=True) if integral else sympy.Symbol(f"_term_{len(names)}")
+            name = sympy.Symbol(f"_term_{len(names)}", integer=True if integral else None)
             replaced[term] = name
             names.append(name)
     if math.prod(len(g) for g in groups) > points:
@@ -241,6 +241,13 @@ def size_maximum(expr: sympy.Expr, ranges: dict, points: int = POINTS) -> int | 
     return bound
 
 
+def true_maximum(expr: sympy.Expr, ranges: dict) -> int | None:
+    """The greatest value the size ``expr`` takes over its symbols' ranges (``factor_range`` over the
+    whole size, at least 0), or None where it cannot be computed."""
+    exact = factor_range(expr, ranges)
+    return None if exact is None else max(exact[1], 0)
+
+
 def exact_share(graph_module) -> float:
     """The share of a lowered program's planned tensor memory that exact bounds would keep: each
     planned tensor's bytes scaled, dim by dim, by its true maximum over the planned bound (1.0 where
@@ -259,8 +266,7 @@ def exact_share(graph_module) -> float:
                 continue
             expr, ranges = size.node.expr, size.node.shape_env.var_to_range
             if expr not in maxima:
-                exact = factor_range(expr, ranges)
-                maxima[expr] = None if exact is None else max(exact[1], 0)
+                maxima[expr] = true_maximum(expr, ranges)
             if maxima[expr] is not None and maxima[expr] < bound:
                 share *= maxima[expr] / bound
         planned += spec.allocated_memory
@@ -291,6 +297,7 @@ def _patch_unbounded_sizes_planned_at_their_maximum(original):
 
     acted = ActedFlag()
     found: dict = {}  # expression -> bound, for this installation (one lowering)
+    exact_found: dict = {}  # expression -> true maximum, under exact_planning_bounds
 
     def eval_upper_bound(maybe_symint):
         if isinstance(maybe_symint, int):
@@ -299,12 +306,11 @@ def _patch_unbounded_sizes_planned_at_their_maximum(original):
         expr, ranges = node.expr, node.shape_env.var_to_range
         upper = _finite_int(bound_sympy(expr, ranges).upper)
         if upper is not None and EXACT_BOUNDS.get():
-            if (expr, "exact") not in found:
-                exact = factor_range(expr, ranges)
-                found[(expr, "exact")] = None if exact is None or exact[1] >= upper else max(exact[1], 0)
-            if found[(expr, "exact")] is not None:
+            if expr not in exact_found:
+                exact_found[expr] = true_maximum(expr, ranges)
+            if exact_found[expr] is not None and exact_found[expr] < upper:
                 acted.set()
-                return found[(expr, "exact")]
+                return exact_found[expr]
         if upper is not None:
             return upper  # what ExecuTorch returns for a finite bound, without computing it again
         if expr not in found:
