@@ -19,6 +19,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols, statica
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .constant_scalars import fold_input_independent_scalars
 from .exporter_dynamo import _finite, shape_arithmetic_patches, trace
+from .unbacked_bounds import source_bounds
 from .utils import (FiredLog, NewNodes, apply_fx_node_fixes, apply_fx_program_fixes, apply_patches, copy_source_meta,
                     fake_val, register_fx_node_fix, register_patch, replace_node, replace_unpacked)
 
@@ -185,7 +186,7 @@ def _symbolic_sizes(node: torch.fx.Node) -> list[tuple[int | None, torch.SymInt]
     return [(dim, size) for dim, size in sizes if isinstance(size, torch.SymInt)]
 
 
-def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs: list[torch.Tensor]) -> bool:
+def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs: list[torch.Tensor]) -> set[str]:
     """ExecuTorch plans each tensor's memory for its size's upper bound, and a size read from data
     (Siglip2's per-image patch grid from ``spatial_shapes.tolist()``, Lfm2-VL's and Ernie 4.5-VL's image
     token counts) has none: "Cannot evaluate a finite upper bound for symbolic expression u64 (int_oo)
@@ -202,18 +203,27 @@ def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs:
     unbounded; ``fold_input_independent_scalars`` first turns those no input can change into ints
     (Ernie 4.5-VL's offsets).
 
+    Where the values read follow from the program's shapes (``unbacked_bounds.source_bounds``: a count
+    over a mask is at most its length; LED's chunk count, ``torch.div(seq_len, w, rounding_mode="trunc")``
+    of the symbolic length), that bound holds for every input and replaces the traced value: LED's
+    chunk buffers were planned for the traced length's 4 chunks and a longer input failed to resize them.
+
     before: n = x.item()                        (u0 in [0, int_oo])
-    after:  n = x.item(); sym_constrain_range(n, min=lower(u0), max=u0 at the traced inputs)
-    Returns whether a bound was added.
+    after:  n = x.item(); sym_constrain_range(n, min=lower(u0), max=u0 at the traced inputs, or the bound
+            n's source allows)
+    Returns the names of the fixes applied: ``fix:executorch:bound_unbacked_sizes_by_trace`` and/or
+    ``fix:executorch:bound_unbacked_sizes_by_source``; empty when no bound was added.
     """
+    sources = source_bounds(program.graph_module)
     values = traced_unbacked_values(program, inputs)
-    if not values:
-        return False
+    if not values and not sources:
+        return set()
     try:  # the sizes the data makes at the largest inputs the program accepts, where they grow with them
-        larger = traced_unbacked_values(program, inputs_at_upper_bounds(program, inputs))
+        larger = traced_unbacked_values(program, inputs_at_upper_bounds(program, inputs)) if values else {}
     except Exception:  # noqa: BLE001  (an input the model refuses at that size: the traced values only)
         larger = {}
     values = {symbol: max(value, larger.get(symbol, value)) for symbol, value in values.items()}
+    values.update({symbol: high for symbol, (_, high) in sources.items()})  # sound for every input
     graph, done = program.graph, set()
     for node in list(graph.nodes):
         for dim, size in _symbolic_sizes(node):
@@ -222,6 +232,8 @@ def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs:
             symbol = size.node.expr
             done.add(symbol)
             lower = size.node.shape_env.var_to_range[symbol].lower
+            if symbol in sources:
+                lower = max(lower, sources[symbol][0]) if _finite(lower) else sources[symbol][0]
             with graph.inserting_after(node):
                 read = node if dim is None else graph.call_function(torch.ops.aten.sym_size.int, (node, dim))
                 if dim is not None:
@@ -230,7 +242,7 @@ def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs:
                     graph.call_function(torch.ops.aten.sym_constrain_range.default, (read,),
                                         {"min": int(lower) if _finite(lower) else None, "max": values[symbol]})
     program.graph_module.recompile()
-    return bool(done)
+    return {f"fix:executorch:bound_unbacked_sizes_by_{'source' if symbol in sources else 'trace'}" for symbol in done}
 
 
 def _check_nonzero_stride(stride: torch.SymInt) -> None:
@@ -1749,7 +1761,9 @@ class ExecutorchExporter(Exporter):
             bounded = bound_unbacked_sizes_by_trace(program, list(inputs))
             if not (bounded or folded):
                 raise
-            retry = "fix:executorch:bound_unbacked_sizes_by_trace" if bounded else None
+            for name in sorted(bounded or ()):
+                fired.add(name)
+            retry = None
         if retry:
             fired.add(retry)
         _forget_pending_unbacked(program)
