@@ -786,6 +786,13 @@ def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
 
     The size may itself be data-dependent (SuperPoint writes each image's u29 keypoints into rows
     padded to Max(u29, u31): "Could not guard on data-dependent expression u29 > Max(u29, u31)").
+
+    Once the checks decide the bound, re-tracing the slice gives it the bound's own size, where the
+    traced graph gave it a fresh symbol: ``slice(x, 0, None, u0)`` was ``[u1, ...]``, re-traced ``[u0, ...]``.
+    The lowering's re-trace then renames u0 to u1 for the first slice and fails at a second slice
+    with the same bound (Data2VecAudioForXVector's mean and std over ``hidden_states[i, :length]``:
+    "AssertionError: u0 -> u1" in ``rebind_unbacked``). So the slice's fresh symbol is made the
+    bound (``_slice_size_is_its_bound``) and no longer bound by the node.
     """
     import operator
 
@@ -815,7 +822,46 @@ def _fix_slice_bounds_checked(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
                           f"slice bound {bound.name} must be {what} (dim {dim} of {x.name}) in this ExecuTorch program")
         copy_source_meta(node, made)
         changed = True
-    return changed
+    return _slice_size_is_its_bound(node, dim) or changed
+
+
+def _slice_size_is_its_bound(node: torch.fx.Node, dim: int) -> bool:
+    """After ``_fix_slice_bounds_checked``: when the slice's start and end are now known to lie in
+    [0, size] (what re-tracing it decides too), its size along ``dim`` is ``end - start``. The traced
+    meta gave it a fresh unbacked symbol: tell the shape environment that symbol equals ``end - start``
+    and drop the node's binding of it, so a re-trace has nothing to rename. This holds for every such
+    slice, also one whose bound an earlier slice's checks decided. Returns whether it changed the node."""
+    import sympy
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    val, bindings = node.meta.get("val"), node.meta.get("unbacked_bindings")
+    if not isinstance(val, torch.Tensor) or not bindings:
+        return False
+    size = val.shape[dim]
+    x = node.args[0]
+    full = x.meta["val"].shape[dim]
+    def value(i, default):
+        arg = node.args[i] if len(node.args) > i else None
+        arg = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+        return default if arg is None or (isinstance(arg, int) and arg >= sys.maxsize) else arg
+
+    start, end, step = value(2, 0), value(3, full), value(4, 1)
+    if not isinstance(size, torch.SymInt) or step != 1 or size.node.expr not in bindings:
+        return False
+    decided = all(statically_known_true(b >= 0) and statically_known_true(b <= full) for b in (start, end))
+    if not (decided and statically_known_true(end >= start)):
+        return False
+    length, symbol, shape_env = end - start, size.node.expr, size.node.shape_env
+    target = length.node.expr if isinstance(length, torch.SymInt) else sympy.Integer(length)
+    shape_env._set_replacement(symbol, target, "slice bounds checked")
+    if shape_env.replacements.get(symbol) != target:
+        return False  # the shape environment refused it: keep the binding
+    rest = {k: v for k, v in bindings.items() if k != symbol}
+    if rest:
+        node.meta["unbacked_bindings"] = rest
+    else:
+        del node.meta["unbacked_bindings"]
+    return True
 
 
 @register_fx_node_fix("executorch")

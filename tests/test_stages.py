@@ -567,6 +567,38 @@ def test_executorch_slice_bound_read_from_data():
         torch.testing.assert_close(actual, _MeanOverLength()(**case))
 
 
+class _MeanAndStdOverLength(torch.nn.Module):
+    """Data2VecAudioForXVector's statistics pooling: mean and std over ``x[i, :length]``, two slices
+    sharing each length read from the mask."""
+
+    def forward(self, x, attention_mask):
+        rows = [(x[i, :n].mean(dim=0), x[i, :n].std(dim=0)) for i, n in enumerate(attention_mask.sum(-1))]
+        return torch.stack([torch.cat(pair) for pair in rows])
+
+
+def test_executorch_checked_slice_bound_is_the_slice_size():
+    """The checks decide the bound, so re-tracing gives each slice the bound as its size; the traced
+    meta gave it a fresh symbol, and the lowering's re-trace renamed the shared bound to the first
+    slice's and failed at the second ("AssertionError: u0 -> u1", Data2VecAudioForXVector's dynamic
+    export). The fix makes each fresh size equal to its bound and drops its binding."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    inputs = {"x": torch.randn(2, 6, 4), "attention_mask": torch.tensor([[1] * 6, [1] * 4 + [0] * 2])}
+    program = torch.export.export(_MeanAndStdOverLength(), (), inputs)
+    slices = [n for n in program.graph.nodes if n.target is torch.ops.aten.slice.Tensor]
+    assert len(slices) == 4 and all(n.meta.get("unbacked_bindings") for n in slices)  # fresh sizes, as traced
+    for node in slices:
+        et._fix_slice_bounds_checked(program.graph_module, node)
+    for node in slices:
+        assert not node.meta.get("unbacked_bindings")
+        assert statically_known_true(node.meta["val"].shape[0] == node.args[3].meta["val"])
+    art = et.ExecutorchExporter().export(_MeanAndStdOverLength(), inputs, et.ExecutorchConfig(dynamic=True))
+    other = {"x": torch.randn(2, 6, 4), "attention_mask": torch.tensor([[1] * 3 + [0] * 3, [1] * 5 + [0]])}
+    for case in (inputs, other):
+        (actual,) = art(**case).values()
+        torch.testing.assert_close(actual, _MeanAndStdOverLength()(**case))
+
+
 class _PadToLongest(torch.nn.Module):
     """SuperPoint's batching: each row's kept scores (a data-dependent count) written into rows as long
     as the longest, so the slice bound u0 meets a size Max(u0, u1)."""
