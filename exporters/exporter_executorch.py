@@ -1096,6 +1096,48 @@ def _fix_symbolic_empty_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -
     return True
 
 
+@register_fx_node_fix("executorch")
+def _fix_circular_pad_as_cat(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The lowering decomposes circular padding (``F.pad(x, p, mode="circular")``, Autoformer's and
+    Informer's ``padding_mode="circular"`` convolutions) into a ``new_empty`` of the padded shape and
+    copies into it. That empty becomes ``dim_order_ops::_empty_dim_order``, whose ``int[] size`` reads
+    each symbolic size as an int (see ``_fix_symbolic_empty_as_full``): AutoformerModel's batch was
+    specialized to its traced 2 and the program refused batch 3 (``set_inputs`` 0x10). Circular
+    padding of a dim is the tail wrapped before it and the head after it: a ``cat`` of slices, which
+    stays symbolic. Padding dims one after another wraps the corners as ``F.pad`` does.
+
+    before: y = pad(x, [l, r], "circular")
+    after:  y = cat([x[..., -l:], x, x[..., :r]], -1)
+    Only for a tensor with a symbolic size and non-negative pads no wider than their dim.
+    """
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if node.op != "call_function" or node.target is not torch.ops.aten.pad.default:
+        return False
+    mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+    x, pads = node.args[0], node.args[1]
+    val = fake_val(x)
+    if mode != "circular" or val is None or not any(isinstance(d, torch.SymInt) for d in val.shape):
+        return False
+    if not all(isinstance(p, int) and p >= 0 for p in pads) or len(pads) % 2:
+        return False
+    if not all(statically_known_true(val.shape[-1 - i // 2] >= pads[i]) for i in range(len(pads))):
+        return False
+    aten, made = torch.ops.aten, NewNodes(gm.graph)
+    out = x
+    with gm.graph.inserting_before(node):
+        for i in range(0, len(pads), 2):
+            left, right, dim = pads[i], pads[i + 1], val.dim() - 1 - i // 2
+            parts = ([made.call(aten.slice.Tensor, out, dim, -left, sys.maxsize)] if left else []) + [out] + (
+                [made.call(aten.slice.Tensor, out, dim, 0, right)] if right else [])
+            if len(parts) > 1:
+                out = made.call(aten.cat.default, parts, dim)
+    if out is x:
+        return False
+    replace_node(gm, node, made)
+    return True
+
+
 def _size_value(made: NewNodes, of: torch.fx.Node, d: int, extent):
     """Dim ``d`` of ``of`` as a node argument: ``extent`` when it is static, else a ``sym_size.int`` node."""
     return extent if isinstance(extent, int) else made.call(torch.ops.aten.sym_size.int, of, d)
@@ -1697,6 +1739,7 @@ class ExecutorchArtifact(Artifact):
             ) from exc
 
     def _run(self, ordered):
+        self._check_planned_sizes(ordered)
         outputs = execute_with_runtime_log(self._method, [t.contiguous() for t in ordered])
         outputs = [o if isinstance(o, torch.Tensor) else torch.as_tensor(o) for o in outputs]
         # the program returns the inputs forward mutated in place (``pixel_values *= mask``) ahead of
@@ -1708,9 +1751,47 @@ class ExecutorchArtifact(Artifact):
             outputs = outputs[k:]
         return outputs
 
+    def _check_planned_sizes(self, ordered) -> None:
+        """The runtime refuses an input larger than the memory its program planned for it with a bare
+        code (``set_inputs`` 0x10 for a tensor planned static, 0x12 for one past its bound); name the
+        input, the dim and the planned bound instead. The input checks take what torch.export allowed:
+        a plan smaller than that means the lowering specialized or narrowed a dynamic dim (AutoformerModel's
+        batch, planned at its traced 2 while its range was [2, 64]), which is the export's defect, so this
+        is a RuntimeError and not an InputError that the shape checks would skip."""
+        try:
+            meta = self._program.metadata("forward")
+            count = meta.num_inputs()
+        except Exception:  # noqa: BLE001  (a runtime without these bindings: its own error stands)
+            return
+        planned = []
+        for i in range(count):
+            try:
+                planned.append(tuple(meta.input_tensor_meta(i).sizes()))
+            except Exception:  # noqa: BLE001  (not a tensor input)
+                planned.append(None)
+        if len(planned) != len(ordered):
+            return
+        for name, value, sizes in zip(self.input_names, ordered, planned):
+            if sizes is None or len(sizes) != value.dim():
+                continue
+            for d, (size, bound) in enumerate(zip(value.shape, sizes)):
+                if size <= bound:
+                    continue
+                spec = self.input_specs[name][2].get(d)
+                narrowed = (f"; torch.export gave it the range [{spec['min']}, {spec['max']}] ({spec['symbol']}), "
+                            "so the ExecuTorch lowering specialized or narrowed it"
+                            if spec and (spec["max"] is None or spec["max"] > bound) else "")
+                raise PlannedShapeError(
+                    f"input {name!r} dim {d} is {size}, but the ExecuTorch program was planned for at most {bound}"
+                    + narrowed)
+
     def _save_model(self, path):
         with open(path, "wb") as f:
             f.write(self.buffer)
+
+
+class PlannedShapeError(RuntimeError):
+    """An ExecuTorch artifact called with an input larger than its program's memory plan allows."""
 
 
 class ExecutorchExporter(Exporter):

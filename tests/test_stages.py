@@ -1963,3 +1963,35 @@ def test_failed_dynamic_export_leaves_inputs_unmarked():
     assert not [a for a in vars(x) if a.startswith("_dynamo_")]
     art = dyn.DynamoExporter().export(torch.nn.Linear(4, 2), {"input": x})
     assert art.dynamic_dims == {"input": {}} or not any(art.dynamic_dims.values())
+
+
+class _CircularConv(torch.nn.Module):
+    """Autoformer's token embedding: a convolution over time with circular padding."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv1d(3, 4, kernel_size=3, padding=1, padding_mode="circular", bias=False)
+        self.grid = torch.nn.Conv2d(2, 2, kernel_size=3, padding=(1, 2), padding_mode="circular")
+
+    def forward(self, x, image):
+        return self.conv(x.transpose(1, 2)).sum(dim=(1, 2)) + self.grid(image).mean(dim=(1, 2, 3))
+
+
+def test_executorch_circular_padding_keeps_dynamic_sizes():
+    """Lowered as the decomposition's empty + copies, the batch was specialized to its traced 2 and
+    batch 3 was refused (set_inputs 0x10, AutoformerModel); as a cat of slices it stays dynamic."""
+    model = _CircularConv().eval()
+    traced = {"x": torch.randn(2, 7, 3), "image": torch.randn(2, 2, 5, 6)}
+    without = DEFAULT_REGISTRY.without("fix:executorch:_fix_circular_pad_as_cat")
+    bad = et.ExecutorchExporter(registry=without).export(model, traced, et.ExecutorchConfig(dynamic=True))
+    larger = {"x": torch.randn(3, 9, 3), "image": torch.randn(3, 2, 6, 8)}
+    # the artifact names the input, the dim and the plan's bound, not the runtime's set_inputs 0x10
+    with pytest.raises(et.PlannedShapeError, match=r"input 'x' dim 0 is 3, but the ExecuTorch program was planned "
+                       r"for at most 2; torch.export gave it the range \[2, \d+\]"):
+        bad(**larger)
+    art = et.ExecutorchExporter().export(model, traced, et.ExecutorchConfig(dynamic=True))
+    assert "fix:executorch:_fix_circular_pad_as_cat" in art.workarounds_fired
+    for case in (traced, larger):
+        (actual,) = art(**case).values()
+        torch.testing.assert_close(actual, model(**case), atol=1e-5, rtol=1e-5)
