@@ -121,6 +121,8 @@ def value_range(node, ranges, depth: int = 0) -> Range | None:
     name = _op_name(node.target)
     if name in _BOOLEAN:
         return (0, 1)
+    if name in ("max", "min") and len(node.args) > 1 and isinstance(node.args[1], torch.fx.Node):
+        return _arith("maximum" if name == "max" else "minimum", node, ranges, depth)  # max.other: elementwise
     if name in _SAME_VALUES:
         return _operand(node.args[0], ranges, depth) if node.args else None
     if name in ("add", "sub", "mul", "div", "minimum", "maximum"):

@@ -113,3 +113,17 @@ def test_an_unknown_chain_keeps_the_traced_bound():
     assert BY_TRACE in art.workarounds_fired and BY_SOURCE not in art.workarounds_fired
     with pytest.raises(RuntimeError, match="resize"):  # larger than the traced 4: refused, not wrong
         art(x=torch.full((2, 3), 0.009))
+
+
+def test_an_elementwise_max_takes_both_operands():
+    """``torch.max(a, b)`` (aten.max.other) is not a reduction of ``a``: its values reach ``b``'s."""
+
+    class MaxOfTwo(torch.nn.Module):
+        def forward(self, mask, other):
+            count = torch.max((mask > 0).sum(dim=1), other).max().item()
+            return torch.arange(count).sum()
+
+    length = torch.export.Dim("length", min=2, max=40)
+    program = torch.export.export(MaxOfTwo(), (_mask([[1, 1, 0, 0]]), torch.tensor([3])),
+                                  dynamic_shapes={"mask": {1: length}, "other": None})
+    assert source_bounds(program.graph_module) == {}  # other's values are unknown: no bound
