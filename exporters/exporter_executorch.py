@@ -1751,6 +1751,27 @@ class ExecutorchArtifact(Artifact):
             outputs = outputs[k:]
         return outputs
 
+    def _planned_input_sizes(self) -> list[tuple[int, ...] | None] | None:
+        """Each input's planned sizes (its bound per dim) from the method's metadata, read once per
+        artifact; None for a non-tensor input; None altogether for a runtime without these bindings."""
+        if not hasattr(self, "_planned"):
+            self._planned = self._read_planned_input_sizes()
+        return self._planned
+
+    def _read_planned_input_sizes(self) -> list[tuple[int, ...] | None] | None:
+        try:
+            meta = self._program.metadata("forward")
+            count = meta.num_inputs()
+        except Exception:  # noqa: BLE001  (a runtime without these bindings: its own error stands)
+            return None
+        planned = []
+        for i in range(count):
+            try:
+                planned.append(tuple(meta.input_tensor_meta(i).sizes()))
+            except Exception:  # noqa: BLE001  (not a tensor input)
+                planned.append(None)
+        return planned
+
     def _check_planned_sizes(self, ordered) -> None:
         """The runtime refuses an input larger than the memory its program planned for it with a bare
         code (``set_inputs`` 0x10 for a tensor planned static, 0x12 for one past its bound); name the
@@ -1758,18 +1779,8 @@ class ExecutorchArtifact(Artifact):
         a plan smaller than that means the lowering specialized or narrowed a dynamic dim (AutoformerModel's
         batch, planned at its traced 2 while its range was [2, 64]), which is the export's defect, so this
         is a RuntimeError and not an InputError that the shape checks would skip."""
-        try:
-            meta = self._program.metadata("forward")
-            count = meta.num_inputs()
-        except Exception:  # noqa: BLE001  (a runtime without these bindings: its own error stands)
-            return
-        planned = []
-        for i in range(count):
-            try:
-                planned.append(tuple(meta.input_tensor_meta(i).sizes()))
-            except Exception:  # noqa: BLE001  (not a tensor input)
-                planned.append(None)
-        if len(planned) != len(ordered):
+        planned = self._planned_input_sizes()
+        if planned is None or len(planned) != len(ordered):
             return
         for name, value, sizes in zip(self.input_names, ordered, planned):
             if sizes is None or len(sizes) != value.dim():
