@@ -1970,12 +1970,39 @@ def _forget_pending_unbacked(program: torch.export.ExportedProgram) -> None:
             return
 
 
+@contextlib.contextmanager
+def cpu_conv_heuristics_off():
+    """Lower with oneDNN (mkldnn) and NNPACK off, as torch.export traces and decomposes.
+
+    Cause. The fake kernel of ``aten.convolution`` asks ATen which CPU kernel eager mode would pick
+    (``_select_conv_backend``) to give its output the memory format that kernel would. With oneDNN
+    on, that choice reads ``input.size(0) >= 16`` for an unstrided, undilated conv (a thread-count
+    heuristic), and with a backed batch this is a guard: the edge passes' re-trace records
+    ``batch < 16`` and narrows the batch's range, and ExecuTorch then plans the program for it.
+    torch.export turns these backends off while it traces and runs decompositions
+    (``_ignore_backend_decomps``), so its ranges never see the guard; ExecuTorch's passes run with
+    them on. EfficientLoFTRModel, whose pairs are folded into a conv batch of ``2*s99``, got
+    ``2*s99 < 16`` and a program planned for batch 7 of the [2, 64] torch.export allowed.
+
+    This only changes the memory format the fake conv reports while lowering; the program and the
+    runtime kernels are ExecuTorch's. Remove it when ExecuTorch's passes trace with ATen's backend
+    selection off (executorch#19262 did this for XNNPACK's own passes only, with
+    ``backed_size_oblivious``)."""
+    mkldnn = torch.backends.mkldnn.set_flags(_enabled=False, _fp32_precision=None)  # the rest as they are
+    nnpack = torch.backends.nnpack.set_flags(False)
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.set_flags(*mkldnn)
+        torch.backends.nnpack.set_flags(*nnpack)
+
+
 def _lower_program(program, partitioners, et_patches, fired) -> Lowered:
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     # no_grad: a program that still has complex ops fails here with grad on ("view_as_complex_copy
     # does not support automatic differentiation for outputs with complex dtype")
-    with apply_patches(et_patches, fired), torch.no_grad():
+    with apply_patches(et_patches, fired), torch.no_grad(), cpu_conv_heuristics_off():
         edge = to_edge_transform_and_lower(
             program, partitioner=partitioners, compile_config=EdgeCompileConfig(_check_ir_validity=False)
         )

@@ -1995,3 +1995,28 @@ def test_executorch_circular_padding_keeps_dynamic_sizes():
     for case in (traced, larger):
         (actual,) = art(**case).values()
         torch.testing.assert_close(actual, model(**case), atol=1e-5, rtol=1e-5)
+
+
+class _PairConv(torch.nn.Module):
+    """EfficientLoFTR's backbone: image pairs folded into the conv batch, an unstrided 3x3 conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, kernel_size=3, padding=1)
+
+    def forward(self, pixel_values):
+        b, pair, c, h, w = pixel_values.shape
+        return self.conv(pixel_values.reshape(b * pair, c, h, w))
+
+
+def test_executorch_conv_batch_not_narrowed_by_cpu_kernel_choice():
+    """ATen's CPU conv choice reads batch >= 16; the lowering must not keep that as a bound on the batch."""
+    model = _PairConv().eval()
+    batch = torch.export.Dim("batch", min=2, max=32)
+    art = et.ExecutorchExporter().export(model, {"pixel_values": torch.randn(2, 2, 3, 8, 8)}, et.ExecutorchConfig(
+        dynamic=True, dynamic_shapes={"pixel_values": {0: batch}}))
+    assert art._planned_input_sizes()[0][0] == 32  # narrowed to 7 (2*b < 16) before cpu_conv_heuristics_off
+    feed = torch.randn(20, 2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(next(iter(art(pixel_values=feed).values())), model(feed), rtol=1e-4, atol=1e-4)
+    assert torch.backends.mkldnn.enabled  # restored after the lowering
