@@ -62,19 +62,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "ExecuTorch adds pow and floor prims",
     ),
     ExportSkip(
-        classes=("Lfm2VlForConditionalGeneration", "Lfm2VlModel"),
-        backends=("executorch",),
-        variants=("dynamic",),
-        stage="lower",
-        reason="to_edge's re-trace binds the image-token count read with .item() to the symbol it had in the "
-               "traced program, and torch stops on it: 'AssertionError: u5 possible memo disaster' "
-               "(fx/experimental/symbolic_shapes.py:730, 'improperly hit the memo while retracing') at "
-               "slice(select, 0, None, item) from get_image_features (models/lfm2_vl/modeling_lfm2_vl.py:264); a "
-               "fresh export before lowering fails the same way (tried at 9be4f33). Remove when the lowering's "
-               "re-trace starts a new fake-tensor epoch for the program's unbacked sizes, or Lfm2-VL sizes its "
-               "image features without .item()",
-    ),
-    ExportSkip(
         classes=("Aimv2Model",),
         stage="compare",
         reason="eager is wrong, not the export: with sdpa and an attention_mask without padding, "
