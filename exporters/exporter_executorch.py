@@ -1976,8 +1976,8 @@ def cpu_conv_heuristics_off():
 
     Cause. The fake kernel of ``aten.convolution`` asks ATen which CPU kernel eager mode would pick
     (``_select_conv_backend``) to give its output the memory format that kernel would. With oneDNN
-    on, that choice reads ``input.size(0) >= 16`` for an unstrided, undilated conv (a thread-count
-    heuristic), and with a backed batch this is a guard: the edge passes' re-trace records
+    on, that choice compares the batch with 16 for an unstrided, undilated conv (ATen's CPU kernel
+    heuristics), and with a backed batch this is a guard: the edge passes' re-trace records
     ``batch < 16`` and narrows the batch's range, and ExecuTorch then plans the program for it.
     torch.export turns these backends off while it traces and runs decompositions
     (``_ignore_backend_decomps``), so its ranges never see the guard; ExecuTorch's passes run with
@@ -1986,8 +1986,8 @@ def cpu_conv_heuristics_off():
 
     This only changes the memory format the fake conv reports while lowering; the program and the
     runtime kernels are ExecuTorch's. Remove it when ExecuTorch's passes trace with ATen's backend
-    selection off (executorch#19262 did this for XNNPACK's own passes only, with
-    ``backed_size_oblivious``)."""
+    selection off (executorch#19262, for XNNPACK's own passes only, ran them with
+    ``backed_size_oblivious`` against the same kind of narrowing)."""
     mkldnn = torch.backends.mkldnn.set_flags(_enabled=False, _fp32_precision=None)  # the rest as they are
     nnpack = torch.backends.nnpack.set_flags(False)
     try:
