@@ -28,6 +28,25 @@ from .utils import (FiredLog, NewNodes, apply_fx_node_fixes, apply_fx_program_fi
 # the others are torch patches (stage 2, installed around torch.export).
 _EXECUTORCH_INTERNALS = ("executorch.", "torch.export.exported_program._convert_guards_to_code")
 
+# Fixes the export loop applies itself, as a retry, when a lowering fails or its memory plan passes
+# the budget. No registry holds them (each needs the traced program, its inputs or the plan), so they
+# are named here: the inventory lists them and the report counts them as registered workarounds.
+LOWERING_RETRIES: dict[str, str] = {
+    "fix:executorch:exact_bounds_to_fit_memory":
+        "a plan past the memory budget whose interval bounds far exceed the sizes' true maxima is "
+        "lowered again planning every size at its true maximum",
+    "fix:executorch:bounds_halved_to_fit_memory":
+        "a plan past the memory budget is exported again with max_dim halved, never below a traced size",
+    "fix:executorch:per_op_partitions_on_cycle":
+        "XNNPACK partitions that depend on each other both ways are lowered again one op a partition",
+    "fix:executorch:fold_input_independent_scalars":
+        "a data-dependent scalar no input can change is folded to the int it takes on the traced inputs",
+    "fix:executorch:bound_unbacked_sizes_by_trace":
+        "a data-dependent size without an upper bound is bounded by its value on the traced inputs",
+    "fix:executorch:bound_unbacked_sizes_by_source":
+        "a data-dependent size whose values follow from the program's shapes is bounded by that source",
+}
+
 
 @dataclasses.dataclass
 class ExecutorchConfig(ExportConfig):
