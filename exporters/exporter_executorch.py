@@ -261,7 +261,8 @@ def bound_unbacked_sizes_by_trace(program: torch.export.ExportedProgram, inputs:
                     graph.call_function(torch.ops.aten.sym_constrain_range.default, (read,),
                                         {"min": int(lower) if _finite(lower) else None, "max": values[symbol]})
     program.graph_module.recompile()
-    return {f"fix:executorch:bound_unbacked_sizes_by_{'source' if symbol in sources else 'trace'}" for symbol in done}
+    return {"fix:executorch:bound_unbacked_sizes_by_source" if symbol in sources
+            else "fix:executorch:bound_unbacked_sizes_by_trace" for symbol in done}
 
 
 def _check_nonzero_stride(stride: torch.SymInt) -> None:
