@@ -38,7 +38,7 @@ MODELS = {
 def bare_export(backend, model, inputs, dynamic, max_dim):
     import torch
 
-    from exporters.exporter_dynamo import auto_dynamic_shapes
+    from exporters.tracing import auto_dynamic_shapes
 
     tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     shapes = auto_dynamic_shapes(tensors, max_dim) if dynamic else None

@@ -1,5 +1,5 @@
 """CPU time a lowering spends in ``ShapeEnv._check_frozen`` with torch's own method (the cost
-exporters/patch_frozen_guards.py removes): the guards a frozen shape environment ignores, each
+exporters/workarounds/torch_internals/frozen_guards.py removes): the guards a frozen shape environment ignores, each
 formatted for an INFO-only message.
 
 CPU time (``time.process_time``), not wall time, so that a busy machine does not change the share.

@@ -32,7 +32,8 @@ def _doc(obj) -> str:
 def list_workarounds(registry: Registry | None = None) -> list[dict[str, str]]:
     """``[{"name", "backend", "stage", "doc"}]`` for patches, fixes, ONNX translations, IR fixes and
     the ExecuTorch export loop's retries (``LOWERING_RETRIES``)."""
-    from . import exporter_executorch, exporter_onnx  # noqa: F401 - their workarounds register on import
+    from . import exporter_onnx
+    from .executorch.lowering import retry_fixes
 
     reg = registry if registry is not None else DEFAULT_REGISTRY
     rows = []
@@ -46,6 +47,6 @@ def list_workarounds(registry: Registry | None = None) -> list[dict[str, str]]:
     for fn in exporter_onnx._IR_FIXES:
         rows.append({"name": f"fix:onnx:{fn.__name__}", "backend": "onnx", "stage": "5: ONNX IR fixes",
                      "doc": _doc(fn)})
-    for name, doc in exporter_executorch.LOWERING_RETRIES.items():
+    for name, doc in retry_fixes().items():
         rows.append({"name": name, "backend": "executorch", "stage": "export loop: retries", "doc": doc})
     return rows

@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from .pytrees import flatten_outputs, leaf_names_and_values  # noqa: F401 - the names every caller imports from here
+
 BACKENDS = ("dynamo", "onnx", "executorch")
 
 
@@ -82,12 +84,65 @@ def _check_backend(backend: str) -> None:
         raise WorkaroundError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
 
 
-class Registry:
-    """Patches and fixes per backend. ``DEFAULT_REGISTRY`` is the one the exporters use."""
+# The folders whose modules register workarounds, by what they patch. The default registry imports
+# every module in them (``_*.py`` helper modules aside) the first time it is read, so a workaround is
+# in use as soon as its file is in one of these folders; nothing has to import it for its side effect.
+WORKAROUND_PACKAGES: tuple[str, ...] = (
+    "exporters.workarounds.models",           # transformers model code, one file per model family
+    "exporters.workarounds.torch_internals",  # torch internals: symbolic shapes, sympy, decompositions
+    "exporters.workarounds.onnx",             # torch.onnx / onnxscript: patches, node fixes, translations, IR fixes
+    "exporters.workarounds.executorch",       # ExecuTorch's planner, partitioner and runtime
+)
 
-    def __init__(self) -> None:
+
+def workaround_modules(packages: Iterable[str] = WORKAROUND_PACKAGES) -> list[str]:
+    """The modules the default registry loads: every non-``_`` module of ``packages``, by name."""
+    import pkgutil
+
+    names = []
+    for package in packages:
+        folder = importlib.import_module(package)
+        names += sorted(f"{package}.{m.name}" for m in pkgutil.iter_modules(folder.__path__) if not m.name.startswith("_"))
+    return names
+
+
+class Registry:
+    """Patches and fixes per backend. ``DEFAULT_REGISTRY`` is the one the exporters use.
+
+    A registry made with ``packages`` loads the workaround modules in them the first time it is read
+    (``patches``, ``fixes``, ``all_workarounds``, ``without``), and lists its entries in a fixed
+    order whatever was imported first: by package (in ``packages`` order), module name and line of
+    definition. One made without (a test's ``Registry()``) lists them as they were registered."""
+
+    def __init__(self, packages: tuple[str, ...] = ()) -> None:
         self._patches: dict[str, dict[str, PatchEntry]] = {b: {} for b in BACKENDS}
         self._fixes: dict[tuple[str, str], list[FixEntry]] = {(b, k): [] for b in BACKENDS for k in ("node", "program")}
+        self._packages = tuple(packages)
+        self._loaded = not self._packages
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True  # before importing: a module that reads the registry must not load it again
+        try:
+            for name in workaround_modules(self._packages):
+                importlib.import_module(name)
+        except BaseException:
+            self._loaded = False
+            raise
+
+    def _ordered(self, entries: Iterable[PatchEntry | FixEntry]) -> list:
+        entries = list(entries)
+        if not self._packages:
+            return entries
+
+        def origin(entry: PatchEntry | FixEntry) -> tuple[int, str, int]:
+            fn = entry.factory if isinstance(entry, PatchEntry) else entry.fn
+            module = getattr(fn, "__module__", "") or ""
+            rank = next((i for i, p in enumerate(self._packages) if module.startswith(p + ".")), len(self._packages))
+            return rank, module, getattr(getattr(fn, "__code__", None), "co_firstlineno", 0)
+
+        return sorted(entries, key=origin)  # stable: one factory's paths keep their order
 
     # registration
     def add_patch(self, backend: str, path: str, factory: Callable, *, optional: bool = False) -> PatchEntry:
@@ -120,15 +175,17 @@ class Registry:
 
     # queries
     def patches(self, *backends: str) -> list[PatchEntry]:
+        self._load()
         out = []
         for backend in backends:
             _check_backend(backend)
-            out.extend(self._patches[backend].values())
+            out.extend(self._ordered(self._patches[backend].values()))
         return out
 
     def fixes(self, backend: str, kind: str) -> list[FixEntry]:
+        self._load()
         _check_backend(backend)
-        return list(self._fixes[(backend, kind)])
+        return self._ordered(self._fixes[(backend, kind)])
 
     def without(self, *names: str) -> "Registry":
         """A copy of this registry minus the workarounds named (``patch:onnx:torch.where``,
@@ -140,23 +197,23 @@ class Registry:
 
             close = {n: difflib.get_close_matches(n, known, n=3) for n in unknown}
             raise WorkaroundError(f"no registered workaround named {unknown}; close matches: {close}")
-        copy = Registry()
+        copy = Registry()  # already loaded: it keeps this registry's order
         for backend in BACKENDS:
-            copy._patches[backend] = {p: e for p, e in self._patches[backend].items() if e.name not in names}
-        for key, entries in self._fixes.items():
-            copy._fixes[key] = [e for e in entries if e.name not in names]
+            copy._patches[backend] = {e.path: e for e in self.patches(backend) if e.name not in names}
+            for kind in ("node", "program"):
+                copy._fixes[(backend, kind)] = [e for e in self.fixes(backend, kind) if e.name not in names]
         return copy
 
     def all_workarounds(self) -> list[PatchEntry | FixEntry]:
         out: list[PatchEntry | FixEntry] = []
         for backend in BACKENDS:
-            out.extend(self._patches[backend].values())
+            out.extend(self.patches(backend))
             for kind in ("program", "node"):
-                out.extend(self._fixes[(backend, kind)])
+                out.extend(self.fixes(backend, kind))
         return out
 
 
-DEFAULT_REGISTRY = Registry()
+DEFAULT_REGISTRY = Registry(WORKAROUND_PACKAGES)
 
 
 def register_patch(backend: str, *paths: str, optional: bool = False, registry: Registry | None = None):
@@ -437,6 +494,11 @@ class NewNodes(list):
         return self[-1]
 
 
+def size_value(made: NewNodes, of: torch.fx.Node, d: int, extent):
+    """Dim ``d`` of ``of`` as a node argument: ``extent`` when it is static, else a ``sym_size.int`` node."""
+    return extent if isinstance(extent, int) else made.call(torch.ops.aten.sym_size.int, of, d)
+
+
 def data_dependent_size(value: Any) -> bool:
     """``value`` is a SymInt with an unbacked symbol (a size read from tensor values while tracing)."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -516,43 +578,3 @@ def apply_fx_program_fixes(entries: Iterable[FixEntry], program: Any, fired: Fir
         if modified:
             fired.add(entry.name)
     return program
-
-
-# ── output flattening (one naming for eager and every artifact) ───────────────
-
-def _key_to_str(key: Any) -> str | None:
-    from torch.utils._pytree import GetAttrKey, MappingKey, SequenceKey
-
-    if isinstance(key, MappingKey):
-        return str(key.key)
-    if isinstance(key, SequenceKey):
-        return str(key.idx)
-    if isinstance(key, GetAttrKey):
-        return key.name
-    return str(key).strip(".[]'\"")
-
-
-def leaf_names_and_values(obj: Any) -> list[tuple[str, Any]]:
-    """Pytree leaves of ``obj`` in flattening order, each with a dotted name from its key path."""
-    from torch.utils import _pytree as pytree
-
-    from .exporter_dynamo import register_pytree_nodes
-
-    register_pytree_nodes(obj)
-    leaves, _ = pytree.tree_flatten_with_path(obj)
-    out = []
-    for path, value in leaves:
-        parts = [p for p in (_key_to_str(k) for k in path) if p]
-        out.append((".".join(parts) or "output", value))
-    return out
-
-
-def flatten_outputs(outputs: Any) -> dict[str, torch.Tensor]:
-    """Model outputs (ModelOutput, tuple, cache, tensor) as ``{leaf name: tensor}``; non-tensors dropped."""
-    flat = {}
-    for name, value in leaf_names_and_values(outputs):
-        if isinstance(value, torch.Tensor):
-            if name in flat:
-                raise ValueError(f"two output leaves flatten to the same name {name!r}")
-            flat[name] = value
-    return flat

@@ -56,7 +56,7 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "torch.sym_float(L) ** 0.5 and math.floor of it at run time, and ExecuTorch's runtime has no prim op "
                "for either (executorch_prim has sym_float, ceil, trunc, no pow or floor): to_executorch's out-variant "
                "pass stops on the builtin, \"'builtin_function_or_method' object has no attribute '_schema'\" "
-               "(seen at 77267c8 with exporters/patch_planning_bounds.py, which plans the size's bound; before it, "
+               "(seen at 77267c8 with exporters/workarounds/executorch/memory_planning.py, which plans the size's bound; before it, "
                "memory planning stopped on the float bound: 'Expect upper bound to be sympy.Integer or int_oo. but "
                "got oo'). Remove when the decoder takes its side from the encoder's integer input_dimensions, or "
                "ExecuTorch adds pow and floor prims",
@@ -145,7 +145,7 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "layer tests 'if torch.any(early_stopped_pairs)' on the keypoint confidences and drops the stopped "
                "pairs by boolean indexing (models/lightglue/modeling_lightglue.py:780-800; keypoint pruning at "
                "width_confidence > 0 likewise). SuperPoint's keypoint count is handled "
-               "(exporters/patch_keypoint_budget.py). Remove when LightGlue runs every layer for every pair and "
+               "(exporters/workarounds/models/superpoint.py). Remove when LightGlue runs every layer for every pair and "
                "applies early stopping and pruning as masks",
     ),
     ExportSkip(

@@ -153,7 +153,7 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
         record("stage", stage)
         assert_close(ref.expected, actual, case.backend)
         if case.variant == "dynamic" and shapes:
-            from exporters.exporter_dynamo import _snapshot_state, reset_model_state
+            from exporters.model_state import _snapshot_state, reset_model_state
 
             state = _snapshot_state(model)  # eager forwards at other shapes may reconfigure the model (Swin)
             stage = "shapes"

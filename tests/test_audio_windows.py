@@ -1,4 +1,4 @@
-"""exporters/patch_audio_windows.py: Qwen3 audio encoders' attention windows from a static grid.
+"""exporters/workarounds/models/qwen3_audio_windows.py: Qwen3 audio encoders' attention windows from a static grid.
 
 The patched ``get_audio_cu_seqlens`` must put every packed frame in the same window as the original's
 Python loop (several windows per sample, a partial last window, padded samples), the encoder must
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from exporters import DynamoConfig, DynamoExporter
-from exporters.patch_audio_windows import AUDIO_WINDOW_PATHS, _patch_audio_windows_static
-from exporters.patch_segmented_attention import segment_ids
+from exporters.workarounds.models.qwen3_audio_windows import AUDIO_WINDOW_PATHS, _patch_audio_windows_static
+from exporters.workarounds.models.packed_attention import segment_ids
 from exporters.utils import DEFAULT_REGISTRY
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

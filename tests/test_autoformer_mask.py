@@ -1,4 +1,4 @@
-"""exporters/patch_autoformer_mask.py: Autoformer's all-keep mask, which eager drops and the export
+"""exporters/workarounds/models/autoformer.py: Autoformer's all-keep mask, which eager drops and the export
 used to apply (and fail on), is checked and dropped; the model exports and matches eager."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from exporters import DynamoExporter
-from exporters.patch_autoformer_mask import keeps_everything
+from exporters.workarounds.models.autoformer import keeps_everything
 from exporters.utils import DEFAULT_REGISTRY
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

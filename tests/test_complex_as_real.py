@@ -1,4 +1,4 @@
-"""exporters/complex_as_real.py: complex tensors carried as real ones with a trailing (real, imag) axis.
+"""exporters/workarounds/executorch/complex_as_real.py: complex tensors carried as real ones with a trailing (real, imag) axis.
 
 The fast tests apply the program fix to a torch.export program and run ``program.module()``; the
 ``slow`` ones lower to ExecuTorch, whose runtime has no complex kernels, and run the .pte.
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import exporters
-from exporters.complex_as_real import _fix_complex_as_real
+from exporters.workarounds.executorch.complex_as_real import _fix_complex_as_real
 from exporters.parity import assert_close
 from exporters.utils import flatten_outputs
 

@@ -1,12 +1,12 @@
-"""exporters.constant_scalars: an ``.item()`` no input can change is folded to its int; one that an
+"""exporters.executorch.constant_scalars: an ``.item()`` no input can change is folded to its int; one that an
 input, a random op or an in-place write of an input reaches is left alone."""
 
 import pytest
 import torch
 
 from exporters import exporter_executorch as et
-from exporters.constant_scalars import fold_input_independent_scalars, input_dependent_nodes
-from exporters.exporter_executorch import traced_unbacked_values
+from exporters.executorch.constant_scalars import fold_input_independent_scalars, input_dependent_nodes
+from exporters.executorch.unbacked import traced_unbacked_values
 
 
 class _ConstantOffsets(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""exporters/patch_conv_padding.py: the Encodec-style conv's extra padding in integer arithmetic equals
+"""exporters/workarounds/models/encodec_conv_padding.py: the Encodec-style conv's extra padding in integer arithmetic equals
 upstream's for every length, and a strided causal conv exports with a dynamic length."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from transformers import MimiConfig
 from transformers.models.mimi.modeling_mimi import MimiConv1d
 
 from exporters import DynamoConfig, DynamoExporter
-from exporters.patch_conv_padding import extra_padding
+from exporters.workarounds.models.encodec_conv_padding import extra_padding
 from exporters.utils import DEFAULT_REGISTRY
 
 NAME = "patch:dynamo:transformers.models.mimi.modeling_mimi.MimiConv1d._get_extra_padding_for_conv1d"

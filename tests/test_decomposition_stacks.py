@@ -1,4 +1,4 @@
-"""exporters/patch_decomposition_stacks.py: the lowerings' re-traces run with torch's stack capture off,
+"""exporters/workarounds/torch_internals/decomposition_stacks.py: the lowerings' re-traces run with torch's stack capture off,
 restored afterwards (also on error), and both lowerings still produce programs that match eager."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 import torch.fx.config as fx_config
 
 from exporters import OnnxConfig, OnnxExporter
-from exporters.patch_decomposition_stacks import _without_stack_capture, stacks_not_captured
+from exporters.workarounds.torch_internals.decomposition_stacks import _without_stack_capture, stacks_not_captured
 
 
 def test_flag_set_inside_and_restored():
@@ -56,7 +56,7 @@ def test_lowerings_install_the_shape_arithmetic_patches(monkeypatch):
     of the dynamo set."""
     import exporters.exporter_executorch as et
     import exporters.exporter_onnx as onx
-    from exporters.exporter_dynamo import SHAPE_ARITHMETIC_PATHS
+    from exporters.tracing import SHAPE_ARITHMETIC_PATHS
 
     seen = {}
 

@@ -1,4 +1,4 @@
-"""exporters/patch_delta_rule_solve.py: the gated delta rule's unit lower triangular solve traced as
+"""exporters/workarounds/models/gated_delta_rule.py: the gated delta rule's unit lower triangular solve traced as
 log2(n) matmul factors, and the modeling files' export branch pointed at it."""
 
 from __future__ import annotations
@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exporters.patch_delta_rule_solve import (EXPORTING_FLAG_PATHS, _patch_delta_rule_takes_eager_solve,
-                                              _patch_unit_lower_solve_as_products, unit_lower_solve)
+from exporters.workarounds.models.gated_delta_rule import EXPORTING_FLAG_PATHS, _patch_delta_rule_takes_eager_solve, _patch_unit_lower_solve_as_products, unit_lower_solve
 
 SOLVE = "patch:dynamo:torch.linalg.solve_triangular"
 

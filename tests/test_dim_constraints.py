@@ -1,4 +1,4 @@
-"""exporters/patch_dim_constraints.py: torch.export's dim-constraint summary no longer stops on an
+"""exporters/workarounds/torch_internals/dim_constraints.py: torch.export's dim-constraint summary no longer stops on an
 equality sympy cannot solve (XcodecModel's hop-length guard, reproduced from its dynamic export)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from torch._dynamo.source import ConstantSource
 from torch.fx.experimental.symbolic_shapes import DimConstraints
 from torch.utils._sympy.functions import FloorDiv
 
-from exporters.patch_dim_constraints import _patch_dim_constraints_skip_unsolvable_equalities, unsolvable_equalities
+from exporters.workarounds.torch_internals.dim_constraints import _patch_dim_constraints_skip_unsolvable_equalities, unsolvable_equalities
 from exporters.utils import DEFAULT_REGISTRY
 
 NAME = "patch:dynamo:torch.fx.experimental.symbolic_shapes.DimConstraints.solve"

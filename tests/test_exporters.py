@@ -714,7 +714,7 @@ def test_symbolic_int_attributes_of_outputs_export_dynamic(backend):
     """A sliding-window cache layer keeps ``cumulative_length = seq_len``: a SymInt in the output spec
     under dynamic shapes, which dragged the shape environment into the spec (torch.onnx failed with
     "Cannot access data pointer of Tensor" deep-copying it). It is recorded as None."""
-    from exporters.exporter_dynamo import _flatten_to_context, register_pytree_nodes
+    from exporters.pytrees import _flatten_to_context, register_pytree_nodes
 
     register_pytree_nodes(_Window(torch.ones(1), 3))
     x = torch.randn(2, 5)
@@ -725,7 +725,7 @@ def test_symbolic_int_attributes_of_outputs_export_dynamic(backend):
     torch.testing.assert_close(out[art.output_names[0]], other * 2)
     torch.testing.assert_close(out[art.output_names[1]], other + 1)
     tensors: list = []
-    assert _flatten_to_context(_Window(x, 5), tensors)[2][1] == ("cumulative_length", ("const", exporters.exporter_dynamo._Const(5)))
+    assert _flatten_to_context(_Window(x, 5), tensors)[2][1] == ("cumulative_length", ("const", exporters.pytrees._Const(5)))
 
 
 def test_onnx_output_named_like_an_input():

@@ -1,4 +1,4 @@
-"""exporters/patch_fastspeech2_length_regulator.py: the vectorized length regulator and relative shift
+"""exporters/workarounds/models/fastspeech2_conformer.py: the vectorized length regulator and relative shift
 give eager's outputs exactly (zero durations, speaking speed, several lengths), and FastSpeech2Conformer
 exports (it does not without the patches)."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from exporters import DynamoExporter
-from exporters.patch_fastspeech2_length_regulator import regulated, shifted
+from exporters.workarounds.models.fastspeech2_conformer import regulated, shifted
 from exporters.utils import DEFAULT_REGISTRY
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

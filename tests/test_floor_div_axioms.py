@@ -1,4 +1,4 @@
-"""exporters/patch_floor_div_axioms.py: after a new divisibility fact, only the axioms it reaches are
+"""exporters/workarounds/torch_internals/floor_div_axioms.py: after a new divisibility fact, only the axioms it reaches are
 re-simplified, to the same axiom table torch's own re-simplification gives; an export with
 Swin-style window padding admits the same sizes and matches eager with and without the patch."""
 
@@ -10,7 +10,7 @@ from torch._dynamo.source import ConstantSource
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils._sympy.functions import CleanDiv
 
-from exporters.patch_floor_div_axioms import _patch_floor_div_axioms_resimplified_by_need, resimplify_touched_axioms
+from exporters.workarounds.torch_internals.floor_div_axioms import _patch_floor_div_axioms_resimplified_by_need, resimplify_touched_axioms
 from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_patches, register_patch
 
 PATH = "torch.fx.experimental.symbolic_shapes.ShapeEnv._maybe_evaluate_static"

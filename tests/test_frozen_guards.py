@@ -1,4 +1,4 @@
-"""exporters/patch_frozen_guards.py: a frozen shape environment counts the guards it ignores without
+"""exporters/workarounds/torch_internals/frozen_guards.py: a frozen shape environment counts the guards it ignores without
 formatting them, unless INFO logging asks for the message."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import pytest
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from exporters.patch_frozen_guards import _patch_frozen_guard_counted_not_formatted
+from exporters.workarounds.torch_internals.frozen_guards import _patch_frozen_guard_counted_not_formatted
 
 
 class _Unprintable:

@@ -1,4 +1,4 @@
-"""exporters/patch_global_attention.py: Longformer/LED global attention with static shapes.
+"""exporters/workarounds/models/longformer.py: Longformer/LED global attention with static shapes.
 
 The patched attention must compute what eager computes with no, some and uneven global tokens and
 with padding; a Longformer with global tokens must export to dynamo and ONNX and match eager (the
@@ -13,7 +13,7 @@ import torch
 
 from exporters import ExportStageError, get_exporter
 from exporters.parity import assert_close
-from exporters.patch_global_attention import GLOBAL_ATTENTION_PATHS
+from exporters.workarounds.models.longformer import GLOBAL_ATTENTION_PATHS
 from exporters.utils import DEFAULT_REGISTRY, Registry, apply_patches, flatten_outputs
 
 

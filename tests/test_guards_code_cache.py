@@ -1,4 +1,4 @@
-"""exporters/patch_guards_code_cache.py: the programs ExecuTorch builds per partition print the shared
+"""exporters/workarounds/executorch/guards_code_cache.py: the programs ExecuTorch builds per partition print the shared
 shape environment's guards once per environment state."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 from torch.export import Dim
 from torch.export.exported_program import _convert_guards_to_code, _get_shape_env
 
-from exporters.patch_guards_code_cache import PATH, _patch_guards_code_printed_once
+from exporters.workarounds.executorch.guards_code_cache import PATH, _patch_guards_code_printed_once
 
 
 class _Guarded(torch.nn.Module):

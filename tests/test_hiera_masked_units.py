@@ -1,4 +1,4 @@
-"""exporters/patch_hiera_masked_units.py: Hiera's MAE path keeps the visible mask units with a static
+"""exporters/workarounds/models/hiera.py: Hiera's MAE path keeps the visible mask units with a static
 count, the same tokens in the same order as boolean indexing, and the model exports with a dynamic
 batch and image size (it does not without the patch)."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from exporters import DynamoConfig, DynamoExporter
-from exporters.patch_hiera_masked_units import _patch_hiera_kept_units_static, kept_tokens
+from exporters.workarounds.models.hiera import _patch_hiera_kept_units_static, kept_tokens
 from exporters.utils import DEFAULT_REGISTRY
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,4 +1,4 @@
-"""exporters/patch_keypoint_budget.py: SuperPoint's keypoint budget without a branch on the count, and the
+"""exporters/workarounds/models/superpoint.py: SuperPoint's keypoint budget without a branch on the count, and the
 matchers' "no keypoints" branch decided by a runtime assertion.
 
 The branchless top-k must give the original's keypoints and scores in the original's order on both sides
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from exporters import DynamoConfig, DynamoExporter
-from exporters.patch_keypoint_budget import NO_KEYPOINTS, at_least_one_keypoint, top_k_without_branch
+from exporters.workarounds.models.superpoint import NO_KEYPOINTS, at_least_one_keypoint, top_k_without_branch
 from exporters.utils import DEFAULT_REGISTRY
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

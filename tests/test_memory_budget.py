@@ -79,7 +79,7 @@ class LooseWindows(torch.nn.Module):
 
 
 def test_loose_interval_bounds_are_planned_exactly_when_the_plan_is_too_large():
-    from exporters.patch_planning_bounds import exact_share
+    from exporters.workarounds.executorch.memory_planning import exact_share
 
     inputs = {"x": torch.randn(6, 8)}
     config = et.ExecutorchConfig(dynamic_shapes={"x": {0: torch.export.Dim.AUTO(min=2, max=64)}})

@@ -1,4 +1,4 @@
-"""exporters/patch_moe_dense.py: MoE experts looping over ``nonzero()`` of the routing, run densely.
+"""exporters/workarounds/models/moe_experts.py: MoE experts looping over ``nonzero()`` of the routing, run densely.
 
 For each family the experts module alone is built from a tiny config and fed random hidden states
 with the routing of the model's own router. The patched forward must compute what eager's sparse
@@ -14,17 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from exporters.patch_moe_dense import (
-    DBRX,
-    DENSE_EXPERTS_PATHS,
-    LONGCAT_FLASH,
-    STEP3P7,
-    SWITCH_TRANSFORMERS,
-    _patch_dense_experts,
-    _patch_dense_longcat_flash_experts,
-    _patch_dense_step3p7_experts,
-    _patch_dense_switch_transformers_experts,
-)
+from exporters.workarounds.models.moe_experts import DBRX, DENSE_EXPERTS_PATHS, LONGCAT_FLASH, STEP3P7, SWITCH_TRANSFORMERS, _patch_dense_experts, _patch_dense_longcat_flash_experts, _patch_dense_step3p7_experts, _patch_dense_switch_transformers_experts
 from exporters.utils import DEFAULT_REGISTRY, Registry, apply_patches, register_patch
 
 

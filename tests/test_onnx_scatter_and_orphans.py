@@ -75,7 +75,7 @@ def test_orphan_constant_is_registered():
     from onnxscript import rewriter
     from onnxscript.rewriter.rules.common import _min_max_to_clip
 
-    from exporters.exporter_onnx import _fix_ir_register_orphan_constants
+    from exporters.workarounds.onnx.ir_fixes import _fix_ir_register_orphan_constants
 
     def scalar(name, v):
         return helper.make_tensor(name, TensorProto.FLOAT, [], [v])

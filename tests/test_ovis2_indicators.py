@@ -1,4 +1,4 @@
-"""exporters/patch_ovis2_indicators.py: Ovis2's visual indicator write without the branch gives
+"""exporters/workarounds/models/ovis2.py: Ovis2's visual indicator write without the branch gives
 eager's outputs with indicator tokens present or absent, and the model exports."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from exporters import DynamoExporter
-from exporters.patch_ovis2_indicators import _patch_visual_indicators_without_branch
+from exporters.workarounds.models.ovis2 import _patch_visual_indicators_without_branch
 from exporters.utils import DEFAULT_REGISTRY
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,4 +1,4 @@
-"""exporters/patch_partition_legalize.py: fusing ExecuTorch's delegate partitions re-sorts the program
+"""exporters/workarounds/executorch/partition_legalize.py: fusing ExecuTorch's delegate partitions re-sorts the program
 only when a fused call broke its order, and regenerates the code once."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import operator
 import pytest
 import torch
 
-from exporters.patch_partition_legalize import _patch_partitions_legalized_when_needed, in_topological_order
+from exporters.workarounds.executorch.partition_legalize import _patch_partitions_legalized_when_needed, in_topological_order
 
 PATCH = "patch:executorch:executorch.exir.backend.backend_api._create_partitions_in_graph_module"
 

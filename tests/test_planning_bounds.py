@@ -1,4 +1,4 @@
-"""exporters/patch_planning_bounds.py: a planned size with no finite interval bound is planned at its
+"""exporters/workarounds/executorch/memory_planning.py: a planned size with no finite interval bound is planned at its
 true maximum over the input ranges.
 
 The maximum must be exact for a factor evaluated point by point, a product must be bounded factor by
@@ -18,12 +18,7 @@ from torch.utils._sympy.functions import FloorDiv, FloorToInt, IntTrueDiv
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
-from exporters.patch_planning_bounds import (
-    _patch_unbounded_sizes_planned_at_their_maximum,
-    factor_range,
-    own_terms,
-    size_maximum,
-)
+from exporters.workarounds.executorch.memory_planning import _patch_unbounded_sizes_planned_at_their_maximum, factor_range, own_terms, size_maximum
 from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_patches, register_patch
 
 PATH = "executorch.exir.sym_util.eval_upper_bound"
@@ -113,7 +108,7 @@ def test_bounded_and_unboundable_sizes_keep_executorchs_answer():
 
 
 def test_compiled_and_sympy_evaluation_agree(monkeypatch):
-    import exporters.patch_planning_bounds as pb
+    import exporters.workarounds.executorch.memory_planning as pb
 
     small = {h: ValueRanges(20, 64), w: ValueRanges(28, 64)}
     cases = [PER_BAND, FloorDiv(FloorDiv(w, 8), FloorDiv(h, 32)), FloorToInt(sympy.sqrt(h * w)), sympy.Max(1, h - w)]

@@ -1,4 +1,4 @@
-"""exporters/patch_qwen4exp_indexer.py: the vectorized QSA indexer keeps the same keys as the loop
+"""exporters/workarounds/models/qwen4_exp.py: the vectorized QSA indexer keeps the same keys as the loop
 it replaces (causal and padded masks, several lengths, several budgets), and Qwen4Exp exports (it
 does not without the patch)."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from exporters import DynamoExporter
-from exporters.patch_qwen4exp_indexer import _patch_qwen4exp_indexer_vectorized
+from exporters.workarounds.models.qwen4_exp import _patch_qwen4exp_indexer_vectorized
 from exporters.utils import DEFAULT_REGISTRY
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

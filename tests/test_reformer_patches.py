@@ -1,4 +1,4 @@
-"""exporters.patch_reformer.py: Reformer's LSH buckets without the branch on mask values, equal to
+"""exporters.workarounds.models.reformer.py: Reformer's LSH buckets without the branch on mask values, equal to
 ``_hash_vectors``; an exported Reformer traced with one mask runs other masks (padded or not) as eager."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from transformers import ReformerConfig, ReformerModel
 from transformers.models.reformer.modeling_reformer import LSHSelfAttention
 
 from exporters import DynamoExporter
-from exporters.patch_reformer import lsh_buckets
+from exporters.workarounds.models.reformer import lsh_buckets
 from exporters.utils import DEFAULT_REGISTRY
 
 NAME = "patch:dynamo:transformers.models.reformer.modeling_reformer.LSHSelfAttention._hash_vectors"
@@ -67,7 +67,7 @@ def _outputs(out):
 def test_padding_before_the_model_equals_upstream(length, given, use_cache):
     from transformers.models.reformer.modeling_reformer import ReformerModel as Upstream
 
-    from exporters.patch_reformer import _patch_pad_before_the_model
+    from exporters.workarounds.models.reformer import _patch_pad_before_the_model
 
     model = _tiny_reformer()
     ids = torch.randint(1, 64, (2, length))

@@ -1,4 +1,4 @@
-"""exporters/patch_replacement_bounds.py: an unbacked count set equal to a symbolic size (Voxtral's
+"""exporters/workarounds/torch_internals/replacement_bounds.py: an unbacked count set equal to a symbolic size (Voxtral's
 placeholder check) no longer trips torch's bounds assertion; the equality is still known after."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, statically_known_true
 
-from exporters.patch_replacement_bounds import _patch_replacement_bounds_overflow_skipped
+from exporters.workarounds.torch_internals.replacement_bounds import _patch_replacement_bounds_overflow_skipped
 from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_patches, register_patch
 
 PATH = "torch.fx.experimental.symbolic_shapes.ShapeEnv._set_replacement"

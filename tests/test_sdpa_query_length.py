@@ -1,4 +1,4 @@
-"""exporters/patch_sdpa_query_length.py: sdpa's query-length tests that cannot change its result are
+"""exporters/workarounds/models/sdpa_attention.py: sdpa's query-length tests that cannot change its result are
 answered for a data-dependent query length, and only those: VideoMAE's pre-training model exports
 (not without the patch) and matches eager for other masks; a causal call without a mask still
 refuses to guess."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exporters import DynamoExporter
-from exporters.patch_sdpa_query_length import _patch_sdpa_lookup_sees_the_patch
+from exporters.workarounds.models.sdpa_attention import _patch_sdpa_lookup_sees_the_patch
 from exporters.utils import DEFAULT_REGISTRY
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

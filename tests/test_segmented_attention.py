@@ -1,4 +1,4 @@
-"""exporters/patch_segmented_attention.py: packed ``cu_seqlens`` attention as one masked call.
+"""exporters/workarounds/models/packed_attention.py: packed ``cu_seqlens`` attention as one masked call.
 
 The patched forward must compute what eager's per-segment split computes (segments of different
 lengths, sdpa and eager attention, two projection layouts), and Glm4vVisionModel must export with it.
@@ -9,11 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exporters.patch_segmented_attention import (
-    SEGMENTED_ATTENTION_PATHS,
-    _patch_segmented_attention,
-    segment_ids,
-)
+from exporters.workarounds.models.packed_attention import SEGMENTED_ATTENTION_PATHS, _patch_segmented_attention, segment_ids
 from exporters.utils import DEFAULT_REGISTRY, Registry, apply_patches, register_patch
 
 GLM4V = "transformers.models.glm4v.modeling_glm4v.Glm4vVisionAttention.forward"

@@ -1,4 +1,4 @@
-"""exporters/patch_shape_arithmetic.py: torch's FloorDiv gcd rebuild without sympy's heuristic simplify.
+"""exporters/workarounds/torch_internals/shape_arithmetic.py: torch's FloorDiv gcd rebuild without sympy's heuristic simplify.
 
 The patched expressions must have the same value as torch's own at every point, the patch must fire
 only when torch's shape arithmetic reaches simplify, and a module with Swin-style window padding
@@ -14,7 +14,7 @@ import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from exporters.patch_shape_arithmetic import _patch_shape_simplify_by_expansion
+from exporters.workarounds.torch_internals.shape_arithmetic import _patch_shape_simplify_by_expansion
 from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_patches, register_patch
 
 NAME = "patch:dynamo:sympy.simplify"

@@ -670,7 +670,7 @@ def test_executorch_view_larger_than_its_base_stays_a_copy():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from exporters.exporter_executorch import _patch_view_copy_keeps_dynamism
+    from exporters.workarounds.executorch.exir_passes import _patch_view_copy_keeps_dynamism
 
     env = ShapeEnv()
     mode = FakeTensorMode(shape_env=env)
@@ -1628,7 +1628,7 @@ def test_onnx_sym_numel_of_a_data_dependent_size():
 def test_node_fixes_give_every_new_node_a_fake_val():
     """torch.onnx's lowering reads each node's meta['val'] (CHMv2 failed with KeyError: 'val'):
     replace_node computes it for every node a fix adds, not just the one that takes the old node's place."""
-    from exporters.exporter_onnx import _fix_scalar_minus_tensor
+    from exporters.workarounds.onnx.node_fixes import _fix_scalar_minus_tensor
     from exporters.utils import FiredLog, FixEntry, apply_fx_node_fixes
 
     class R(torch.nn.Module):

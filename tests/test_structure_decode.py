@@ -1,4 +1,4 @@
-"""exporters/patch_structure_decode.py: SLANet's and SLANeXt's greedy structure decode as a fixed number of
+"""exporters/workarounds/models/slanet.py: SLANet's and SLANeXt's greedy structure decode as a fixed number of
 steps, cut at the step count eager reaches.
 
 The step count must be the eager loop's for every pattern of end tokens; the two heads must export with
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from exporters import DynamoConfig, DynamoExporter
-from exporters.patch_structure_decode import _patch_structure_decode_fixed_steps, steps_eager_runs
+from exporters.workarounds.models.slanet import _patch_structure_decode_fixed_steps, steps_eager_runs
 from exporters.utils import DEFAULT_REGISTRY
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

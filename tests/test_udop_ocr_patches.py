@@ -1,4 +1,4 @@
-"""exporters/patch_udop_ocr_patches.py: UDOP's image/text combination with static shapes gives eager's
+"""exporters/workarounds/models/udop.py: UDOP's image/text combination with static shapes gives eager's
 three outputs exactly (empty and full-page boxes, given or default visual boxes, padding and
 truncation), and UdopModel exports (it does not without the patch)."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from exporters import DynamoExporter
-from exporters.patch_udop_ocr_patches import combined
+from exporters.workarounds.models.udop import combined
 from exporters.utils import DEFAULT_REGISTRY
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

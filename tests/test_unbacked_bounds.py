@@ -1,4 +1,4 @@
-"""exporters/unbacked_bounds.py: a size read from tensor data (``.item()``) whose values follow from the
+"""exporters/executorch/unbacked_bounds.py: a size read from tensor data (``.item()``) whose values follow from the
 program's shapes is planned at the bound that holds for every input, not at the value seen while tracing.
 
 Before the fix, ExecuTorch planned such a size at its traced value and an input making a larger one was
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import exporters.exporter_executorch as et
-from exporters.unbacked_bounds import _op_name, source_bounds, value_range
+from exporters.executorch.unbacked_bounds import _op_name, source_bounds, value_range
 
 BY_SOURCE = "fix:executorch:bound_unbacked_sizes_by_source"
 BY_TRACE = "fix:executorch:bound_unbacked_sizes_by_trace"

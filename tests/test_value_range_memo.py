@@ -1,4 +1,4 @@
-"""exporters/patch_value_range_memo.py: value-range analysis visits each distinct subexpression once.
+"""exporters/workarounds/torch_internals/value_range_memo.py: value-range analysis visits each distinct subexpression once.
 
 The bounds must be torch's own for every expression, the walk must dispatch each distinct composite
 subexpression once (not once per occurrence in the tree), the patch must say it acted only when a
@@ -14,8 +14,8 @@ import torch.utils._sympy.interp as interp
 from torch.utils._sympy.functions import FloorDiv, Mod
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
-from exporters.exporter_dynamo import SHAPE_ARITHMETIC_PATHS
-from exporters.patch_value_range_memo import _patch_value_ranges_once_per_subexpression
+from exporters.tracing import SHAPE_ARITHMETIC_PATHS
+from exporters.workarounds.torch_internals.value_range_memo import _patch_value_ranges_once_per_subexpression
 from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_patches, register_patch
 
 PATH = "torch.utils._sympy.value_ranges.sympy_interp"

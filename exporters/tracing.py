@@ -1,0 +1,239 @@
+"""torch.export of a model with the exporters' five tracing stages (forward signature, patches, pytrees,
+dynamic shapes, state cleanup), shared by every backend; and what the traced program says about its
+inputs and outputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from torch.export.graph_signature import ConstantArgument, SymBoolArgument, SymFloatArgument, SymIntArgument
+from torch.utils import _pytree as pytree
+
+from exporters.base import ExportConfig
+from exporters.model_state import _dim_markings, _snapshot_state, reset_model_state, restore_dim_markings
+from exporters.pytrees import leaf_names_and_values, register_pytree_nodes
+from exporters.specialize import ConcreteValues, concrete, constant_buffers_baked, specialized_inputs
+
+import contextlib
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.export.graph_signature import OutputKind
+
+from exporters.utils import (FiredLog, PatchEntry, apply_patches)
+
+
+@dataclasses.dataclass
+class Traced:
+    program: torch.export.ExportedProgram
+    input_names: list[str]
+    output_names: list[str]
+    input_specs: dict[str, tuple[tuple[int, ...], torch.dtype, dict[int, dict]]]
+    constants: dict[str, Any]
+    guards: Any = None  # callable(*tensors) raising AssertionError("Guard failed: ...")
+    module: Any = None  # program.module(), built once (module_with_guards); the dynamo artifact runs it
+
+    def artifact_kwargs(self, fired: FiredLog, config: ExportConfig) -> dict[str, Any]:
+        return dict(input_names=self.input_names, output_names=self.output_names, input_specs=self.input_specs,
+                    constants=self.constants, fired=fired.names(), config=config, guards=self.guards)
+
+
+
+# ── Stage 1: Forward-signature patch ─────────────────────────────────────────
+# torch.export packs ``**kwargs`` into one tuple; give ``forward`` a flat signature with exactly the
+# tensor inputs, and bake non-tensor inputs (flags, ints) and layout-metadata tensors (ExportConfig.specialize,
+# exporters/specialize.py) in as constants. Internal, not an extension point.
+
+
+@contextlib.contextmanager
+def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], constants: Mapping[str, Any],
+                           baked_buffers: list[torch.Tensor] = ()):
+    original = model.__dict__.get("forward")
+
+    def forward(*args, **kwargs):
+        kwargs.update(zip(tensor_names, args))
+        # baked tensor inputs go in as real copies whose values stay concrete (exporters/specialize.py)
+        baked = {k: concrete(v) if isinstance(v, torch.Tensor) else v for k, v in constants.items()}
+        tensors = [v for v in baked.values() if isinstance(v, torch.Tensor)] + list(baked_buffers)
+        # the class's forward looked up now, not when the wrapper was made: a patch on the model's own
+        # class (ReformerModel.forward) is installed after this wrapper and must apply to the top call too
+        bound_forward = original if original is not None else type(model).forward.__get__(model, type(model))
+        with ConcreteValues(tensors) if tensors else contextlib.nullcontext():
+            return bound_forward(**kwargs, **baked)
+
+    forward.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in tensor_names]
+    )
+    model.forward = forward
+    try:
+        yield
+    finally:
+        if original is None:
+            del model.forward
+        else:
+            model.forward = original
+
+
+
+SHAPE_ARITHMETIC_PATHS = ("sympy.", "torch.fx.experimental.symbolic_shapes.", "torch.utils._sympy.")
+
+
+def shape_arithmetic_patches(patches: list[PatchEntry]) -> list[PatchEntry]:
+    return [p for p in patches if p.path.startswith(SHAPE_ARITHMETIC_PATHS)]
+
+
+# ── Stage 4: Dynamic shapes ──────────────────────────────────────────────────
+# With dynamic=True every tensor dim gets Dim.AUTO (torch keeps static what the model pins down),
+# bounded above by config.max_dim (or the traced size if larger). DynamoConfig.dynamic_shapes overrides.
+
+
+def auto_dynamic_shapes(inputs: Mapping[str, torch.Tensor], max_dim: int) -> dict[str, Any]:
+    from torch.export import Dim
+
+    return {
+        name: {d: Dim.AUTO(max=max(max_dim, size)) for d, size in enumerate(t.shape)}
+        for name, t in inputs.items()
+    }
+
+
+
+# ── tracing: the five stages, shared by every exporter ───────────────────────
+
+
+def _finite(bound) -> bool:
+    """sympy bounds: torch's ``int_oo`` says ``is_finite`` but is not."""
+    from torch.utils._sympy.numbers import int_oo
+
+    if isinstance(bound, int):
+        return True
+    return bool(bound.is_finite) and bound != int_oo and bound != -int_oo
+
+
+def _dims_of(program: torch.export.ExportedProgram, value: Any) -> dict[int, dict]:
+    dims = {}
+    for d, size in enumerate(value.shape):
+        if isinstance(size, torch.SymInt):
+            expr = size.node.expr
+            if expr.is_number:  # specialized while tracing: static in the artifact
+                continue
+            vr = program.range_constraints.get(expr)
+            lower = int(vr.lower) if vr is not None and _finite(vr.lower) else 0
+            upper = int(vr.upper) if vr is not None and _finite(vr.upper) else None
+            dims[d] = {"symbol": str(expr), "min": lower, "max": upper}
+    return dims
+
+
+_SYMBOLIC = (SymIntArgument, SymFloatArgument, SymBoolArgument)
+
+
+def output_names_of(program: torch.export.ExportedProgram) -> list[str]:
+    """Names of the tensor outputs, in the program's flat order, using the eager naming."""
+    out_spec = program.call_spec.out_spec
+    # an output leaf the program returns as a constant (an int, a None, a bool) or as a symbolic int of
+    # the input sizes is not a tensor output: it is not named (MaskFormerSwin returns its spatial sizes
+    # next to its tensors: constants in a static export, SymInts in a dynamic one)
+    user = [o.arg for o in program.graph_signature.output_specs if o.kind == OutputKind.USER_OUTPUT]
+    if len(user) == out_spec.num_leaves:
+        placeholders = [
+            a.value if isinstance(a, ConstantArgument) else 0 if isinstance(a, _SYMBOLIC) else torch.empty(0)
+            for a in user
+        ]
+    else:
+        placeholders = [torch.empty(0) for _ in range(out_spec.num_leaves)]
+    tree = pytree.tree_unflatten(placeholders, out_spec)
+    return [name for name, v in leaf_names_and_values(tree) if isinstance(v, torch.Tensor)]
+
+
+def drop_constant_outputs(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Return only the tensor outputs. A forward that returns ints, bools or strings beside its tensors
+    (MaskFormerSwin's spatial sizes, PeAudio's lengths) leaves them in the program as constant
+    outputs, which neither the ONNX translator ("'int' object has no attribute 'name'") nor ExecuTorch
+    ("Could not infer dtype of NoneType") takes; they are fixed by the trace anyway, and the artifact
+    names only tensor outputs (``output_names_of`` is read before this). A symbolic int output (the same
+    sizes in a dynamic export) goes too: eager's outputs are compared on their tensors only, and the
+    runtime would return it as a scalar tensor the artifact does not name. The program's output then is
+    the flat list of its tensor outputs."""
+    specs = list(program.graph_signature.output_specs)
+    drop = {
+        i for i, o in enumerate(specs)
+        if o.kind == OutputKind.USER_OUTPUT and isinstance(o.arg, (ConstantArgument, *_SYMBOLIC))
+    }
+    if not drop:
+        return program
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    values = list(output.args[0])
+    output.args = (tuple(v for i, v in enumerate(values) if i not in drop),)
+    program.graph_module.recompile()
+    program.graph_signature.output_specs[:] = [o for i, o in enumerate(specs) if i not in drop]
+    n_user = sum(1 for o in program.graph_signature.output_specs if o.kind == OutputKind.USER_OUTPUT)
+    program.module_call_graph[0].signature.out_spec = pytree.tree_structure(list(range(n_user)))
+    return program
+
+
+def module_with_guards(program: torch.export.ExportedProgram) -> torch.nn.Module:
+    """``program.module()``, with the guard function torch.export builds from the shape conditions it
+    recorded (``s0 // 8 != 1``...) as its ``_guards_fn``. ``ExportedProgram.module()`` skips building it
+    when any frame on the call stack comes from a file whose path contains "executorch"
+    (``torch.export._unlift._ok_to_generate_guards_fn``), so called from ``exporter_executorch.py`` it
+    silently returned no guards and the ExecuTorch artifact ran shapes the program was not exported
+    for. Ask for the guards with that stack check off. The dynamo artifact runs this same module:
+    unlifting the program is a recompile, done once per export, not once for the guards and again
+    for the artifact."""
+    from unittest import mock
+
+    from torch.export import _unlift
+
+    if getattr(_unlift, "_ok_to_generate_guards_fn", None) is None:  # no stack check: nothing to switch off
+        return program.module()
+    with mock.patch.object(_unlift, "_ok_to_generate_guards_fn", lambda: True):
+        return program.module()
+
+
+def trace(
+    model: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    config: ExportConfig,
+    patches: list[PatchEntry],
+    fired: FiredLog,
+) -> Traced:
+    """Stages 1-5: torch.export ``model(**inputs)`` with ``patches`` installed."""
+    baked = set(specialized_inputs(inputs, config.specialize))
+    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in baked}
+    constants = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor) or k in baked}
+    names = list(tensors)
+    register_pytree_nodes()
+    if config.dynamic_shapes is not None:
+        dynamic_shapes = config.dynamic_shapes
+    elif config.dynamic:
+        dynamic_shapes = auto_dynamic_shapes(tensors, config.max_dim)
+    else:
+        dynamic_shapes = None
+    state = _snapshot_state(model)
+    markings = _dim_markings(tensors)
+    try:
+        with constant_buffers_baked(model) as baked_buffers, \
+                flat_forward_signature(model, names, constants, baked_buffers), apply_patches(patches, fired):
+            program = torch.export.export(
+                model, args=(), kwargs=tensors, dynamic_shapes=dynamic_shapes, strict=config.strict
+            )
+    finally:
+        reset_model_state(model, state)
+        restore_dim_markings(tensors, markings)
+    user_inputs = [
+        spec.arg.name for spec in program.graph_signature.input_specs if spec.kind.name == "USER_INPUT"
+    ]
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    specs = {}
+    for name, ph_name in zip(names, user_inputs):
+        val = placeholders[ph_name].meta["val"]
+        specs[name] = (tuple(tensors[name].shape), tensors[name].dtype, _dims_of(program, val))
+    output_names = output_names_of(program)
+    program = drop_constant_outputs(program)
+    # the guards live on program.module(): build it only when there are dynamic dims to guard (the
+    # ONNX and ExecuTorch exporters need no module otherwise); the dynamo artifact reuses it
+    module = module_with_guards(program) if any(d for _, _, d in specs.values()) else None
+    guards = getattr(module, "_guards_fn", None)
+    return Traced(program, names, output_names, specs, constants, guards, module)

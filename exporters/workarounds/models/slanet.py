@@ -1,0 +1,97 @@
+"""Model patch (SLANet, SLANeXt): the table-structure head's greedy decode as a fixed number of steps,
+cut where eager would have stopped.
+
+Cause. ``SLANetSLAHead.forward`` (models/slanet/modeling_slanet.py:181, and SLANeXt's copy,
+models/slanext/modeling_slanext.py:589) decodes up to ``max_text_length + 1`` steps and leaves the loop
+as soon as every sample has emitted the end token:
+
+    if torch.stack(structure_ids_list, dim=1).eq(self.config.out_channels - 1).any(-1).all(): break
+
+a Python branch on predicted values, which torch.export cannot take ("Could not guard on
+data-dependent expression"). The number of steps, and with it the output length, depends on the
+predictions.
+
+What this changes (while tracing only, and only when neither hidden states nor attentions are asked
+for: those are per-step lists whose length would be data-dependent). The head runs all
+``max_text_length + 1`` steps, then keeps the steps eager would have run. Steps are causal (step t
+reads steps < t only), so the kept steps are the ones eager computes. Whether every sample has ended
+by step t is monotone in t, so eager's step count is ``T - (number of steps at which all have ended)
++ 1``, capped at ``T``: a size read from the data once (an unbacked size in ``[1, T]``) instead of a
+branch per step.
+
+    before: for t in range(T): step(); if all_ended(t): break            -> (B, steps, C)
+    after:  for t in range(T): step();  n = min(T, T - sum(all_ended) + 1);  preds[:, :n]
+
+Remove it when the head can decode a fixed number of steps with the output masked after the end
+token: check with ``python -m sweeps.recheck workarounds --only
+patch:dynamo:transformers.models.slanet.modeling_slanet.SLANetSLAHead.forward``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from exporters.utils import register_patch
+
+HEAD_PATHS: tuple[str, ...] = (
+    "transformers.models.slanet.modeling_slanet.SLANetSLAHead.forward",
+    "transformers.models.slanext.modeling_slanext.SLANeXtSLAHead.forward",
+)
+
+
+def steps_eager_runs(ids: torch.Tensor, end_token: int) -> torch.Tensor:
+    """How many steps the eager loop runs, as a 0-d tensor: ``ids`` (batch, T) holds every step's
+    prediction; eager stops after the first step by which every sample has emitted ``end_token``."""
+    total = ids.shape[1]
+    ended = ids.eq(end_token).to(torch.int64).cumsum(dim=1).gt(0)  # sample b has ended by step t
+    all_ended = ended.all(dim=0).to(torch.int64).sum()  # steps at which all have: the last ones
+    return torch.clamp(total - all_ended + 1, max=total)
+
+
+def decode_fixed_steps(head, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The head's softmaxed structure predictions (batch, steps, classes), the same as eager's, computed
+    with ``max_text_length + 1`` steps and cut at the step count eager reaches."""
+    config = head.config
+    batch = hidden_states.shape[0]
+    features = torch.zeros((batch, config.hidden_size), dtype=torch.float32, device=hidden_states.device)
+    predicted = torch.zeros(size=[batch], dtype=torch.long, device=hidden_states.device)
+    steps, ids = [], []
+    for _ in range(config.max_text_length + 1):
+        embedding = F.one_hot(predicted, config.out_channels).float()
+        features, _ = head.structure_attention_cell(features, hidden_states.float(), embedding)
+        step = head.structure_generator(features)
+        predicted = step.argmax(dim=1)
+        steps.append(step)
+        ids.append(predicted)
+    count = steps_eager_runs(torch.stack(ids, dim=1), config.out_channels - 1).item()
+    torch._check(count >= 1)
+    torch._check(count <= len(steps))
+    preds = torch.stack(steps, dim=1)[:, :count]
+    return F.softmax(preds, dim=-1, dtype=torch.float32).to(hidden_states.dtype)
+
+
+def _asks_for_step_lists(head, kwargs) -> bool:
+    return any(kwargs.get(name, getattr(head.config, name, False)) for name in ("output_hidden_states", "output_attentions"))
+
+
+@register_patch("dynamo", *HEAD_PATHS)
+def _patch_structure_decode_fixed_steps(original):
+    """The table-structure head leaves its greedy loop on a data-dependent test: all steps run, and the
+    output is cut at the step count eager reaches.
+
+    before: for t in range(T): step(); if all_ended(t): break
+    after:  for t in range(T): step();  preds[:, :min(T, T - sum(all_ended) + 1)]
+    """
+
+    @functools.wraps(original)
+    def forward(self, hidden_states, targets=None, **kwargs):
+        if _asks_for_step_lists(self, kwargs):
+            return original(self, hidden_states, targets, **kwargs)
+        from transformers.modeling_outputs import BaseModelOutput
+
+        return BaseModelOutput(last_hidden_state=decode_fixed_steps(self, hidden_states))
+
+    return forward

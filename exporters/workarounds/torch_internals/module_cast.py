@@ -1,0 +1,33 @@
+"""Torch patch: ``Module.to`` called inside forward.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+
+import torch
+
+from exporters.utils import (register_patch)
+
+
+@register_patch("dynamo", "torch.nn.Module.to")
+def _patch_module_cast_in_forward(original):
+    """MoE routers cast their classifier inside forward (``self.classifier = self.classifier.to(self.dtype)``:
+    NLLB-MoE's ``_cast_classifier``, SwitchTransformers' router), which makes torch.export swap the
+    parameters in place, and it refuses ("_apply(): Couldn't swap Linear.weight"). While tracing, a
+    cast that would change nothing returns the module as it is; a real cast still runs (and fails).
+
+    before: classifier.to(float32) -> Module._apply(swap every parameter)   after: classifier (no-op)
+    """
+
+    def to(self, *args, **kwargs):
+        device, dtype, _non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        unchanged = memory_format is None and all(
+            (dtype is None or not (t.is_floating_point() or t.is_complex()) or t.dtype == dtype)
+            and (device is None or t.device == torch.device(device))
+            for t in itertools.chain(self.parameters(), self.buffers())
+        )
+        return self if unchanged else original(self, *args, **kwargs)
+
+    return to
