@@ -1,5 +1,5 @@
-"""docs/extending.md stays true: its examples run, its stage reference matches the sources, and
-every registry or table it names exists.
+"""docs/extending.md stays true: its examples run, its stage reference matches the sources, every
+registry, table, workaround, file and folder it names exists, and it names every workaround module.
 
 Each ```python block runs in a fresh module (registered in sys.modules, so ``f"{__name__}.Class.m"``
 patch paths resolve); the blocks register into their own ``Registry()``, and this test checks that
@@ -15,10 +15,15 @@ import types
 
 import pytest
 
+import exporters.executorch.lowering as lowering
 import exporters.exporter_dynamo as dyn
 import exporters.exporter_executorch as et
 import exporters.exporter_onnx as onx
+import exporters.model_state as model_state
+import exporters.pytrees as pytrees
+import exporters.tracing as tracing
 import exporters.utils as utils
+from exporters.inventory import list_workarounds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUIDE = os.path.join(ROOT, "docs", "extending.md")
@@ -117,6 +122,9 @@ NAMED = {
     "register_patch": (utils, None),
     "register_fx_node_fix": (utils, None),
     "register_fx_program_fix": (utils, None),
+    "WORKAROUND_PACKAGES": (utils, tuple),
+    "LOWERING_RETRIES": (lowering, tuple),
+    "LoweringRetry": (lowering, None),
 }
 
 
@@ -129,13 +137,93 @@ def test_named_registry_exists_in_code_and_guide(name):
     assert isinstance(value, kind) if kind else callable(value)
 
 
+def _defined_in_guide(text: str) -> set[str]:
+    """Functions the guide's own code blocks define (its examples), which exist only there."""
+    return set(re.findall(r"^\s*def (\w+)", "\n".join(re.findall(r"^```py(?:thon)?\n(.*?)^```", text, re.M | re.S)), re.M))
+
+
+def _library_namespace() -> set[str]:
+    """Every name defined by a workaround module, a helper module of the workaround folders, the three
+    spines and the core modules whose entries the guide names."""
+    import importlib
+    import pkgutil
+
+    modules = [dyn, onx, et, utils, pytrees, model_state, tracing, lowering]
+    for package in utils.WORKAROUND_PACKAGES:  # helpers (``_*.py``) too: the guide may name theirs
+        folder = importlib.import_module(package)
+        modules += [importlib.import_module(f"{package}.{m.name}") for m in pkgutil.iter_modules(folder.__path__)]
+    return {name for module in modules for name in vars(module)}
+
+
 def test_every_backticked_private_name_in_guide_exists():
-    """``_patch_*``, ``_fix_*``, ``_aten_*`` names the guide presents as shipped must exist."""
+    """``_patch_*``, ``_fix_*``, ``_aten_*`` names the guide gives in backticks are shipped, unless the
+    guide's own examples define them."""
     text = _guide()
-    shipped = set(re.findall(r"shipped[^.]*?`(_\w+)`", text, re.S | re.I))
-    shipped |= {"_fix_ir_topk_sorted", "_patch_classifier_cast", "_patch_experts_batched_mm"}
-    everywhere = set(vars(dyn)) | set(vars(onx)) | set(vars(et))
-    assert shipped <= everywhere, sorted(shipped - everywhere)
+    named = set(re.findall(r"`(_(?:patch|fix|aten)_\w+)`", text))
+    named |= {"_fix_ir_topk_sorted", "_patch_classifier_cast", "_patch_experts_batched_mm"}
+    missing = named - _defined_in_guide(text) - _library_namespace()
+    assert not missing, f"docs/extending.md names workarounds that no module defines: {sorted(missing)}"
+
+
+# workaround names the guide gives in prose for an example's fresh Registry(), not the default one
+EXAMPLE_WORKAROUND_NAMES: set[str] = set()
+
+
+def test_every_workaround_name_in_guide_is_registered():
+    """``patch:…``, ``fix:…``, ``translation:…`` names in backticks (``*`` patterns aside) are in the
+    inventory: a registered patch or fix, a table entry or an export-loop retry."""
+    names = set(re.findall(r"`((?:patch|fix|translation):(?:dynamo|onnx|executorch):[^`*\s]+)`", _guide()))
+    registered = {w["name"] for w in list_workarounds()}
+    missing = names - registered - EXAMPLE_WORKAROUND_NAMES
+    assert not missing, f"docs/extending.md names workarounds that are not registered: {sorted(missing)}"
+
+
+# folders the guide announces before they exist (generation- and quantization-only workarounds)
+PLANNED_FOLDERS = {"exporters/generation/", "exporters/quantization/"}
+
+
+def test_every_path_in_guide_exists():
+    """Every ``exporters/…/`` folder and every backticked ``….py`` file the guide names exists (a bare
+    file name somewhere in the repository); placeholders such as ``<family>.py`` aside."""
+    text = _guide()
+    folders = set(re.findall(r"(?<![\w/])(exporters/(?:[\w]+/)+)", text))
+    missing = sorted(f for f in folders - PLANNED_FOLDERS if not os.path.isdir(os.path.join(ROOT, f)))
+    files = {f for f in re.findall(r"`([\w./]+\.py)`", text)}
+    basenames = {name for top in ("exporters", "skips", "sweeps", "tests", "benchmarks")
+                 for _, _, names in os.walk(os.path.join(ROOT, top)) for name in names}
+    for f in sorted(files):
+        found = os.path.isfile(os.path.join(ROOT, f)) if "/" in f else f in basenames
+        if not found:
+            missing.append(f)
+    assert not missing, f"docs/extending.md names paths that do not exist: {missing}"
+    for folder in PLANNED_FOLDERS:
+        assert folder in text, f"the guide no longer announces {folder}: drop it from PLANNED_FOLDERS"
+
+
+def test_guide_names_every_workaround_folder_and_module():
+    """The four folders the default registry loads are named, and so is every workaround module in them
+    (by file name): a new module needs its line in the guide's stage reference."""
+    text = _guide()
+    for package in utils.WORKAROUND_PACKAGES:
+        folder = package.replace(".", "/") + "/"
+        assert f"`{folder}" in text, f"docs/extending.md does not name the workaround folder {folder}"
+    unnamed = [m for m in utils.workaround_modules() if not re.search(rf"[`/]{m.rsplit('.', 1)[1]}\.py`", text)]
+    assert not unnamed, f"docs/extending.md does not name these workaround modules: {unnamed}"
+
+
+def test_guide_grep_for_onnx_workarounds_is_the_documented_one():
+    assert 'grep -rnE "^def (_patch_|_fix_|_aten_)" exporters/workarounds/onnx/' in _guide()
+
+
+@pytest.mark.parametrize("package", ["exporters.workarounds.models", "exporters.workarounds.torch_internals"])
+def test_every_model_and_torch_patch_module_says_when_to_remove_it(package):
+    """Each module docstring names the change (in transformers' model code, or in torch) that makes its
+    patches unnecessary, in a paragraph starting "Remove when:", as the guide says."""
+    import importlib
+
+    lacking = [m for m in utils.workaround_modules((package,))
+               if "\nRemove when: " not in "\n" + (importlib.import_module(m).__doc__ or "")]
+    assert not lacking, f"no 'Remove when:' paragraph in the module docstring of {lacking}"
 
 
 def test_prepare_functions_named_in_guide_are_registered():

@@ -15,6 +15,10 @@ attention runs without it, as in eager. When head_dim equals src_len the call is
 
     before: forward(h, attention_mask=m)   -> view error under export (eager never sees m)
     after:  check(m keeps all); forward(h, attention_mask=None)
+
+Remove when: ``AutoformerAttention.forward`` applies the padding mask in the shape of its
+autocorrelation weights, (bsz * heads, tgt_len, head_dim), instead of viewing them as (bsz, heads,
+tgt_len, src_len) (transformers' modeling_autoformer.py).
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ length) // stride)``, exact for integers; the buffers are read as the ints they 
 
     before: extra = (ceil((L - k + p) / s + 1) - 1) * s + k - p - L      # tensor ops, unbacked
     after:  extra = -((k - p - L) // s) * s + k - p - L                  # a SymInt of L
+
+Remove when: ``_get_extra_padding_for_conv1d`` of ``EncodecConv1d``, ``MimiConv1d`` and
+``PocketTTSAudioTokenizerConv1d`` computes the padding from the input length in integer size
+arithmetic instead of ``torch.ceil`` over its 0-d buffers (transformers' modeling_encodec.py,
+modeling_mimi.py, modeling_pocket_tts_audio_tokenizer.py).
 """
 
 from __future__ import annotations

@@ -28,6 +28,11 @@ Its attention's ``shift_relative_position_tensor`` (line 381) does the Transform
 zero column and ``view`` of a sliced tensor, whose stride check cannot be decided for a
 data-dependent length ("Eq(u0, 1)"); for such lengths the same shift is one gather,
 ``out[..., i, j] = in[..., i, j - i + T - 1]``.
+
+Remove when: ``length_regulator`` expands the durations for the whole batch without the branch on
+``duration_labels.sum() == 0`` and the per-sample ``repeat_interleave`` loop, and
+``FastSpeech2ConformerRelPositionalEncoding.forward`` and ``shift_relative_position_tensor`` take a
+data-dependent length without a guard on it (transformers' modeling_fastspeech2_conformer.py).
 """
 
 from __future__ import annotations

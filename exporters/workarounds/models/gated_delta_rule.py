@@ -37,8 +37,10 @@ What this changes (while tracing only). Two patches that work together:
 Why it is exact. Both sides compute the same ``A^-1 B``; the rounding differs (matmul sums instead of
 substitution order), as LAPACK's blocked solve differs from the loop.
 
-Remove it when the modeling files trace a loop-free solve on their own (or ExecuTorch and ONNX take
-``linalg_solve_triangular``).
+Remove when: ``torch_chunk_gated_delta_rule`` traces a loop-free triangular solve under export
+instead of the forward-substitution loop it takes when ``is_torchdynamo_exporting()`` (transformers'
+modeling_qwen3_next.py, modeling_qwen3_5.py, modeling_qwen3_5_moe.py, modeling_olmo_hybrid.py,
+modeling_qwen4_exp.py), or ExecuTorch and ONNX take ``linalg_solve_triangular``.
 """
 
 from __future__ import annotations

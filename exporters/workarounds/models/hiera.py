@@ -21,6 +21,10 @@ the call goes to ``forward`` unchanged.
     after:  keep = mask.tile(1, area); rank = cumsum(keep) - 1
             order[r] = argmax(where(keep, rank, K) == r)  for r < K = len_keep * area
             h = h.gather(1, order[..., None].expand(-1, -1, hidden))                  # static count
+
+Remove when: ``HieraModel.forward`` keeps the visible tokens of an MAE run by gathering its known
+number of mask units (``len_keep`` per image) instead of boolean indexing with ``positions``
+(transformers' modeling_hiera.py).
 """
 
 from __future__ import annotations

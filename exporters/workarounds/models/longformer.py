@@ -36,8 +36,11 @@ a data-dependent size; exported to ONNX the ``as_strided`` reads the values as i
 (window scores off by up to 1.4 in a layer; LongformerModel's output by 3.7e-4). Traced, it takes
 the model's own ``onnx_export`` branch, ``unfold``, which computes the same chunks from values.
 
-Remove it when transformers' Longformer attention computes global attention without ``.item()``
-and ``nonzero()`` (a mask over a fixed number of global slots): check with
+Remove when: Longformer's and LED's encoder self-attention computes global attention without
+``.item()`` and ``nonzero()`` (a mask over a fixed number of global slots),
+``_get_question_end_index`` finds the first separator without ``nonzero()``, and ``_chunk`` takes
+its ``unfold`` spelling under export (transformers' modeling_longformer.py, modeling_led.py): check
+with
 ``python -m sweeps.recheck workarounds --only
 patch:dynamo:transformers.models.longformer.modeling_longformer.LongformerSelfAttention.forward``.
 """

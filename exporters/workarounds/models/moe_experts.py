@@ -1,7 +1,13 @@
-"""Model patch: MoE experts that loop over the experts hit, as a dense dispatch over every expert.
+"""Model patches (two): MoE experts traced without their data-dependent loop over the experts hit:
 
-Cause. Four MoE families run their experts with the classic sparse loop and are not decorated with
-``@use_experts_implementation`` (so the exporter's ``batched_mm`` switch cannot reach them):
+- the experts of four families that loop over the experts hit, as a dense dispatch over every
+  expert (``_patch_dense_*``, below);
+- the experts decorated with ``@use_experts_implementation`` switched to transformers' own
+  ``batched_mm`` implementation (``_patch_experts_batched_mm``, on
+  ``ExpertsInterface.get_interface``; see the end of this docstring).
+
+Cause (dense dispatch). Four MoE families run their experts with the classic sparse loop and are not
+decorated with ``@use_experts_implementation`` (so the ``batched_mm`` switch cannot reach them):
 
     expert_mask = one_hot(top_k_index, num_experts).permute(2, 1, 0)
     expert_hit = (expert_mask.sum(dim=(-1, -2)) > 0).nonzero()      # which experts got a token
@@ -50,10 +56,23 @@ expert index, the order ``expert_hit`` visits them, so only the matmuls' row blo
 Sentinel / out-of-range indices match no expert (Step3p7 skips its sentinel the same way). The
 cost is ``num_experts / top_k`` times the expert FLOPs: fine for export checks, not a serving kernel.
 
-Remove it when these classes use ``@use_experts_implementation`` (or otherwise trace without the
-``nonzero()`` loop): check with ``python -m sweeps.recheck workarounds --only
+The ``batched_mm`` switch. Decorated experts default to ``grouped_mm``, which under export on
+CPU/fp32 becomes the opaque custom op ``transformers::grouped_mm_fallback`` (a Python loop over
+data-dependent offsets): no ONNX function and no ExecuTorch kernel exist for it. Their ``eager``
+implementation loops over the ``nonzero()`` of the routing mask, as above. While tracing,
+``ExpertsInterface.get_interface`` hands out ``batched_mm`` (a gather and a batched matmul, which
+every backend lowers) for either: the same experts, summed in another order.
+
+    before: experts_implementation="grouped_mm" or "eager"    after: "batched_mm"
+
+Remove when: for the dense dispatch, Dbrx, LongcatFlash, Step3p7 and SwitchTransformers experts use
+``@use_experts_implementation`` (or otherwise trace without the ``nonzero()`` loop: transformers'
+modeling_dbrx.py, modeling_longcat_flash.py, modeling_step3p7.py, modeling_switch_transformers.py);
+check with ``python -m sweeps.recheck workarounds --only
 patch:dynamo:transformers.models.dbrx.modeling_dbrx.DbrxExperts.forward`` (and the three other paths
-in ``DENSE_EXPERTS_PATHS``).
+in ``DENSE_EXPERTS_PATHS``). For the switch, when ``grouped_mm`` traces to ops the backends lower
+and the ``eager`` experts implementation traces without the ``nonzero()`` loop (transformers'
+integrations/moe.py).
 """
 
 from __future__ import annotations

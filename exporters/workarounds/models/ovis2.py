@@ -16,6 +16,9 @@ ids or without an image go to ``forward`` unchanged.
 
     before: for i, t in enumerate(ids): mask = input_ids == t; if mask.any(): embeds[mask] = f[i]
     after:  for i, t in enumerate(ids): embeds = where((input_ids == t)[..., None], f[i], embeds)
+
+Remove when: ``Ovis2Model.forward`` writes the indicator embeddings with ``torch.where`` (or
+``masked_scatter``) instead of under ``if mask.any()`` (transformers' modeling_ovis2.py).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ Masked scores underflow to exactly 0 after the softmax, so each row sees the sam
 weights as the per-segment call; only the summation order differs (~1e-7). When the config really
 requests flash attention the original forward runs unchanged.
 
-Remove it when transformers' non-flash vision attention traces without the per-segment split
+Remove when: transformers' non-flash vision attention traces without the per-segment split
 (a varlen attention op, or a block-diagonal mask in the model itself): check with
 ``python -m sweeps.recheck workarounds --only
 patch:dynamo:transformers.models.glm4v.modeling_glm4v.Glm4vVisionAttention.forward``.

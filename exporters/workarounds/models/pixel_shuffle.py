@@ -1,4 +1,20 @@
-"""Model patch (InternVL-style pixel shuffle): integer sizes.
+"""Model patch (InternVL-style pixel shuffle): the shuffle's sizes in integer arithmetic.
+
+Cause. ``pixel_shuffle`` of InternVL and QianfanOCR checks ``height % scale_factor != 0`` with a
+float ``scale_factor`` (0.5) and sizes its views with ``int(height * scale_factor)``. With a dynamic
+height, torch.export computes the value range of a float modulus of a symbol and fails
+(``ValueRangeError: Invalid ranges [0.5:-0.5]``).
+
+What this changes (while tracing only). For ``scale_factor = 1/n`` the check holds for every integer
+size (it never raises) and ``int(h * scale) == h // n``: the same views are traced with that integer
+arithmetic. Other factors run the original.
+
+    before: if h % 0.5 != 0: raise; view(b, w, int(h * 0.5), int(c / 0.5))
+    after:  view(b, w, h // 2, c * 2)
+
+Remove when: InternVL's and QianfanOCR's ``pixel_shuffle`` size their views with integer arithmetic
+(``h // n``) instead of a float ``scale_factor`` (transformers' modeling_internvl.py,
+modeling_qianfan_ocr.py).
 """
 
 from __future__ import annotations

@@ -25,7 +25,9 @@ boundaries at or below it) gives no position, so every frame attends to exactly 
     before: cu = [0] + [window] * (len // window) + [len % window] ... per sample (Python list)
     after:  cu = pad(cumsum(clamp(len[:, None] - arange(max_windows) * window, 0, window).flatten()))
 
-Remove it when transformers computes the windows with tensor operations: check with
+Remove when: ``get_audio_cu_seqlens`` computes the windows with tensor operations instead of a
+Python loop over ``.item()`` lengths (transformers' modeling_qwen3_asr.py,
+modeling_qwen3_omni_moe.py): check with
 ``python -m sweeps.recheck workarounds --only
 patch:dynamo:transformers.models.qwen3_asr.modeling_qwen3_asr.get_audio_cu_seqlens``.
 """

@@ -23,6 +23,10 @@ when it is in the tail or in a chosen block: the mask the loop builds from its i
 Exact ties between block scores (several blocks with every head's dot product <= 0 score 0) are
 broken by ``topk`` over a different length than the loop's, so the choice among equal scores may
 differ; the loop's own choice among them is arbitrary too.
+
+Remove when: ``Qwen4ExpTextQSAIndexer.forward`` selects the blocks for every query at once with
+masks, without the loop over (batch, query), ``torch.nonzero`` and the branch on
+``num_complete_blocks`` (transformers' modeling_qwen4_exp.py).
 """
 
 from __future__ import annotations

@@ -34,6 +34,12 @@ position_ids, with a cache to continue, or in training go to ``forward`` unchang
 
     before: forward(ids[B, L])          -> if L % 4: pad; ...; out[:, :L]     (guard on L % 4)
     after:  forward(pad(ids, (-L) % 4)) -> no pad needed; ...; out[:, :L]     (no guard)
+
+Remove when: ``LSHSelfAttention._hash_vectors`` picks the padding bucket with tensor operations
+instead of the ``.item()`` branch and draws its rotations from a generator seeded with ``hash_seed``
+instead of re-seeding the global one inside forward, and ``ReformerModel.forward`` pads to a
+multiple of the chunk length without a branch on the sequence length (transformers'
+modeling_reformer.py).
 """
 
 from __future__ import annotations

@@ -18,6 +18,11 @@ mask the answer matters and the guard error stands). Every other call is unchang
 
     before: is_causal = q_length > 1 and ...   -> GuardOnDataDependentSymNode on u0 // 2 > 1
     after:  the same line, with bool(q_length > 1) answered False where is_causal is False anyway
+
+Remove when: ``sdpa_attention_forward`` tests the mask and ``is_causal`` before ``q_length > 1``,
+and ``not is_torchdynamo_compiling()`` before ``q_length == 1``, so that a query length is compared
+only where the answer matters (transformers' integrations/sdpa_attention.py, whose own comment
+leaves this to the exporter side).
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ branch per step.
     before: for t in range(T): step(); if all_ended(t): break            -> (B, steps, C)
     after:  for t in range(T): step();  n = min(T, T - sum(all_ended) + 1);  preds[:, :n]
 
-Remove it when the head can decode a fixed number of steps with the output masked after the end
-token: check with ``python -m sweeps.recheck workarounds --only
+Remove when: ``SLANetSLAHead.forward`` and SLANeXt's copy decode a fixed number of steps with the
+output masked after the end token, instead of a ``break`` on predicted values (transformers'
+modeling_slanet.py, modeling_slanext.py): check with ``python -m sweeps.recheck workarounds --only
 patch:dynamo:transformers.models.slanet.modeling_slanet.SLANetSLAHead.forward``.
 """
 

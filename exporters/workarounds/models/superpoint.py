@@ -30,7 +30,10 @@ failed for expression u0 >= 1", not by this message), instead of tracing the emp
     before: if keypoints.shape[2] == 0: return empty matches          (guard on u0)
     after:  torch._check(keypoints.shape[2] != 0, "...")  then the same method (branch decided: False)
 
-Remove it when SuperPoint keeps a fixed budget with a validity mask: check with
+Remove when: SuperPoint's ``top_k_keypoints`` keeps a fixed budget with a validity mask instead of a
+branch on the keypoint count (transformers' modeling_superpoint.py), and SuperGlue's and LightGlue's
+``_match_image_pair`` stop branching on an empty keypoint set (modeling_superglue.py,
+modeling_lightglue.py): check with
 ``python -m sweeps.recheck workarounds --only
 patch:dynamo:transformers.models.superpoint.modeling_superpoint.top_k_keypoints``.
 """

@@ -16,6 +16,10 @@ truncation included. The zeroing of OCR embeddings for empty/full-page boxes is 
     before: rows, cols = zip(*ind); keep[rows, cols] = False; [pad(x[i][keep[i]], max_len) for i]
     after:  keep = ones.scatter(1, ocr_points, False); rank = cumsum(keep) - 1
             order[r] = argmax(where(keep, rank, max_len) == r); out = where(r < count, x.gather(order), 0)
+
+Remove when: ``combine_image_text_embeddings`` clears the OCR patches with tensor indexing and keeps
+a fixed number of visual patches per image, without the Python loop over the OCR points and the
+per-image boolean selection (transformers' modeling_udop.py).
 """
 
 from __future__ import annotations

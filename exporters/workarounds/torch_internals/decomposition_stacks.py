@@ -13,6 +13,11 @@ switch for this cost): replayed nodes keep the stack trace they carry, new ones 
 labels graph dumps and ONNX metadata). The graphs are otherwise the same.
 
     before: run_decompositions(...)   after: the same, with do_not_emit_stack_traces=True
+
+Remove when: torch's FX tracer stops capturing and formatting a whole Python stack for every node a
+re-trace creates (``CapturedTraceback.extract().summary()`` in torch/fx/proxy.py), or
+``run_decompositions`` as torch.onnx and ExecuTorch's ``to_edge`` call it runs with
+``torch.fx.config.do_not_emit_stack_traces`` on its own.
 """
 
 from __future__ import annotations

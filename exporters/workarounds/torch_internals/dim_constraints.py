@@ -19,6 +19,10 @@ itself is untouched: torch keeps it in the program, and the artifact refuses a s
 
     before: solve(): reduce_inequalities([Eq(-x + 320*((x/40)//8), 0)], x) -> NotImplementedError
     after:  solve(): x has no equality to solve; "Eq(-x + 320*((x/40)//8), 0)" in the dynamic results
+
+Remove when: ``DimConstraints.solve`` (torch/fx/experimental/symbolic_shapes.py) leaves an equality
+that sympy's ``reduce_inequalities`` cannot solve among the dynamic results instead of letting its
+``NotImplementedError`` fail the export.
 """
 
 from __future__ import annotations

@@ -26,6 +26,10 @@ only adds the same fact in a second spelling, which helps later guards match it.
 the new facts do not touch skips a spelling simplify would not have changed (other than through
 a replacement that happened to arrive in the same step, which upstream itself only picks up by
 that coincidence).
+
+Remove when: ``ShapeEnv._maybe_evaluate_static`` (torch/fx/experimental/symbolic_shapes.py,
+``resimplify_floor_div``) re-simplifies only the axioms a new divisibility fact can change, not
+every axiom containing a floor division.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ them).
     before: frozen: counter += 1; signpost_event(..., f"{expr} == {val}"); log.info(...)
     after:  frozen, INFO off: counter += 1
 
-Remove it when torch builds that message only for a logger that is on; measure the share with
+Remove when: ``ShapeEnv._check_frozen`` builds that message only for a logger that is on; measure
+the share with
 ``python benchmarks/frozen_guard_cost.py <Class> --backend executorch``.
 """
 

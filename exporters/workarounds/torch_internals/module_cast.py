@@ -1,4 +1,20 @@
-"""Torch patch: ``Module.to`` called inside forward.
+"""Torch patch: ``Module.to`` called inside forward returns the module when the cast changes nothing.
+
+Cause. MoE routers cast their classifier inside forward (``self.classifier =
+self.classifier.to(self.dtype)``: NLLB-MoE's ``_cast_classifier``, SwitchTransformers' router).
+While torch.export traces, the parameters are fake tensors, and ``Module._apply``
+(torch/nn/modules/module.py) swaps every fake parameter with ``torch.utils.swap_tensors``, even when
+the conversion returned it unchanged; the swap is refused ("_apply(): Couldn't swap Linear.weight").
+
+What this changes (while tracing only). A cast that would change no parameter's or buffer's dtype or
+device, and asks for no memory format, returns the module as it is; a real cast still runs (and
+fails).
+
+    before: classifier.to(float32) -> Module._apply(swap every parameter)   after: classifier (no-op)
+
+Remove when: ``Module._apply`` leaves a fake parameter whose conversion changed nothing in place
+instead of swapping it, or the routers stop casting their classifier in forward (transformers'
+modeling_nllb_moe.py, modeling_switch_transformers.py).
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ assertion, as every equality torch does not turn into a replacement.
 
     before: _set_replacement(u0, 2048*s1) -> AssertionError: tgt_bound=... not a subset of src_bound=...
     after:  _set_replacement(u0, 2048*s1) -> no replacement; u0 == 2048*s1 stays asserted
+
+Remove when: ``ShapeEnv._set_replacement`` (torch/fx/experimental/symbolic_shapes.py) skips a
+replacement whose recomputed bound overflows through ``int_oo`` arithmetic, as it skips any other
+target whose bound is not inside the source's, instead of asserting.
 """
 
 from __future__ import annotations

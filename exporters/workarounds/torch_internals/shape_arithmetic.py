@@ -36,6 +36,9 @@ sharing the 2 cores): with the patch PASS in 161.5 s, every simplify call took t
 without it the same command was killed by ``timeout 900`` before it finished, the stack in
 ``FloorDiv.eval -> simplify -> together -> gcd_terms`` (py-spy). The remaining time is torch's
 ShapeEnv evaluating guards on the nested expressions, which this does not change.
+
+Remove when: ``FloorDiv.eval`` and ``ModularIndexing.eval`` (torch/utils/_sympy/functions.py) divide
+out a common monomial factor without calling ``sympy.simplify`` on the quotients.
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ runtime-assert graph building) call ``sympy_interp`` from their own modules and 
 
     before: bound(h + (7 - h % 7) % 7) -> bound(h), bound(7 - h % 7) -> bound(h % 7) -> bound(h), ...
     after:  bound(h) once; each distinct subexpression once per call
+
+Remove when: the ``sympy_interp`` walk of ``bound_sympy`` (torch/utils/_sympy/interp.py,
+value_ranges.py) evaluates each distinct subexpression once, so its cost is the size of the
+expression DAG, not of its tree.
 """
 
 from __future__ import annotations
