@@ -223,7 +223,8 @@ def run_stage(stage: str, backend: str, fn: Callable[[], Any], fired: Any = None
     try:
         return fn()
     except ExportStageError as exc:
-        raise _with_fired(exc, fired)
+        _with_fired(exc, fired)  # the same error, with the names that had fired
+        raise
     except Exception as exc:  # noqa: BLE001 - re-raised with the stage attached
         raise _with_fired(ExportStageError(stage, backend, exc), fired) from exc
     except BaseException as exc:  # a pytest timeout or interrupt passes through as itself, marked

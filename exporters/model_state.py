@@ -8,8 +8,6 @@ from typing import Any
 
 import torch
 
-
-
 # ── Stage 5: State cleanup ───────────────────────────────────────────────────
 # Attributes a model sets in forward survive tracing as fake tensors or symbols and break the next eager
 # call or export. Restore, after export, every public attribute the forward replaced, every private one

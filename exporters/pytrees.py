@@ -7,15 +7,11 @@ from __future__ import annotations
 import base64
 import inspect
 import pickle
-
-from torch.utils import _pytree as pytree
-
 from collections.abc import Iterable
 from typing import Any
 
 import torch
-
-
+from torch.utils import _pytree as pytree
 
 # ── Stage 3: Pytree registration ─────────────────────────────────────────────
 # Every Cache (and cache layer) is flattened by attribute traversal: tensors become leaves, everything

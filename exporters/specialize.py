@@ -36,8 +36,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 SPECIALIZED_INPUTS = re.compile(r"(^|_)(grid_thws?|grid_hws?|sizes)$")

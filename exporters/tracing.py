@@ -5,25 +5,21 @@ inputs and outputs.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import inspect
+from collections.abc import Mapping
+from typing import Any
 
-from torch.export.graph_signature import ConstantArgument, SymBoolArgument, SymFloatArgument, SymIntArgument
+import torch
+from torch.export.graph_signature import ConstantArgument, OutputKind, SymBoolArgument, SymFloatArgument, SymIntArgument
 from torch.utils import _pytree as pytree
 
 from exporters.base import ExportConfig
 from exporters.model_state import _dim_markings, _snapshot_state, reset_model_state, restore_dim_markings
 from exporters.pytrees import leaf_names_and_values, register_pytree_nodes
 from exporters.specialize import ConcreteValues, concrete, constant_buffers_baked, specialized_inputs
-
-import contextlib
-import dataclasses
-from collections.abc import Mapping
-from typing import Any
-
-import torch
-from torch.export.graph_signature import OutputKind
-
-from exporters.utils import (FiredLog, PatchEntry, apply_patches)
+from exporters.utils import FiredLog, PatchEntry, apply_patches
 
 
 @dataclasses.dataclass

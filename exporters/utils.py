@@ -187,7 +187,7 @@ class Registry:
         _check_backend(backend)
         return self._ordered(self._fixes[(backend, kind)])
 
-    def without(self, *names: str) -> "Registry":
+    def without(self, *names: str) -> Registry:
         """A copy of this registry minus the workarounds named (``patch:onnx:torch.where``,
         ``fix:executorch:_fix_x``), to check whether a model still needs them. Unknown names raise."""
         known = {w.name for w in self.all_workarounds()}

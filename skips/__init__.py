@@ -15,8 +15,7 @@ from collections.abc import Sequence
 
 from skips.export_skips import EXPORT_SKIPS
 from skips.onnx_disable_optimize import ONNX_DISABLE_OPTIMIZE
-from skips.records import (BACKENDS, STAGES, VARIANTS, ExportSkip, OnnxDisableOptimize,
-                           SkipListError)
+from skips.records import BACKENDS, STAGES, VARIANTS, ExportSkip, OnnxDisableOptimize, SkipListError
 from skips.validate import installed_names, validate_lists
 
 __all__ = [

@@ -14,7 +14,7 @@ Semantic checks (unknown names, vague reasons, overlapping entries) live in
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 BACKENDS: tuple[str, ...] = ("dynamo", "onnx", "executorch")
 VARIANTS: tuple[str, ...] = ("static", "dynamic")

@@ -17,8 +17,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
-from skips.records import (BACKENDS, STAGES, VARIANTS, ExportSkip, OnnxDisableOptimize,
-                           SkipListError, normalize_model_type)
+from skips.records import BACKENDS, STAGES, VARIANTS, ExportSkip, OnnxDisableOptimize, SkipListError, normalize_model_type
 
 MIN_REASON_CHARS = 15
 _VAGUE_WORDS = {"fail", "fails", "failed", "failing", "todo", "tbd", "fixme", "xxx", "flaky",

@@ -4,11 +4,9 @@ program's memory plan, and runtime errors named.
 
 from __future__ import annotations
 
-from exporters.base import Artifact
-
-
 import torch
 
+from exporters.base import Artifact
 
 
 def missing_kernels(buffer: bytes, registered) -> list[str]:

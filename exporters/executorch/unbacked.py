@@ -4,15 +4,14 @@ memory planning needs (the export loop's bound_unbacked_sizes_by_trace / _by_sou
 
 from __future__ import annotations
 
-from exporters.executorch.unbacked_bounds import source_bounds
-from exporters.tracing import _finite
-
 from typing import Any
 
 import torch
 from torch.export.graph_signature import InputKind
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from exporters.executorch.unbacked_bounds import source_bounds
+from exporters.tracing import _finite
 
 
 def _record_unbacked(fake: Any, real: Any, values: dict) -> None:

@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-
 _REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32, torch.complex128: torch.float64}
 
 # higher-order ops that run their subgraph once, inline, on their operands: a complex operand or

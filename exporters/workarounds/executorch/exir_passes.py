@@ -9,7 +9,7 @@ import math
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from exporters.utils import (register_patch)
+from exporters.utils import register_patch
 
 
 def _check_nonzero_stride(stride: torch.SymInt) -> None:

@@ -12,7 +12,7 @@ import sys
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from exporters.utils import (size_value, NewNodes, copy_source_meta, fake_val, register_fx_node_fix, replace_node)
+from exporters.utils import NewNodes, copy_source_meta, fake_val, register_fx_node_fix, replace_node, size_value
 
 
 @register_fx_node_fix("executorch")

@@ -11,7 +11,7 @@ import operator
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from exporters.utils import (size_value, NewNodes, copy_source_meta, fake_val, register_fx_node_fix, replace_node, replace_unpacked)
+from exporters.utils import NewNodes, copy_source_meta, fake_val, register_fx_node_fix, replace_node, replace_unpacked, size_value
 
 
 @register_fx_node_fix("executorch")

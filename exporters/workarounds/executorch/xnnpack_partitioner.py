@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from exporters.utils import (register_patch)
+from exporters.utils import register_patch
 
 
 @register_patch("executorch", "executorch.backends.xnnpack.partition.config.node_configs.MaxDimConfig.check_constraints")

@@ -34,8 +34,8 @@ import math
 
 import torch
 
-from exporters.workarounds.models._compaction import gather_rows, kept_in_order
 from exporters.utils import register_patch
+from exporters.workarounds.models._compaction import gather_rows, kept_in_order
 
 
 def kept_tokens(hidden_states: torch.Tensor, bool_masked_pos: torch.Tensor, mask_unit_area: int,

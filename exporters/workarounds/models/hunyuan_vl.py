@@ -21,9 +21,7 @@ Remove when: ``HunYuanVLModel.get_placeholder_mask`` checks the count with
 
 from __future__ import annotations
 
-
-
-from exporters.utils import (register_patch)
+from exporters.utils import register_patch
 
 
 @register_patch("dynamo", "transformers.models.hunyuan_vl.modeling_hunyuan_vl.HunYuanVLModel.get_placeholder_mask")

@@ -16,9 +16,7 @@ modeling_nllb_moe.py).
 
 from __future__ import annotations
 
-
-
-from exporters.utils import (register_patch)
+from exporters.utils import register_patch
 
 
 @register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier")

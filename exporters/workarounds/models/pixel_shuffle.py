@@ -19,9 +19,7 @@ modeling_qianfan_ocr.py).
 
 from __future__ import annotations
 
-
-
-from exporters.utils import (register_patch)
+from exporters.utils import register_patch
 
 
 @register_patch("dynamo", "transformers.models.internvl.modeling_internvl.InternVLModel.pixel_shuffle",

@@ -49,6 +49,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+
 from exporters.specialize import untraced
 from exporters.utils import register_patch
 

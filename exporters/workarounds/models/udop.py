@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from exporters.workarounds.models._compaction import gather_rows, kept_in_order
 from exporters.utils import register_patch
+from exporters.workarounds.models._compaction import gather_rows, kept_in_order
 
 
 def combined(image_embeddings, inputs_embeds, bbox, visual_bbox, attention_mask=None, num_patches=14, max_len=0,

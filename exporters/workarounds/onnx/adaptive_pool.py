@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-
 import torch
 
-from exporters.utils import (register_patch)
-
+from exporters.utils import register_patch
 
 # ── Stage 1: Torch patches ───────────────────────────────────────────────────
 # Replace torch ops the ONNX exporter cannot convert, while torch.export traces:

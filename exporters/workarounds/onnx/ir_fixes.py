@@ -3,18 +3,13 @@
 
 from __future__ import annotations
 
-
-
-
-
 # ── Stage 5: ONNX IR fixes ───────────────────────────────────────────────────
 # Rewrite the finished ONNX program around ONNX Runtime bugs: add a ``_fix_ir_*(model) -> bool``
 # to _IR_FIXES. Each returns whether it changed the model.
 
 
 def _all_nodes(model):
-    for node in model.graph.all_nodes() if hasattr(model.graph, "all_nodes") else model.graph:
-        yield node
+    yield from model.graph.all_nodes() if hasattr(model.graph, "all_nodes") else model.graph
     for function in model.functions.values():
         yield from function
 

@@ -8,8 +8,7 @@ import operator
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from exporters.utils import (NewNodes, copy_source_meta, fake_val, register_fx_node_fix, replace_node)
-
+from exporters.utils import NewNodes, copy_source_meta, fake_val, register_fx_node_fix, replace_node
 
 # ── Stage 3: FX node fixes ───────────────────────────────────────────────────
 # Rewrite nodes the ONNX exporter cannot lower: @register_fx_node_fix("onnx"), fn(gm, node) -> bool.

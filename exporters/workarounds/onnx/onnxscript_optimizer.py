@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import functools
 
-
-from exporters.utils import (ActedFlag, register_patch)
-
+from exporters.utils import ActedFlag, register_patch
 
 _NO_OP_OPERANDS = {"Add": (0, True), "Sub": (0, False), "Mul": (1, True), "Div": (1, False)}
 

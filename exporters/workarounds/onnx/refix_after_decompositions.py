@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-from exporters.workarounds.onnx.translations import _ONNX_COMPLEX_TRANSLATION_TABLE, _ONNX_TRANSLATION_TABLE, _is_complex
-
 import functools
 from typing import Any
 
-
-from exporters.utils import (apply_fx_node_fixes, register_patch)
-
+from exporters.utils import apply_fx_node_fixes, register_patch
+from exporters.workarounds.onnx.translations import _ONNX_COMPLEX_TRANSLATION_TABLE, _ONNX_TRANSLATION_TABLE, _is_complex
 
 # ── Stage 2: ONNX patches ────────────────────────────────────────────────────
 # Patches on torch.onnx internals, installed around torch.onnx.export. The one below re-runs the

@@ -10,7 +10,6 @@ import torch
 
 from exporters.workarounds._erfinv import _ERFINV_CENTRAL, _ERFINV_TAIL
 
-
 # ── Stage 4: ONNX translations ───────────────────────────────────────────────
 # Custom lowerings for aten ops whose default translation is missing or wrong: write an ``_aten_*``
 # onnxscript function and add it to _ONNX_TRANSLATION_TABLE, keyed by the aten overload.

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import itertools
 
-
 import torch
 
-from exporters.utils import (register_patch)
+from exporters.utils import register_patch
 
 
 @register_patch("dynamo", "torch.nn.Module.to")

@@ -19,10 +19,9 @@ heads, seq, dim)-contiguous) agree, so a ``view`` traced against one is valid fo
 
 from __future__ import annotations
 
-
 import torch
 
-from exporters.utils import (register_patch)
+from exporters.utils import register_patch
 
 
 @register_patch("dynamo", "torch.nn.functional.scaled_dot_product_attention")
