@@ -1,0 +1,295 @@
+"""ExecutorchExporter's patches of ExecuTorch internals: the exir passes' dim order and view copies,
+and the XNNPACK partitioner's constraints (exporters/workarounds/executorch/exir_passes.py,
+xnnpack_partitioner.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import exporters.exporter_executorch as et
+from exporters import ExportStageError
+from exporters.utils import DEFAULT_REGISTRY, Registry, register_patch
+from exporters.workarounds.executorch.exir_passes import _patch_dim_order_positive_strides
+from exporters.workarounds.executorch.xnnpack_partitioner import _patch_xnnpack_pass_through_outputs
+
+
+def test_executorch_dim_order_of_data_dependent_strides():
+    """A tensor with a data-dependent size u0 has strides like 32*u0; ExecuTorch's dim-order sort asks
+    ``32*u0 < 32`` and cannot guard on it. The patch records that a nonzero stride's sizes are >= 1,
+    and the sort then decides it."""
+    from executorch.exir.tensor import dim_order_from_stride
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+
+    def strides():
+        with FakeTensorMode(shape_env=ShapeEnv()):
+            n = torch.ones(10, dtype=torch.bool).nonzero().shape[0]  # unbacked u0
+            torch._check(n <= 10)
+            return torch.empty_strided((2, n, 4, 8), (32 * n, 32, 8, 1)).stride()
+
+    with pytest.raises(GuardOnDataDependentSymNode):
+        dim_order_from_stride(strides())
+    assert _patch_dim_order_positive_strides(dim_order_from_stride)(strides()) == (0, 1, 2, 3)
+    assert _patch_dim_order_positive_strides(dim_order_from_stride)((12, 4, 1)) == (0, 1, 2)
+    assert _patch_dim_order_positive_strides(dim_order_from_stride)((1, 3)) == (1, 0)  # permuted
+
+    def undecidable():
+        with FakeTensorMode(shape_env=ShapeEnv()):
+            n = torch.ones(10, dtype=torch.bool).nonzero().shape[0]
+            torch._check(n <= 10)
+            return (n * (8 // n), n, 1)  # n*(8//n) < n cannot be decided
+
+    assert _patch_dim_order_positive_strides(dim_order_from_stride)(undecidable()) == (0, 1, 2)
+
+
+class _NormalizeKept(torch.nn.Module):
+    """SuperPoint's descriptors at its kept keypoints: [1, C, u0], normalized over C."""
+
+    def forward(self, x, scores):
+        return F.normalize(x[:, :, scores > 0], p=2, dim=1)
+
+
+def test_executorch_dim_order_of_equal_strides_spelled_differently():
+    """The keepdim sum over [1, C, u0] has strides (Max(1, u0), u0, 1); ExecuTorch's sort put dim 1
+    first (dim order (1, 0, 2)) and the portable sum kernel refused that output at run time
+    ("Check failed (tensor_is_default_or_channels_last_dim_order(out))")."""
+    from executorch.exir.tensor import dim_order_from_stride
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        n = torch.ones(10, dtype=torch.bool).nonzero().shape[0]
+        torch._check(n <= 10)
+        stride = (torch.sym_max(1, n), n, 1)
+        assert _patch_dim_order_positive_strides(dim_order_from_stride)(stride) == (0, 1, 2)
+
+    inputs = {"x": torch.randn(1, 8, 6), "scores": torch.tensor([0.5, -1.0, 2.0, 0.1, -0.2, 0.3])}
+    art = et.ExecutorchExporter().export(_NormalizeKept(), inputs)
+    for scores in (inputs["scores"], torch.tensor([0.5, -1.0, -2.0, 0.1, -0.2, -0.3])):
+        (actual,) = art(x=inputs["x"], scores=scores).values()
+        torch.testing.assert_close(actual, _NormalizeKept()(inputs["x"], scores))
+
+
+def test_executorch_dim_order_patch_covers_every_binding():
+    """executorch imports dim_order_from_stride by name into several modules; a binding the patch
+    misses keeps the original (the view-copy pass of to_executorch did, and Glm4v failed there)."""
+    import importlib
+    import sys
+
+    import executorch.exir.passes.replace_view_copy_with_view_pass  # noqa: F401  (to_executorch's passes)
+    import executorch.exir.program  # noqa: F401
+    from executorch.exir.tensor import dim_order_from_stride
+
+    importlib.import_module("executorch.exir.emit._emitter")
+    bound = {f"{name}.dim_order_from_stride" for name, mod in list(sys.modules.items())
+             if name.startswith("executorch.exir") and getattr(mod, "dim_order_from_stride", None)
+             is dim_order_from_stride}
+    patched = {entry.path for entry in DEFAULT_REGISTRY.patches("executorch")}
+    assert bound and bound <= patched, sorted(bound - patched)
+
+
+class _UnpadToGrid(torch.nn.Module):
+    """Lfm2Vl's image features: the first ``mask.sum()`` rows viewed as the (h, w) grid read from
+    data, then pairs of columns folded into channels. The view's element count and its base's are
+    different expressions of data-dependent values."""
+
+    def forward(self, x, mask, hw):
+        h, w = hw
+        grid = x[: mask.sum()].reshape(1, h, w, -1)
+        folded = grid.reshape(1, h, w // 2, -1)
+        return folded.reshape(-1, folded.shape[-1]) * 2
+
+
+def test_executorch_view_of_a_data_dependent_grid():
+    inputs = {"x": torch.randn(16, 4), "mask": torch.tensor([1] * 12 + [0] * 4), "hw": torch.tensor([2, 6])}
+    without = DEFAULT_REGISTRY.without("patch:executorch:executorch.exir.passes.replace_view_copy_with_view_pass._is_view_copy")
+    with pytest.raises(ExportStageError, match=r"data-dependent expression Ne\("):
+        et.ExecutorchExporter(registry=without).export(_UnpadToGrid(), inputs)
+    art = et.ExecutorchExporter().export(_UnpadToGrid(), inputs)
+    # the lowering needed the sizes bounded, on a fresh export: the failed one left the program's
+    # unbacked symbols renamed ("possible memo disaster" when the same program was lowered again)
+    assert "fix:executorch:bound_unbacked_sizes_by_trace" in art.workarounds_fired
+    smaller = {"x": torch.randn(16, 4), "mask": torch.tensor([1] * 8 + [0] * 8), "hw": torch.tensor([2, 4])}
+    for case in (inputs, smaller):
+        (actual,) = art(**case).values()
+        torch.testing.assert_close(actual, _UnpadToGrid()(**case))
+
+
+def _symbolic_fake(env, mode, shape_of):
+    """A fake tensor whose shape is ``shape_of(L)`` for a size ``L`` in [4, 67] (traced at 16)."""
+    from torch._dynamo.source import ConstantSource
+
+    symbol = env.create_symbol(16, ConstantSource("L"))
+    env.constrain_symbol_range(symbol, compiler_min=4, compiler_max=67)
+    length = env.create_symintnode(symbol, hint=16)
+    with mode:
+        return torch.empty(shape_of(length))
+
+
+def test_executorch_view_larger_than_its_base_stays_a_copy():
+    """Reformer's LSH chunks (and FastSpeech2's mel frames) view a padded length L as (L // (L // 4),
+    L // 4): the view's declared capacity, its dims' separate upper bounds multiplied (67 * 16), is
+    larger than its base's (67), and the runtime refused to load the program (0x21). Such a view
+    must stay a copy; a view whose capacity fits its base still becomes a view."""
+    import types
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from exporters.workarounds.executorch.exir_passes import _patch_view_copy_keeps_dynamism
+
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    base = _symbolic_fake(env, mode, lambda n: (2, 4, n, 8))
+    length = base.shape[2]
+    with mode:
+        chunks = torch.empty((2, 4, length // (length // 4), length // 4, 8))
+        flat = torch.empty((2, 4 * length * 8))
+    graph = torch.fx.Graph()
+    base_node = graph.placeholder("base")
+    base_node.meta.update(val=base, spec=types.SimpleNamespace(shape_dynamism=1))
+
+    def view_of(val):
+        node = graph.call_function(torch.ops.aten.view_copy.default, (base_node, []))  # the patch reads meta only
+        node.meta["val"] = val
+        return node
+
+    is_view_copy = _patch_view_copy_keeps_dynamism(lambda node: True)
+    assert not is_view_copy(view_of(chunks))
+    assert is_view_copy(view_of(flat))
+
+
+class _MaxOver(torch.nn.Module):
+    def __init__(self, dim: int, keepdim: bool):
+        super().__init__()
+        self.dim, self.keepdim = dim, keepdim
+
+    def forward(self, x):
+        return torch.max(x, dim=self.dim, keepdim=self.keepdim).values * 2
+
+
+@pytest.mark.parametrize("dim, keepdim", [(-1, False), (1, True), (3, True)])
+def test_executorch_max_dim_outside_what_xnnpack_lowers(dim, keepdim):
+    """XNNPACK's partitioner took every 4-D max.dim, and its visitor then refused all but dim 2/3 with
+    keepdim=True, failing the lowering; the patched constraint leaves those to the portable kernel."""
+    model, inputs = _MaxOver(dim, keepdim), {"x": torch.randn(2, 3, 4, 5)}
+    if (dim, keepdim) != (3, True):
+        with pytest.raises(ExportStageError, match="amax.default only supports"):
+            et.ExecutorchExporter(registry=Registry()).export(model, inputs)
+    (actual,) = et.ExecutorchExporter().export(model, inputs)(**inputs).values()
+    torch.testing.assert_close(actual, model(**inputs))
+
+
+class _LinearPReLU(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.act = torch.nn.Linear(8, 8), torch.nn.PReLU()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+def test_executorch_prelu_that_is_not_4d():
+    """XNNPACK's partitioner took a 3-D prelu its channels-last pass cannot convert (DAB-DETR)."""
+    torch.manual_seed(0)
+    model, inputs = _LinearPReLU().eval(), {"x": torch.randn(2, 3, 8)}
+    with pytest.raises(ExportStageError, match="ChannelsLastTaggedReshapePass"):
+        et.ExecutorchExporter(registry=Registry()).export(model, inputs)
+    (actual,) = et.ExecutorchExporter().export(model, inputs)(**inputs).values()
+    torch.testing.assert_close(actual, model(**inputs))
+
+
+def test_xnnpack_partition_pass_through_outputs_get_copies():
+    """A delegated partition returning its input (or one value twice) was refused by XNNPACK
+    ("Output node ... is already in the inputs"); each such output gets its own clone."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    graph = torch.fx.Graph()
+    a = graph.placeholder("a")
+    a.meta["val"] = torch.empty(2, 3)
+    doubled = graph.call_function(torch.ops.aten.mul.Tensor, (a, 2))
+    graph.output((a, doubled, doubled))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    seen = []
+    _patch_xnnpack_pass_through_outputs(lambda ep, module: seen.append(module) or {})(None, gm)
+    (out,) = [n for n in seen[0].graph.nodes if n.op == "output"]
+    first, second, third = out.args[0]
+    assert first.target is exir_ops.edge.aten.clone.default and first.args == (a,)
+    assert second is doubled and third.target is exir_ops.edge.aten.clone.default and third.args == (doubled,)
+    assert first.meta["val"].shape == (2, 3)
+
+
+class _ConvAndRouter(torch.nn.Module):
+    """Wav2Vec2's conv feature encoder (conv1d over a dynamic batch and length) and a router's
+    ``max(...).values.unsqueeze(-1)`` over a dynamic batch and sequence (SwitchTransformers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(3, 4, 3)
+
+    def forward(self, audio, logits):
+        return self.conv(audio), logits.max(dim=-1).values.unsqueeze(-1) * logits
+
+
+@pytest.mark.parametrize("patch", ["gemm_configs.ConvolutionConfig", "generic_node_configs.UnsqueezeCopyConfig"])
+def test_executorch_reshapes_with_two_dynamic_dims_stay_outside_xnnpack(patch):
+    model = _ConvAndRouter()
+    inputs = {"audio": torch.randn(2, 3, 11), "logits": torch.randn(2, 5, 6)}
+    auto = torch.export.Dim.AUTO
+    config = et.ExecutorchConfig(dynamic_shapes={"audio": {0: auto, 2: auto}, "logits": {0: auto, 1: auto}})
+    name = f"patch:executorch:executorch.backends.xnnpack.partition.config.{patch}.check_constraints"
+    with pytest.raises(ExportStageError, match="only supports 1 dynamic dimension"):
+        et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(model, inputs, config)
+    art = et.ExecutorchExporter().export(model, inputs, config)
+    assert name in art.workarounds_fired
+    for batch, length in ((2, 11), (3, 8), (4, 14)):
+        probe = {"audio": torch.randn(batch, 3, length), "logits": torch.randn(batch, length, 6)}
+        for got, want in zip(art(**probe).values(), model(**probe)):
+            torch.testing.assert_close(got, want)
+
+
+def test_executorch_batch_norm_1d_with_two_dynamic_dims_stays_outside_xnnpack():
+    """FastSpeech2Conformer's BatchNorm1d over a dynamic batch and length: XNNPACK decomposes it into a
+    depthwise conv1d, run as a 2-D conv between single-dynamic-dim reshapes."""
+    model = torch.nn.BatchNorm1d(4).eval()
+    with torch.no_grad():
+        model.running_mean.uniform_(-1, 1)
+        model.running_var.uniform_(0.5, 2)
+    inputs = {"input": torch.randn(2, 4, 11)}
+    auto = torch.export.Dim.AUTO
+    config = et.ExecutorchConfig(dynamic_shapes={"input": {0: auto, 2: auto}})
+    name = "patch:executorch:executorch.backends.xnnpack.partition.config.node_configs.BatchNormConfig.check_constraints"
+    with pytest.raises(ExportStageError, match="only supports 1 dynamic dimension"):
+        et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(model, inputs, config)
+    art = et.ExecutorchExporter().export(model, inputs, config)
+    assert name in art.workarounds_fired
+    for batch, length in ((2, 11), (3, 7)):
+        probe = torch.randn(batch, 4, length)
+        (got,) = art(input=probe).values()
+        torch.testing.assert_close(got, model(probe))
+
+
+class _EightDims(torch.nn.Module):
+    """Inkling's 8-D reshape and permute between two linear layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(18, 18)
+
+    def forward(self, x):
+        y = self.proj(x).reshape(2, 2, 1, 1, 3, 1, 3, 2).permute(0, 1, 2, 3, 5, 4, 6, 7)
+        return self.proj(y.reshape(2, 2, 18) * 2.0)
+
+
+def test_executorch_tensors_over_six_dims_stay_out_of_xnnpack():
+    inputs, model = {"x": torch.randn(2, 2, 18)}, _EightDims()
+    no_rank_limit = Registry()
+    for entry in DEFAULT_REGISTRY.patches("executorch"):  # every patch but the rank limit
+        if not entry.path.endswith("XNNPartitionerConfig.check_common_constraints"):
+            register_patch("executorch", entry.path, registry=no_rank_limit)(entry.factory)
+    with pytest.raises(ExportStageError, match="Failed to load method forward"):
+        et.ExecutorchExporter(registry=no_rank_limit).export(model, inputs)
+    art = et.ExecutorchExporter().export(model, inputs)
+    torch.testing.assert_close(art(**inputs)["output"], model(**inputs))
