@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from exporters import DynamoConfig, DynamoExporter
-from exporters.workarounds.models.qwen3_audio_windows import AUDIO_WINDOW_PATHS, _patch_audio_windows_static
-from exporters.workarounds.models.packed_attention import segment_ids
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.models.packed_attention import segment_ids
+from exporters.workarounds.models.qwen3_audio_windows import AUDIO_WINDOW_PATHS, _patch_audio_windows_static
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ASR = "transformers.models.qwen3_asr.modeling_qwen3_asr"

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from exporters import DynamoExporter
-from exporters.workarounds.models.autoformer import keeps_everything
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.models.autoformer import keeps_everything
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 NAME = "patch:dynamo:transformers.models.autoformer.modeling_autoformer.AutoformerAttention.forward"

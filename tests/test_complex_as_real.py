@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import exporters
-from exporters.workarounds.executorch.complex_as_real import _fix_complex_as_real
 from exporters.parity import assert_close
 from exporters.utils import flatten_outputs
+from exporters.workarounds.executorch.complex_as_real import _fix_complex_as_real
 
 _FIRED = "fix:executorch:_fix_complex_as_real"
 

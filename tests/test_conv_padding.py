@@ -11,8 +11,8 @@ from transformers import MimiConfig
 from transformers.models.mimi.modeling_mimi import MimiConv1d
 
 from exporters import DynamoConfig, DynamoExporter
-from exporters.workarounds.models.encodec_conv_padding import extra_padding
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.models.encodec_conv_padding import extra_padding
 
 NAME = "patch:dynamo:transformers.models.mimi.modeling_mimi.MimiConv1d._get_extra_padding_for_conv1d"
 

@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exporters.workarounds.models.gated_delta_rule import EXPORTING_FLAG_PATHS, _patch_delta_rule_takes_eager_solve, _patch_unit_lower_solve_as_products, unit_lower_solve
+from exporters.workarounds.models.gated_delta_rule import (
+    EXPORTING_FLAG_PATHS,
+    _patch_delta_rule_takes_eager_solve,
+    _patch_unit_lower_solve_as_products,
+    unit_lower_solve,
+)
 
 SOLVE = "patch:dynamo:torch.linalg.solve_triangular"
 

@@ -9,8 +9,8 @@ from torch._dynamo.source import ConstantSource
 from torch.fx.experimental.symbolic_shapes import DimConstraints
 from torch.utils._sympy.functions import FloorDiv
 
-from exporters.workarounds.torch_internals.dim_constraints import _patch_dim_constraints_skip_unsolvable_equalities, unsolvable_equalities
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.torch_internals.dim_constraints import _patch_dim_constraints_skip_unsolvable_equalities, unsolvable_equalities
 
 NAME = "patch:dynamo:torch.fx.experimental.symbolic_shapes.DimConstraints.solve"
 x = sympy.Symbol("s2", integer=True, positive=True)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from exporters import DynamoExporter
-from exporters.workarounds.models.fastspeech2_conformer import regulated, shifted
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.models.fastspeech2_conformer import regulated, shifted
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 MODULE = "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer"

@@ -10,8 +10,8 @@ from torch._dynamo.source import ConstantSource
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 from torch.utils._sympy.functions import CleanDiv
 
-from exporters.workarounds.torch_internals.floor_div_axioms import _patch_floor_div_axioms_resimplified_by_need, resimplify_touched_axioms
 from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_patches, register_patch
+from exporters.workarounds.torch_internals.floor_div_axioms import _patch_floor_div_axioms_resimplified_by_need, resimplify_touched_axioms
 
 PATH = "torch.fx.experimental.symbolic_shapes.ShapeEnv._maybe_evaluate_static"
 NAME = f"patch:dynamo:{PATH}"

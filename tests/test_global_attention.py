@@ -13,8 +13,8 @@ import torch
 
 from exporters import ExportStageError, get_exporter
 from exporters.parity import assert_close
-from exporters.workarounds.models.longformer import GLOBAL_ATTENTION_PATHS
 from exporters.utils import DEFAULT_REGISTRY, Registry, apply_patches, flatten_outputs
+from exporters.workarounds.models.longformer import GLOBAL_ATTENTION_PATHS
 
 
 def _longformer(cls_name="LongformerModel"):

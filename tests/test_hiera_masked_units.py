@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from exporters import DynamoConfig, DynamoExporter
-from exporters.workarounds.models.hiera import _patch_hiera_kept_units_static, kept_tokens
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.models.hiera import _patch_hiera_kept_units_static, kept_tokens
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 NAME = "patch:dynamo:transformers.models.hiera.modeling_hiera.HieraModel.forward"

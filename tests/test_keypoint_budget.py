@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from exporters import DynamoConfig, DynamoExporter
-from exporters.workarounds.models.superpoint import NO_KEYPOINTS, at_least_one_keypoint, top_k_without_branch
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.models.superpoint import NO_KEYPOINTS, at_least_one_keypoint, top_k_without_branch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TOP_K = "patch:dynamo:transformers.models.superpoint.modeling_superpoint.top_k_keypoints"

@@ -9,8 +9,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from exporters import utils
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

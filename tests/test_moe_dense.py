@@ -14,8 +14,18 @@ import pytest
 import torch
 from torch import nn
 
-from exporters.workarounds.models.moe_experts import DBRX, DENSE_EXPERTS_PATHS, LONGCAT_FLASH, STEP3P7, SWITCH_TRANSFORMERS, _patch_dense_experts, _patch_dense_longcat_flash_experts, _patch_dense_step3p7_experts, _patch_dense_switch_transformers_experts
 from exporters.utils import DEFAULT_REGISTRY, Registry, apply_patches, register_patch
+from exporters.workarounds.models.moe_experts import (
+    DBRX,
+    DENSE_EXPERTS_PATHS,
+    LONGCAT_FLASH,
+    STEP3P7,
+    SWITCH_TRANSFORMERS,
+    _patch_dense_experts,
+    _patch_dense_longcat_flash_experts,
+    _patch_dense_step3p7_experts,
+    _patch_dense_switch_transformers_experts,
+)
 
 
 @dataclasses.dataclass

@@ -23,7 +23,10 @@ def test_fix_dead_assertions_removes_unused_asserts():
             return x + 1
 
     gm = torch.export.export(M(), (torch.ones(2),)).graph_module
-    targets = lambda: [n for n in gm.graph.nodes if n.target is torch.ops.aten._assert_tensor_metadata.default]
+
+    def targets():
+        return [n for n in gm.graph.nodes if n.target is torch.ops.aten._assert_tensor_metadata.default]
+
     assert targets(), "the export no longer keeps the assertion node; the fix has nothing to test"
     fired = FiredLog()
     assert apply_fx_node_fixes([e for e in DEFAULT_REGISTRY.fixes("onnx", "node") if e.fn is _fix_dead_assertions], gm, fired)
@@ -272,8 +275,8 @@ def test_onnx_sym_numel_of_a_data_dependent_size():
 def test_node_fixes_give_every_new_node_a_fake_val():
     """torch.onnx's lowering reads each node's meta['val'] (CHMv2 failed with KeyError: 'val'):
     replace_node computes it for every node a fix adds, not just the one that takes the old node's place."""
-    from exporters.workarounds.onnx.node_fixes import _fix_scalar_minus_tensor
     from exporters.utils import FiredLog, FixEntry, apply_fx_node_fixes
+    from exporters.workarounds.onnx.node_fixes import _fix_scalar_minus_tensor
 
     class R(torch.nn.Module):
         def forward(self, mask):

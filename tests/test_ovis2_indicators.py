@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from exporters import DynamoExporter
-from exporters.workarounds.models.ovis2 import _patch_visual_indicators_without_branch
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.models.ovis2 import _patch_visual_indicators_without_branch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 NAME = "patch:dynamo:transformers.models.ovis2.modeling_ovis2.Ovis2Model.forward"

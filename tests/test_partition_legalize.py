@@ -25,7 +25,7 @@ def _graph_using_before_defined() -> torch.fx.GraphModule:
 
 
 def test_topological_order_check():
-    gm = torch.fx.symbolic_trace(lambda x: -(-x))
+    gm = torch.fx.symbolic_trace(lambda x: -(-x))  # noqa: B002 - two neg nodes, on purpose
     assert in_topological_order(gm.graph)
     assert not in_topological_order(_graph_using_before_defined().graph)
 
@@ -35,7 +35,7 @@ def test_resorts_only_out_of_order_and_recompiles_once(ordered):
     """The stand-in for ExecuTorch's fusing calls legalize_graph as create_submodule_from_nodes does."""
     import executorch.exir.lowered_backend_module as fusing
 
-    gm = torch.fx.symbolic_trace(lambda x: -(-x)) if ordered else _graph_using_before_defined()
+    gm = torch.fx.symbolic_trace(lambda x: -(-x)) if ordered else _graph_using_before_defined()  # noqa: B002 - two negs
     legalized, recompiled = [], []
     real_legalize = fusing.legalize_graph
 
@@ -77,9 +77,10 @@ class _Alternating(torch.nn.Module):
 
 
 def test_lowering_with_many_partitions_matches_without_the_patch():
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
     import exporters.exporter_executorch as et
     from exporters.utils import DEFAULT_REGISTRY
-    from executorch.exir._serialize._program import deserialize_pte_binary
 
     torch.manual_seed(0)
     model = _Alternating().eval()

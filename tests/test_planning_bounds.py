@@ -18,8 +18,13 @@ from torch.utils._sympy.functions import FloorDiv, FloorToInt, IntTrueDiv
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
-from exporters.workarounds.executorch.memory_planning import _patch_unbounded_sizes_planned_at_their_maximum, factor_range, own_terms, size_maximum
 from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_patches, register_patch
+from exporters.workarounds.executorch.memory_planning import (
+    _patch_unbounded_sizes_planned_at_their_maximum,
+    factor_range,
+    own_terms,
+    size_maximum,
+)
 
 PATH = "executorch.exir.sym_util.eval_upper_bound"
 b, h, w = sympy.symbols("b h w", integer=True, positive=True)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from exporters import DynamoExporter
-from exporters.workarounds.models.qwen4_exp import _patch_qwen4exp_indexer_vectorized
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.models.qwen4_exp import _patch_qwen4exp_indexer_vectorized
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 NAME = "patch:dynamo:transformers.models.qwen4_exp.modeling_qwen4_exp.Qwen4ExpTextQSAIndexer.forward"

@@ -9,8 +9,8 @@ from transformers import ReformerConfig, ReformerModel
 from transformers.models.reformer.modeling_reformer import LSHSelfAttention
 
 from exporters import DynamoExporter
-from exporters.workarounds.models.reformer import lsh_buckets
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.models.reformer import lsh_buckets
 
 NAME = "patch:dynamo:transformers.models.reformer.modeling_reformer.LSHSelfAttention._hash_vectors"
 MASKS = {"none": None, "full": torch.ones(2, 8, dtype=torch.long), "padded": torch.tensor([[1] * 8, [1] * 5 + [0] * 3])}

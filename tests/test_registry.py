@@ -6,13 +6,11 @@ Patch targets live in tests/_targets.py and are resolved by the dotted path ``_t
 
 from __future__ import annotations
 
-import operator
-
+import _targets
 import pytest
 import torch
-
-import _targets
 from _targets import Base, Child, Holder
+
 from exporters.utils import (
     DEFAULT_REGISTRY,
     FiredLog,

@@ -9,8 +9,8 @@ from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, statically_known_true
 
-from exporters.workarounds.torch_internals.replacement_bounds import _patch_replacement_bounds_overflow_skipped
 from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_patches, register_patch
+from exporters.workarounds.torch_internals.replacement_bounds import _patch_replacement_bounds_overflow_skipped
 
 PATH = "torch.fx.experimental.symbolic_shapes.ShapeEnv._set_replacement"
 

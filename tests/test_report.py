@@ -14,8 +14,7 @@ import pytest
 
 from sweeps.report import main
 from sweeps.report.diff import compare, to_markdown
-from sweeps.report.load import (Result, load_any, load_junit, load_reportlog, merge,
-                                normalize_error, parse_test_id)
+from sweeps.report.load import Result, load_any, load_junit, load_reportlog, merge, normalize_error, parse_test_id
 from sweeps.report.render import Report
 from sweeps.report.summary import cell_text, failure_signatures, summary_rows, workaround_rows
 
@@ -484,7 +483,8 @@ def test_peer_section_in_the_report(logs, tmp_path):
 def test_peer_file_that_is_not_a_comparison_is_refused(logs, tmp_path):
     bad = tmp_path / "results.json"
     bad.write_text(json.dumps({"results": []}))
-    with pytest.raises(SystemExit, match=r"--peer .*results.json: no 'tables' object; pass the file written by benchmarks/peer_compare.py --json"):
+    with pytest.raises(SystemExit, match=r"--peer .*results.json: no 'tables' object; "
+                                         r"pass the file written by benchmarks/peer_compare.py --json"):
         main(["merge", str(logs["log"]), "--out", str(tmp_path / "o"), "--peer", str(bad)])
     with pytest.raises(SystemExit, match=r"--peer .*missing.json: cannot read it as JSON"):
         main(["merge", str(logs["log"]), "--out", str(tmp_path / "o"), "--peer", str(tmp_path / "missing.json")])

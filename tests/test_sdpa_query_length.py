@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from exporters import DynamoExporter
-from exporters.workarounds.models.sdpa_attention import _patch_sdpa_lookup_sees_the_patch
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.models.sdpa_attention import _patch_sdpa_lookup_sees_the_patch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 NAME = "patch:dynamo:transformers.integrations.sdpa_attention.sdpa_attention_forward"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from exporters.workarounds.models.packed_attention import SEGMENTED_ATTENTION_PATHS, _patch_segmented_attention, segment_ids
 from exporters.utils import DEFAULT_REGISTRY, Registry, apply_patches, register_patch
+from exporters.workarounds.models.packed_attention import SEGMENTED_ATTENTION_PATHS, _patch_segmented_attention, segment_ids
 
 GLM4V = "transformers.models.glm4v.modeling_glm4v.Glm4vVisionAttention.forward"
 OMNI_AUDIO = "transformers.models.qwen2_5_omni.modeling_qwen2_5_omni.Qwen2_5OmniAudioAttention.forward"

@@ -14,8 +14,8 @@ import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from exporters.workarounds.torch_internals.shape_arithmetic import _patch_shape_simplify_by_expansion
 from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_patches, register_patch
+from exporters.workarounds.torch_internals.shape_arithmetic import _patch_shape_simplify_by_expansion
 
 NAME = "patch:dynamo:sympy.simplify"
 s, x, y = sympy.symbols("s x y", integer=True, positive=True)

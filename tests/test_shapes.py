@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sweeps.shapes import (ShapeMismatch, check_dynamic_shapes, format_sizes, parse_sizes, resize_inputs,
-                           size_groups)
+from sweeps.shapes import ShapeMismatch, check_dynamic_shapes, format_sizes, parse_sizes, resize_inputs, size_groups
 
 
 class FakeArtifact:

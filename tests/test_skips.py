@@ -11,9 +11,19 @@ import textwrap
 
 import pytest
 
-from skips import (EXPORT_SKIPS, ONNX_DISABLE_OPTIMIZE, ExportSkip, OnnxDisableOptimize,
-                   SkipListError, find_export_skip, find_onnx_disable_optimize,
-                   installed_names, marker_reason, validate_lists, xfail_marker)
+from skips import (
+    EXPORT_SKIPS,
+    ONNX_DISABLE_OPTIMIZE,
+    ExportSkip,
+    OnnxDisableOptimize,
+    SkipListError,
+    find_export_skip,
+    find_onnx_disable_optimize,
+    installed_names,
+    marker_reason,
+    validate_lists,
+    xfail_marker,
+)
 
 CLASSES = {"NllbMoeForConditionalGeneration", "NllbMoeModel", "LlamaForCausalLM",
            "LlamaModel", "BertModel", "DetrForObjectDetection"}
@@ -47,7 +57,7 @@ def test_reason_is_required_and_keyword_only():
     with pytest.raises(TypeError):
         ExportSkip(classes=("BertModel",))
     with pytest.raises(TypeError):
-        ExportSkip(("BertModel",), REASON)  # noqa: positional
+        ExportSkip(("BertModel",), REASON)  # positional arguments are refused on purpose
     with pytest.raises(TypeError):
         OnnxDisableOptimize(classes=("BertModel",), reason=REASON)  # upstream required
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from exporters import DynamoConfig, DynamoExporter
-from exporters.workarounds.models.slanet import _patch_structure_decode_fixed_steps, steps_eager_runs
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.models.slanet import _patch_structure_decode_fixed_steps, steps_eager_runs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 END = 6

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from exporters import DynamoExporter
-from exporters.workarounds.models.udop import combined
 from exporters.utils import DEFAULT_REGISTRY
+from exporters.workarounds.models.udop import combined
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 NAME = "patch:dynamo:transformers.models.udop.modeling_udop.combine_image_text_embeddings"

@@ -15,8 +15,8 @@ from torch.utils._sympy.functions import FloorDiv, Mod
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from exporters.tracing import SHAPE_ARITHMETIC_PATHS
-from exporters.workarounds.torch_internals.value_range_memo import _patch_value_ranges_once_per_subexpression
 from exporters.utils import DEFAULT_REGISTRY, FiredLog, Registry, apply_patches, register_patch
+from exporters.workarounds.torch_internals.value_range_memo import _patch_value_ranges_once_per_subexpression
 
 PATH = "torch.utils._sympy.value_ranges.sympy_interp"
 NAME = f"patch:dynamo:{PATH}"

@@ -1,5 +1,6 @@
 """Catalog and name resolution of the tiny-model zoo (no model is built here)."""
 
+import dataclasses
 import time
 
 import pytest
@@ -41,7 +42,7 @@ def test_catalog_is_cheap_and_cached():
 
 def test_catalog_entry_is_frozen():
     e = catalog()[0]
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         e.class_name = "x"
 
 
