@@ -121,7 +121,8 @@ def test_untestable_table_matches_the_classes():
 def test_documented_shapes_resolve_config_fields_lengths_and_arithmetic():
     from types import SimpleNamespace
 
-    from sweeps.zoo.inputs import B, S, _eval_dim
+    from sweeps.zoo.documented import _eval_dim
+    from sweeps.zoo.inputs import B, S
 
     cfg = SimpleNamespace(hidden_size=32, state_dim=17, block_size=16, target_layer_ids=[1, 2, 3], image_size=24)
     assert _eval_dim("batch_size", cfg, S) == B
@@ -153,7 +154,7 @@ def test_required_latents_come_from_the_docstring():
 def test_override_tensor_recipes():
     from types import SimpleNamespace
 
-    from sweeps.zoo.inputs import tensor_from_recipe
+    from sweeps.zoo.documented import tensor_from_recipe
 
     cfg = SimpleNamespace(d_model=12, sub=SimpleNamespace(hidden_size=6), codebooks=2)
     gen = torch.Generator().manual_seed(0)

@@ -42,6 +42,7 @@ def _child(entry, seed, conn):
         torch.set_num_threads(1)
         _quiet()
         import transformers
+
         from sweeps.zoo.build import BlockedByPackage, NoTensorForward, build_tiny
 
         rec = {"class_name": entry.class_name, "model_type": entry.model_type}

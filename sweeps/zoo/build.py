@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .catalog import CatalogEntry, UnknownModelError, resolve_models
-from .inputs import MissingInputRecipe, make_inputs, special_token_ids, text_vocab, token_ids
+from .inputs import make_inputs
 from .overrides import get_override
 from .shrink import shrink_config_dict
 
@@ -174,7 +174,8 @@ def _resolve_entry(entry) -> CatalogEntry:
     )
 
 
-_BLOCK_RE = re.compile(r"requires the (\w+) library|No module named '(timm|natten|detectron2|torchvision|torchaudio|pytesseract|decord|av|librosa|soundfile)'|"
+_BLOCK_RE = re.compile(r"requires the (\w+) library|"
+                       r"No module named '(timm|natten|detectron2|torchvision|torchaudio|pytesseract|decord|av|librosa|soundfile)'|"
                        r"(\w+) library but it was not found", re.I)
 
 
@@ -242,7 +243,6 @@ def _place_tokens(inputs, config, modality: str, n_total: int, seed: int) -> dic
     if tok is None or n_total % b:
         return inputs
     per = n_total // b
-    gen = torch.Generator().manual_seed(seed + 7)
     existing = {t: (ids == t).sum(-1) for t in [tok]}
     if int(existing[tok][0]) == per:
         return inputs
@@ -358,7 +358,7 @@ def _run_probing(model, config, inputs, seed):
 def _run_first_layout(model, config, inputs, seed):
     """Run the generic inputs; if the forward raises, try the layout alternatives in order
     (placeholders recounted for each) and keep the first that runs.  Re-raises the first error."""
-    from .inputs import ALTERNATIVES
+    from .alternatives import ALTERNATIVES
 
     try:
         return _run_probing(model, config, inputs, seed)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from .blocked import blocked_reason
 

@@ -9,13 +9,11 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from typing import Any
 
 import torch
 
-B = 2
-S = 7
-T_DEC = 5
+from ._inputs_common import T_DEC, B, S, _as_hw, _sub, token_ids, vision_config
+from .documented import _dotted, documented_input, tensor_from_recipe
 
 _ID_KEY = re.compile(r"(_token_id|_token_index|_token_ids|_id)$")
 
@@ -26,7 +24,7 @@ _NEVER = {
     "encoder_outputs", "cache_position", "position_ids", "decoder_position_ids", "return_loss", "kwargs",
     "logits_to_keep", "num_logits_to_keep", "interpolate_pos_encoding", "mc_labels", "start_positions",
     "end_positions", "next_sentence_label", "sentence_order_label", "bool_masked_pos", "noise",
-    "mask_time_indices", "sampled_negative_indices", "output_router_logits", "past_values_mask", "return_loss",
+    "mask_time_indices", "sampled_negative_indices", "output_router_logits", "past_values_mask",
 }
 
 
@@ -59,43 +57,6 @@ def text_vocab(config) -> int:
             if sub is not None and getattr(sub, "vocab_size", None):
                 return sub.vocab_size
     return int(v) if v else 100
-
-
-def token_ids(gen: torch.Generator, shape, vocab: int, avoid: set[int]) -> torch.Tensor:
-    """Ids in [3, vocab) avoiding special ids (pad/bos/eos/image placeholders...)."""
-    allowed = [i for i in range(min(3, vocab - 1), vocab) if i not in avoid]
-    if not allowed:
-        allowed = list(range(vocab))
-    table = torch.tensor(allowed, dtype=torch.long)
-    idx = torch.randint(0, len(allowed), shape, generator=gen)
-    return table[idx]
-
-
-def _sub(config, *names):
-    for n in names:
-        sub = getattr(config, n, None)
-        if sub is not None and not isinstance(sub, (int, float, str, bool, list, dict)):
-            return sub
-    return config
-
-
-def vision_config(config):
-    vlm = _sub(config, "vlm_config")  # wrappers around a whole VLM (ColQwen2, PI0): its vision tower
-    if vlm is not config:
-        config = vlm
-    return _sub(config, "vision_config", "image_config", "vision_tower_config", "backbone_config", "encoder")
-
-
-def _as_hw(v, default=32):
-    if v is None:
-        return default, default
-    if isinstance(v, (list, tuple)):
-        if len(v) == 1:
-            return int(v[0]), int(v[0])
-        return int(v[-2]), int(v[-1])
-    if isinstance(v, dict):
-        return int(v.get("height", v.get("shortest_edge", default))), int(v.get("width", v.get("shortest_edge", default)))
-    return int(v), int(v)
 
 
 def num_frames(config) -> int | None:
@@ -132,7 +93,14 @@ def input_features(gen, config) -> torch.Tensor:
         nw = getattr(ac, "n_window", None)
         frames = 2 * msp if msp else (2 * nw if isinstance(nw, int) and nw > 0 else 64)
         return torch.randn((B, mel, frames), generator=gen)  # (B, mel, T); see ALTERNATIVES for (B, T, mel)
-    feat = getattr(ac, "feature_projection_input_dim", None) or getattr(ac, "input_dim", None) or getattr(ac, "feature_size", None) or getattr(ac, "input_feat_per_channel", None) or getattr(ac, "input_feat_size", None) or 16
+    feat = (
+        getattr(ac, "feature_projection_input_dim", None)
+        or getattr(ac, "input_dim", None)
+        or getattr(ac, "feature_size", None)
+        or getattr(ac, "input_feat_per_channel", None)
+        or getattr(ac, "input_feat_size", None)
+        or 16
+    )
     chans = getattr(ac, "input_channels", 1) or 1
     return torch.randn((B, 64, feat * chans), generator=gen)
 
@@ -184,8 +152,7 @@ def time_series_inputs(gen, config, has) -> dict:
         ncat = getattr(config, "num_static_categorical_features", 0) or 0
         if has("static_categorical_features") and ncat:
             card = getattr(config, "cardinality", [2] * ncat)
-            out["static_categorical_features"] = torch.stack(
-                [torch.randint(0, max(int(c), 1), (B,), generator=gen) for c in card], dim=1)
+            out["static_categorical_features"] = torch.stack([torch.randint(0, max(int(c), 1), (B,), generator=gen) for c in card], dim=1)
         nreal = getattr(config, "num_static_real_features", 0) or 0
         if has("static_real_features") and nreal:
             out["static_real_features"] = torch.randn((B, nreal), generator=gen)
@@ -265,8 +232,12 @@ def crop_pooled_pixels(x: torch.Tensor, p: int, pool=POOL_HW) -> dict:
         pooled.append(_pooling_windows(crop * n, gh, gw, *pool))
     rows, cols = -(-gh // pool[0]), -(-gw // pool[1])
     grids = torch.tensor([[rows, cols, rows, cols]] * b, dtype=torch.long)
-    return {"pixel_values": patches, "image_token_pooling": torch.cat(pooled), "image_grids": grids,
-            "image_num_crops": torch.full((b,), 2, dtype=torch.long)}
+    return {
+        "pixel_values": patches,
+        "image_token_pooling": torch.cat(pooled),
+        "image_grids": grids,
+        "image_num_crops": torch.full((b,), 2, dtype=torch.long),
+    }
 
 
 def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[str, torch.Tensor]:
@@ -279,8 +250,11 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
     seq = spec.get("seq_len", S)
     out: dict[str, torch.Tensor] = {}
     # a modality whose sub-config is None has no tower: do not feed it
-    absent = {mod for mod, key in (("image", "vision_config"), ("audio", "audio_config"))
-              if key in getattr(config, "sub_configs", {}) and getattr(config, key, None) is None}
+    absent = {
+        mod
+        for mod, key in (("image", "vision_config"), ("audio", "audio_config"))
+        if key in getattr(config, "sub_configs", {}) and getattr(config, key, None) is None
+    }
 
     def has(name):
         if name in params and _is_required(params[name]):
@@ -290,6 +264,7 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         if name in ("input_features", "input_values") and "audio" in absent:
             return False
         return name in params
+
     if has("input_ids"):
         out["input_ids"] = token_ids(gen, (B, seq), vocab, avoid)
         if has("attention_mask"):
@@ -299,8 +274,7 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         if has("token_type_ids"):
             tvs = getattr(config, "type_vocab_sizes", None)
             if isinstance(tvs, (list, tuple)) and tvs:  # TAPAS: one id per table-structure channel
-                out["token_type_ids"] = torch.stack(
-                    [torch.randint(0, max(int(t), 1), (B, seq), generator=gen) for t in tvs], dim=-1)
+                out["token_type_ids"] = torch.stack([torch.randint(0, max(int(t), 1), (B, seq), generator=gen) for t in tvs], dim=-1)
             else:
                 tv = getattr(config, "type_vocab_size", None) or 2
                 out["token_type_ids"] = torch.randint(0, max(int(tv), 1), (B, seq), generator=gen)
@@ -340,8 +314,11 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         if has("visual_pos"):
             xy = torch.rand((B, nb, 2), generator=gen) * 0.5
             out["visual_pos"] = torch.cat([xy, xy + 0.25], dim=-1)
-    if has("pixel_values_videos") and not has("video_grid_thw") and (
-            _is_required(params["pixel_values_videos"]) or not has("pixel_values")):
+    if (
+        has("pixel_values_videos")
+        and not has("video_grid_thw")
+        and (_is_required(params["pixel_values_videos"]) or not has("pixel_values"))
+    ):
         out["pixel_values_videos"] = pixel_values(gen, config, num_frames(config) or 4)
     for mk in ("merge_sizes", "image_merge_sizes"):
         grid = out.get("image_grid_thw", out.get("grid_thw"))
@@ -355,8 +332,11 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         out["grid_thw" if has("grid_thw") else "image_grid_thw"] = grid
     elif has("pixel_values") and has("grid_thw") and "grid_thw" not in out:
         out["pixel_values"], out["grid_thw"] = patch_grid_pixels(gen, config)
-    if has("input_features") and has("input_values") and not (
-            _is_required(params["input_features"]) or _is_required(params["input_values"])):
+    if (
+        has("input_features")
+        and has("input_values")
+        and not (_is_required(params["input_features"]) or _is_required(params["input_values"]))
+    ):
         # speech encoder-decoders accept both; the encoder decides (conv feature extractor -> waveform)
         enc = getattr(config, "encoder", None) or config
         if getattr(enc, "conv_dim", None):
@@ -373,8 +353,12 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
                 break
     if has("input_values"):
         out["input_values"] = input_values(gen, config)
-        if has("attention_mask") and "attention_mask" not in out and out["input_values"].dim() == 2 and \
-                getattr(config, "feat_extract_norm", "layer") == "layer":
+        if (
+            has("attention_mask")
+            and "attention_mask" not in out
+            and out["input_values"].dim() == 2
+            and getattr(config, "feat_extract_norm", "layer") == "layer"
+        ):
             out["attention_mask"] = torch.ones(out["input_values"].shape, dtype=torch.long)
     seqcls_encdec = type(model).__name__.endswith("ForSequenceClassification") and getattr(config, "is_encoder_decoder", False)
     if seqcls_encdec and "input_ids" in out and isinstance(getattr(config, "eos_token_id", None), int):
@@ -383,8 +367,12 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         out["input_ids"][:, -1] = config.eos_token_id
     if seqcls_encdec and has("decoder_input_ids") and "input_ids" in out:
         out["decoder_input_ids"] = out["input_ids"].clone()
-    if has("decoder_input_ids") and not seqcls_encdec and "decoder_input_ids" not in out and (
-            getattr(config, "is_encoder_decoder", False) or "input_ids" in out or _is_required(params["decoder_input_ids"])):
+    if (
+        has("decoder_input_ids")
+        and not seqcls_encdec
+        and "decoder_input_ids" not in out
+        and (getattr(config, "is_encoder_decoder", False) or "input_ids" in out or _is_required(params["decoder_input_ids"]))
+    ):
         out["decoder_input_ids"] = token_ids(gen, (B, T_DEC), vocab, avoid)
     if has("aspect_ratio_ids") and "pixel_values" in out and out["pixel_values"].dim() == 4:
         # Mllama: (B, num_images, num_tiles, C, H, W) with one aspect-ratio id per image
@@ -407,7 +395,7 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         slots = token_ids(gen, (B, n), vocab, avoid)
         out["input_ids"] = torch.cat([ids[:, :1], slots, ids[:, 1:]], dim=1)
         mask = torch.zeros_like(out["input_ids"], dtype=torch.bool)
-        mask[:, 1:1 + n] = True
+        mask[:, 1 : 1 + n] = True
         out["image_embeds_position_mask"] = mask
         if "attention_mask" in out:
             out["attention_mask"] = torch.ones_like(out["input_ids"])
@@ -509,8 +497,10 @@ def make_inputs(model, config, seed: int = 0, spec: dict | None = None) -> dict[
         if name in out or name in _NEVER or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
             continue
         if p.default is inspect.Parameter.empty:
-            raise MissingInputRecipe(f"{type(model).__name__}.forward requires `{name}` and the zoo has no generic rule for it; "
-                                     f"add an input recipe for model type {getattr(config, 'model_type', '?')!r} in sweeps/zoo/overrides/")
+            raise MissingInputRecipe(
+                f"{type(model).__name__}.forward requires `{name}` and the zoo has no generic rule for it; "
+                f"add an input recipe for model type {getattr(config, 'model_type', '?')!r} in sweeps/zoo/overrides/"
+            )
     nb = spec.get("batch_size")
     if nb is not None and nb != B:
         return first_samples(out, nb)
@@ -530,341 +520,3 @@ def first_samples(inputs: dict, n: int) -> dict:
 
 class MissingInputRecipe(TypeError):
     pass
-
-
-# ---- shapes documented in the forward's docstring -------------------------------------------
-_DOC_ARG = r"^\s*{name} \(`torch\.(\w+)`\s+of shape\s+`[\[(](.*?)[\])]`"
-_LEN_NAME = re.compile(r"len|frames|tokens|steps|positions|number_of|^num_|time", re.I)
-_WIDTH_ALIASES = {"dim": "hidden_size", "embed_dim": "hidden_size", "d_model": "hidden_size", "hidden_dim": "hidden_size"}
-
-
-def _config_int(config, name):
-    for src in (config, getattr(config, "text_config", None)):
-        v = getattr(src, name, None) if src is not None else None
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return None
-
-
-def _eval_dim(expr: str, config, seq: int) -> int | None:
-    """One documented dimension: an int, ``batch_size``, a config field (``config.x`` or ``x``),
-    a length-like name (the sequence length) or simple arithmetic of those (``dim * len(config.ids)``)."""
-    import ast
-
-    def ev(node):
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "config":
-            v = getattr(config, node.attr, None)
-            if isinstance(v, (list, tuple)):
-                return list(v)
-            if isinstance(v, int) and not isinstance(v, bool):
-                return v
-            raise ValueError(node.attr)
-        if isinstance(node, ast.Name):
-            n = node.id
-            if n == "batch_size":
-                return B
-            v = _config_int(config, n)
-            if v is None and n in _WIDTH_ALIASES:
-                v = _config_int(config, _WIDTH_ALIASES[n])
-            if v is not None:
-                return v
-            if n in ("height", "width"):  # image planes: the (tiny) image size the pixel recipes use
-                h, w = _as_hw(getattr(vision_config(config), "image_size", None) or getattr(config, "image_size", None))
-                return h if n == "height" else w
-            if _LEN_NAME.search(n) or n in ("sequence_length", "seq_len", "length"):
-                return seq
-            raise ValueError(n)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len" and len(node.args) == 1:
-            v = ev(node.args[0])
-            if isinstance(v, list):
-                return len(v)
-            raise ValueError("len")
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
-            a, b = ev(node.left), ev(node.right)
-            if not (isinstance(a, int) and isinstance(b, int)):
-                raise ValueError("operand")
-            return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b, ast.FloorDiv: a // max(b, 1)}[type(node.op)]
-        raise ValueError(ast.dump(node))
-
-    try:
-        v = ev(ast.parse(expr.strip(), mode="eval").body)
-    except (SyntaxError, ValueError):
-        return None
-    return v if isinstance(v, int) and v > 0 else None
-
-
-def documented_shape(model, name: str, config, seq: int = S):
-    """(torch type name, shape) of a forward argument as its docstring documents it, or None."""
-    doc = getattr(type(model).forward, "__doc__", None) or ""
-    m = re.search(_DOC_ARG.format(name=re.escape(name)), doc, re.M)
-    if not m:
-        return None
-    dims = [_eval_dim(d, config, seq) for d in _split_dims(m.group(2))]
-    if not dims or any(d is None for d in dims):
-        return None
-    return m.group(1), tuple(dims)
-
-
-def _split_dims(text: str) -> list[str]:
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        parts.append(cur)
-    return [p for p in parts if p.strip()]
-
-
-def documented_input(gen, config, model, name: str, vocab: int, avoid: set[int]):
-    """A tensor of the documented shape: masks all ones, ids in the vocab, other integer tensors
-    small indices (< S), float tensors standard normal."""
-    found = documented_shape(model, name, config)
-    if found is None:
-        return None
-    kind, shape = found
-    if "mask" in name:
-        return torch.ones(shape, dtype=torch.bool if kind == "BoolTensor" else torch.long)
-    if kind in ("LongTensor", "IntTensor"):
-        if name.endswith("ids"):
-            return token_ids(gen, shape, vocab, avoid)
-        return torch.randint(0, S, shape, generator=gen)
-    if kind == "BoolTensor":
-        return torch.ones(shape, dtype=torch.bool)
-    return torch.randn(shape, generator=gen)
-
-
-# ---- explicit tensors from override data ------------------------------------------------------
-def _resolve_dim(d, config, out):
-    """A dim in override data: an int, "B"/"S"/"T", "<input>.<axis>" (a dim of an input built
-    above, e.g. "pixel_values.2"), or a config expression as in docstrings ("vision_config.hidden_size * 2")."""
-    if isinstance(d, int):
-        return d
-    if d in ("B", "S", "T"):
-        return {"B": B, "S": S, "T": T_DEC}[d]
-    m = re.fullmatch(r"(\w+)\.(-?\d+)", d)
-    if m and m.group(1) in out:
-        return int(out[m.group(1)].shape[int(m.group(2))])
-    expr = re.sub(r"\b([a-z_]\w*(?:\.\w+)+)", lambda mm: str(_dotted(config, mm.group(1))), d)
-    expr = re.sub(r"\b([BST])\b", lambda mm: str({"B": B, "S": S, "T": T_DEC}[mm.group(1)]), expr)
-    v = _eval_dim(expr, config, S)
-    if v is None:
-        raise ValueError(f"override tensor dim {d!r} does not resolve on {type(config).__name__}")
-    return v
-
-
-def _dotted(config, path):
-    cur = config
-    for k in path.split("."):
-        cur = getattr(cur, k)
-    return len(cur) if isinstance(cur, (list, tuple)) else cur
-
-
-def tensor_from_recipe(gen, config, recipe: dict, out: dict, vocab: int, avoid: set[int]) -> torch.Tensor:
-    """{"shape": [dims], "kind": "float" | "rand" | "ids" | "ones" | "zeros" | "int" | "like", "high": dim,
-    "dtype": "long" | "bool" | "float", "of": input name (for "like": same shape, fresh values)}."""
-    kind = recipe.get("kind", "float")
-    if kind == "like":
-        shape = tuple(out[recipe["of"]].shape)
-    else:
-        shape = tuple(_resolve_dim(d, config, out) for d in recipe["shape"])
-    dtype = {"long": torch.long, "bool": torch.bool, "float": torch.float32}[recipe.get("dtype", "long" if kind in ("ids", "int") else "float")]
-    if kind in ("float", "like"):
-        t = torch.randn(shape, generator=gen)
-    elif kind == "rand":  # uniform [0, 1): flow-matching times, probabilities
-        t = torch.rand(shape, generator=gen)
-    elif kind == "ids":
-        t = token_ids(gen, shape, vocab, avoid)
-    elif kind == "int":
-        t = torch.randint(int(_resolve_dim(recipe.get("low", 0), config, out)),
-                          int(_resolve_dim(recipe["high"], config, out)), shape, generator=gen)
-    elif kind == "ones":
-        t = torch.ones(shape)
-    elif kind == "zeros":
-        t = torch.zeros(shape)
-    else:
-        raise ValueError(f"unknown override tensor kind {kind!r}")
-    return t.to(dtype)
-
-
-# Layout alternatives: the config cannot say whether audio features are (B, mel, T) or
-# (B, T, mel), or whether images come as (B, C, H, W) or (B, num_images, C, H, W).  When the
-# first forward fails, build_tiny tries these in order and keeps the first that runs.
-def _transpose_features(inputs, config, model):
-    x = inputs.get("input_features")
-    if x is None or x.dim() != 3:
-        return None
-    out = dict(inputs)
-    out["input_features"] = x.transpose(1, 2).contiguous()
-    for mk in ("feature_attention_mask", "input_features_mask", "audio_attention_mask"):
-        if mk in out:
-            out[mk] = torch.ones(out["input_features"].shape[:2], dtype=torch.long)
-    return out
-
-
-def _features_4d(inputs, config, model):
-    """Spectrogram as a one-channel image (B, 1, T, mel) (CLAP's HTSAT tower)."""
-    x = inputs.get("input_features")
-    if x is None or x.dim() != 3:
-        return None
-    out = dict(inputs)
-    out["input_features"] = x.transpose(1, 2).unsqueeze(1).contiguous()
-    return out
-
-
-def _images_5d(inputs, config, model):
-    x = inputs.get("pixel_values")
-    if x is None or x.dim() != 4:
-        return None
-    out = dict(inputs)
-    out["pixel_values"] = x.unsqueeze(1)
-    return out
-
-
-def _waveform_3d(inputs, config, model):
-    x = inputs.get("input_values")
-    if x is None or x.dim() != 2:
-        return None
-    out = dict(inputs)
-    out["input_values"] = x.unsqueeze(1)
-    out.pop("attention_mask", None) if out.get("attention_mask") is not None and out["attention_mask"].shape == x.shape else None
-    return out
-
-
-def _images_as_patches(inputs, config, model):
-    x = inputs.get("pixel_values")
-    p = _patch(config)
-    if x is None or x.dim() != 4 or not p:
-        return None
-    out = dict(inputs)
-    out["pixel_values"], _ = patchify(x, p)
-    return out
-
-
-def _with_image_sizes(inputs, config, model):
-    x = inputs.get("pixel_values")
-    if x is None or "image_sizes" in inputs or x.dim() != 4 or "image_sizes" not in inspect.signature(model.forward).parameters:
-        return None
-    out = dict(inputs)
-    out["image_sizes"] = torch.tensor([list(x.shape[-2:])] * x.shape[0])
-    return out
-
-
-def _patches_as_images(inputs, config, model):
-    x = inputs.get("pixel_values")
-    if x is None or x.dim() != 2 or not ("image_grid_thw" in inputs or "grid_thw" in inputs):
-        return None
-    p = _patch(config)
-    c = x.shape[1] // (p * p)
-    if c * p * p != x.shape[1]:
-        return None
-    out = dict(inputs)
-    out["pixel_values"] = x.reshape(x.shape[0], c, p, p)
-    return out
-
-
-def _packed_patches_with_hw_grid(inputs, config, model):
-    """All images' patches concatenated (sum(h*w), C*p*p) with a (num_images, 2) patch grid (image_grid_hw:
-    RADIO towers in Nemotron-H Omni), for forwards that take the grid as optional."""
-    x = inputs.get("pixel_values")
-    if x is None or x.dim() != 4 or "image_grid_hw" in inputs or \
-            "image_grid_hw" not in inspect.signature(model.forward).parameters:
-        return None
-    out = dict(inputs)
-    patches, out["image_grid_hw"] = patchify(x, _patch(config))
-    out["pixel_values"] = patches.reshape(-1, patches.shape[-1])
-    return out
-
-
-def _patches_per_image(inputs, config, model):
-    """Flattened patches padded per image, (num_images, max_patches, D) (ColQwen2's processor)."""
-    x, grid = inputs.get("pixel_values"), inputs.get("image_grid_thw")
-    if x is None or grid is None or x.dim() != 2 or x.shape[0] % grid.shape[0]:
-        return None
-    out = dict(inputs)
-    out["pixel_values"] = x.reshape(grid.shape[0], x.shape[0] // grid.shape[0], x.shape[1])
-    return out
-
-
-def _packed_patches(inputs, config, model):
-    """MiniCPM-V style: all images' patches packed side by side in one (1, C, p, N*p) strip,
-    with target_sizes giving each image's patch grid."""
-    x = inputs.get("pixel_values")
-    if x is None or x.dim() != 4 or "target_sizes" not in inputs:
-        return None
-    p = _patch(config)
-    b, c, h, w = x.shape
-    gh, gw = h // p, w // p
-    patches = x[:, :, : gh * p, : gw * p].reshape(b, c, gh, p, gw, p).permute(1, 3, 0, 2, 4, 5)  # c, p, b, gh, gw, p
-    out = dict(inputs)
-    out["pixel_values"] = patches.reshape(1, c, p, b * gh * gw * p).contiguous()
-    return out
-
-
-def _with_pixel_mask(inputs, config, model, five_d=False):
-    x = inputs.get("pixel_values")
-    if x is None or x.dim() != 4 or "pixel_attention_mask" in inputs or \
-            "pixel_attention_mask" not in inspect.signature(model.forward).parameters:
-        return None
-    out = dict(inputs)
-    if five_d:
-        x = out["pixel_values"] = x.unsqueeze(1)
-    out["pixel_attention_mask"] = torch.ones((*x.shape[:-3], *x.shape[-2:]), dtype=torch.bool)
-    return out
-
-
-def _with_tile_mask(inputs, config, model):
-    """Tiled images (B, tiles, C, H, W) with a per-tile validity mask (B, tiles) (Granite-Docling)."""
-    x = inputs.get("pixel_values")
-    if x is None or x.dim() != 4 or "pixel_attention_mask" in inputs or \
-            "pixel_attention_mask" not in inspect.signature(model.forward).parameters:
-        return None
-    out = dict(inputs)
-    out["pixel_values"] = x.unsqueeze(1)
-    out["pixel_attention_mask"] = torch.ones((x.shape[0], 1), dtype=torch.bool)
-    return out
-
-
-def _image_pairs(inputs, config, model):
-    x = inputs.get("pixel_values")
-    if x is None or x.dim() != 4:
-        return None
-    out = dict(inputs)
-    out["pixel_values"] = torch.stack([x, x.flip(-1)], dim=1)  # keypoint matching: (B, 2, C, H, W)
-    return out
-
-
-def _text_line_images(inputs, config, model):
-    x = inputs.get("pixel_values")
-    if x is None or x.dim() != 4:
-        return None
-    out = dict(inputs)  # OCR recognizers / deep CNNs: a 64x128 text-line image survives 32x downsampling
-    out["pixel_values"] = torch.nn.functional.interpolate(x, size=(64, 128), mode="bilinear", align_corners=False)
-    return out
-
-
-ALTERNATIVES = (
-    ("images with a pixel mask", _with_pixel_mask),
-    ("images (B, num_images, C, H, W) with a pixel mask", lambda i, c, m: _with_pixel_mask(i, c, m, five_d=True)),
-    ("images (B, tiles, C, H, W) with a per-tile mask (B, tiles)", _with_tile_mask),
-    ("patches packed in one strip (MiniCPM-V)", _packed_patches),
-    ("flattened patches as (N, C, p, p)", _patches_as_images),
-    ("flattened patches padded per image (num_images, max_patches, D)", _patches_per_image),
-    ("images with their sizes (image_sizes)", _with_image_sizes),
-    ("packed patches with a (num_images, 2) patch grid (image_grid_hw)", _packed_patches_with_hw_grid),
-    ("images as patch sequences (B, N, C*p*p)", _images_as_patches),
-    ("audio features (B, T, mel)", _transpose_features),
-    ("images (B, num_images, C, H, W)", _images_5d),
-    ("audio features as a one-channel image (B, 1, T, mel)", _features_4d),
-    ("waveform (B, channels, samples)", _waveform_3d),
-    ("image pairs (B, 2, C, H, W)", _image_pairs),
-    ("larger text-line images (64x128)", _text_line_images),
-)

@@ -19,7 +19,6 @@ Rules are keyed on field *names*; per-model fixes live in ``sweeps.zoo.overrides
 from __future__ import annotations
 
 import copy
-import math
 import re
 from typing import Any
 
@@ -55,7 +54,8 @@ _KEEP = {
 }
 
 _SUBCONFIG_HINT = re.compile(r"(^|_)(config|configs)$")
-_TOKEN_ID = re.compile(r"(_token_id|_token_index|_token_ids|^(?!.*(seed|layer|expert)).*_(bos|eos|pad|start|end|mask|sep|cls|unk|patch)_id|^im_(start|end|newline)_id|^codec_\w+_id|_stream_\w+_id)$")
+_TOKEN_ID = re.compile(r"(_token_id|_token_index|_token_ids|^(?!.*(seed|layer|expert)).*_(bos|eos|pad|start|end|mask|sep|cls|unk|patch)_id"
+                       r"|^im_(start|end|newline)_id|^codec_\w+_id|_stream_\w+_id)$")
 _LAYERS = re.compile(
     r"^((num|n)_)?(\w+_)?(hidden_)?layers$|^depth$|^(\w+_)?num_layers$|^n_layers?$|^num_hidden_layers$|"
     r"^(\w+_)?(encoder|decoder)_layers$|^num_(encoder|decoder|spatial|global)_layers$|^layers$"
@@ -177,7 +177,6 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             d[k] = need
     n_layers = d.get("num_hidden_layers", d.get("num_layers", d.get("n_layer", LAYERS)))
     n_orig = orig.get("num_hidden_layers", orig.get("num_layers", orig.get("n_layer")))
-    heads_orig = None
     for k, v in list(d.items()):
         kl = k.lower()
         if isinstance(v, dict) and v.get("model_type") == "timm_backbone" and str(v.get("backbone", "")).startswith("resnet"):
@@ -211,7 +210,6 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         elif _KV_HEADS.search(kl):
             pass  # after heads
         elif _HEADS.search(kl):
-            heads_orig = v
             d[k] = _shrink_heads(v)
         elif kl in ("qk_rope_head_dim", "rope_head_dim", "rotary_dim", "rotary_emb_dim", "index_rope_head_dim"):
             if v > HEAD_DIM // 2:
@@ -384,7 +382,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
                 d[hdk] = HEAD_DIM if inner % HEAD_DIM == 0 else 1
                 d[nh] = inner // d[hdk]
     # head-dim family sizes that were equal stay equal (e.g. head_dim == qk_rope_head_dim in MLA models)
-    hd_keys = [k for k in d if _is_int(d.get(k)) and _is_int(orig.get(k)) and (_HEAD_DIM.search(k.lower()) or "rope_head_dim" in k or k == "rotary_dim")]
+    hd_keys = [k for k in d if _is_int(d.get(k)) and _is_int(orig.get(k))
+               and (_HEAD_DIM.search(k.lower()) or "rope_head_dim" in k or k == "rotary_dim")]
     for a in hd_keys:
         for b in hd_keys:
             if a < b and orig[a] == orig[b] and d[a] != d[b]:
@@ -392,12 +391,14 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
     # deepseek-style split head dims
     if _is_int(d.get("qk_nope_head_dim")) and _is_int(d.get("qk_rope_head_dim")):
         for hk in ("qk_head_dim", "head_dim"):
-            if _is_int(d.get(hk)) and (hk == "qk_head_dim" or orig.get(hk) == orig.get("qk_nope_head_dim", 0) + orig.get("qk_rope_head_dim", 0)):
+            if _is_int(d.get(hk)) and (
+                    hk == "qk_head_dim" or orig.get(hk) == orig.get("qk_nope_head_dim", 0) + orig.get("qk_rope_head_dim", 0)):
                 d[hk] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
     # --- per-layer lists ---------------------------------------------------------------
     if _is_int(n_orig) and _is_int(n_layers) and n_layers != n_orig:
         for k, v in list(d.items()):
-            if isinstance(v, list) and len(v) == n_orig and k not in ("eos_token_id", "depths", "hidden_sizes", "out_indices", "out_features", "stage_names"):
+            if isinstance(v, list) and len(v) == n_orig and k not in (
+                    "eos_token_id", "depths", "hidden_sizes", "out_indices", "out_features", "stage_names"):
                 d[k] = _pick_layer_items(v, n_layers)
     # --- backbones: out_indices must name existing stages; out_features is re-derived -------
     oi = orig.get("out_indices")
@@ -410,7 +411,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             d["out_features"] = None
             d["stage_names"] = ["stem"] + [f"stage{i}" for i in range(1, d[lk] + 1)]
             for k2, v2 in list(d.items()):  # per-layer lists follow the new count
-                if isinstance(v2, list) and isinstance(orig.get(k2), list) and len(orig[k2]) == orig[lk] and k2 not in ("out_indices", "stage_names"):
+                if (isinstance(v2, list) and isinstance(orig.get(k2), list) and len(orig[k2]) == orig[lk]
+                        and k2 not in ("out_indices", "stage_names")):
                     d[k2] = _pick_layer_items(orig[k2], d[lk])
     # --- list-valued stage descriptions (hierarchical vision backbones) ------------------
     for k, v in list(d.items()):
@@ -421,7 +423,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
             continue
         if not (isinstance(v, list) and v and all(_is_int(x) for x in v)):
             continue
-        if kl == "depths" or kl.endswith("_depths") or kl in ("blocks_per_stage", "stage_num_blocks", "num_block_repeats", "block_repeats", "stage_numb_of_layers"):
+        if kl == "depths" or kl.endswith("_depths") or kl in (
+                "blocks_per_stage", "stage_num_blocks", "num_block_repeats", "block_repeats", "stage_numb_of_layers"):
             d[k] = [min(x, 1) if x > 0 else x for x in v]
         elif kl in ("hidden_sizes", "embed_dims", "embed_dim_per_stage", "neck_hidden_sizes", "encoder_hidden_sizes",
                     "stage_out_channels", "stage_in_channels", "stage_mid_channels", "backbone_channel_list",
@@ -533,7 +536,8 @@ def _shrink_level(d: dict, tm: _TokenMap, depth: int) -> None:
         for k, v in list(d.items()):
             kl = k.lower()
             if isinstance(v, list) and v and all(_is_int(x) for x in v) and (
-                kl not in ("out_indices",) and (kl.endswith("_indexes") or kl.endswith("_indices")) or kl.endswith("_idxs") or kl.endswith("_layer_ids")
+                kl not in ("out_indices",) and (kl.endswith("_indexes") or kl.endswith("_indices"))
+                or kl.endswith("_idxs") or kl.endswith("_layer_ids")
                 or kl in ("global_attn_indexes", "fullatt_block_indexes", "deepstack_visual_indexes", "mlp_only_layers",
                           "moe_layers", "no_rope_layers", "cross_attention_layers", "full_attn_idxs", "kv_source_layers")
             ):

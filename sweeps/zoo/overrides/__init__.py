@@ -11,7 +11,7 @@ can add entries in parallel.  Each entry::
                                                   # batch_size (< B: the first samples, for a forward
                                                   # that only runs at a smaller batch; say why),
                                                   # drop [input names],
-                                                  # tensors {name: recipe} (inputs.tensor_from_recipe:
+                                                  # tensors {name: recipe} (documented.tensor_from_recipe:
                                                   # shape dims int / "B" / "S" / config expression),
                                                   # values {name: python value} (a non-tensor kwarg,
                                                   # e.g. sample=False; baked by the exporters)
