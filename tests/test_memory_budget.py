@@ -63,7 +63,9 @@ def test_a_program_too_large_to_load_names_its_plan_and_the_bound(monkeypatch):
     def no_memory(buffer):
         raise MemoryError("std::bad_alloc")
 
-    monkeypatch.setattr(et, "load_forward", no_memory)
+    import exporters.executorch.artifact as artifact
+
+    monkeypatch.setattr(artifact, "load_forward", no_memory)  # where ExecutorchArtifact looks it up
     with pytest.raises(ExportStageError, match=r"memory plan, 0\.0 GiB .*max_dim 64.*ExecutorchConfig.max_dim") as info:
         _export()
     assert info.value.stage == "run"
