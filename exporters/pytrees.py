@@ -4,9 +4,10 @@ outputs that holds tensors.
 
 from __future__ import annotations
 
-import base64
 import inspect
-import pickle
+import json
+import math
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -116,35 +117,221 @@ def _holds_tensors(obj: Any) -> bool:
     return False
 
 
+# The pytree contract: flattening what ``unflatten`` built from a spec gives that spec back, whatever
+# the leaves are. ``tree_map`` and ExecuTorch's emitter rebuild outputs with non-tensor leaves (ints,
+# specs); a value-driven flatten would turn those leaves into constants. An object built by
+# ``unflatten`` therefore remembers its context, and flattening it follows that context.
+_BUILT_FROM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class _Mismatch(Exception):
+    """The object no longer has the structure of the context it was built from."""
+
+
+def _leaves_along(obj: Any, ctx: Any, leaves: list, path: str = "") -> None:
+    kind = ctx[0]
+    if kind == "tensor":
+        leaves.append((path, obj))
+    elif kind in ("list", "tuple"):
+        if type(obj) is not (list if kind == "list" else tuple) or len(obj) != len(ctx[1]):
+            raise _Mismatch
+        for i, (v, c) in enumerate(zip(obj, ctx[1])):
+            _leaves_along(v, c, leaves, _join(path, str(i)))
+    elif kind == "dict":
+        if not isinstance(obj, dict) or list(obj) != [k for k, _ in ctx[1]]:
+            raise _Mismatch
+        for k, c in ctx[1]:
+            _leaves_along(obj[k], c, leaves, _join(path, str(k)))
+    elif kind == "object":
+        if type(obj) is not ctx[1]:
+            raise _Mismatch
+        _leaves_along(vars(obj), ("dict", ctx[2]), leaves, path)
+    elif isinstance(obj, torch.Tensor) or obj != ctx[1].value:
+        raise _Mismatch
+
+
+def _flatten_object(obj: Any) -> tuple[list, Any]:
+    built = _BUILT_FROM.get(obj) if type(obj).__weakrefoffset__ else None
+    if built is not None:
+        leaves: list = []
+        try:
+            _leaves_along(vars(obj), built, leaves)
+            return leaves, built
+        except _Mismatch:
+            pass
+    tensors: list = []
+    return tensors, _flatten_to_context(vars(obj), tensors)
+
+
 def _register(cls: type) -> None:
     if cls in _REGISTERED or cls in pytree.SUPPORTED_NODES:
         return
 
     def flatten(obj):
-        tensors: list = []
-        ctx = _flatten_to_context(vars(obj), tensors)
-        return [t for _, t in tensors], (cls, ctx)
+        leaves, ctx = _flatten_object(obj)
+        return [t for _, t in leaves], (cls, ctx)
 
     def flatten_with_keys(obj):
-        tensors: list = []
-        ctx = _flatten_to_context(vars(obj), tensors)
-        keys = [(pytree.GetAttrKey(_path_of(p)), t) for p, t in tensors]
+        leaves, ctx = _flatten_object(obj)
+        keys = [(pytree.GetAttrKey(_path_of(p)), t) for p, t in leaves]
         return keys, (cls, ctx)
 
     def unflatten(values, context):
         klass, ctx = context
         obj = klass.__new__(klass)
         obj.__dict__.update(_unflatten_from_context(ctx, iter(values)))
+        if klass.__weakrefoffset__:
+            _BUILT_FROM[obj] = ctx
         return obj
 
     pytree.register_pytree_node(
         cls, flatten, unflatten, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
         flatten_with_keys_fn=flatten_with_keys,
-        # .pt2 and .pte files store the output spec as JSON: the context travels pickled.
-        to_dumpable_context=lambda ctx: base64.b64encode(pickle.dumps(ctx)).decode("ascii"),
-        from_dumpable_context=lambda text: pickle.loads(base64.b64decode(text)),
+        # .pt2 and .pte files store the output spec as JSON, and the context with it: as JSON too, never
+        # pickled, so that loading a file someone else made runs no code (see context_to_json)
+        to_dumpable_context=context_to_json,
+        from_dumpable_context=context_from_json,
     )
     _REGISTERED.add(cls)
+
+
+# ── contexts as JSON (what .pt2 and .pte files store) ─────────────────────────
+# A context is rebuilt from plain JSON values. The one thing it names is a class: the class of the
+# registered node, of an object inside it (a cache layer), or a class-valued attribute
+# (``DynamicCache.layer_class_to_replicate``). Names are resolved against an allow-list of classes
+# already imported: the subclasses of transformers' Cache and CacheLayerMixin, and the classes
+# registered here. Nothing is imported by name and nothing is unpickled, so a tampered file can make
+# loading fail but cannot make it run code.
+
+CONTEXT_FORMAT = "exporters.pytree-context/1"
+
+
+class ContextError(ValueError):
+    """A pytree context that cannot be written as JSON, or a stored one that cannot be read back."""
+
+
+def context_to_json(context: Any) -> str:
+    cls, ctx = context
+    return json.dumps({"format": CONTEXT_FORMAT, "class": _class_name(cls), "tree": _encode_node(ctx, _class_name(cls))},
+                      allow_nan=False)
+
+
+def context_from_json(text: str) -> Any:
+    try:
+        doc = json.loads(text)
+    except (TypeError, ValueError):
+        raise ContextError(
+            "this file's output spec holds a pytree context that is not JSON (files saved before exporters "
+            "stored contexts as JSON held pickles there, which are never loaded): export the model again"
+        ) from None
+    if not isinstance(doc, dict) or doc.get("format") != CONTEXT_FORMAT:
+        raise ContextError(f"unknown pytree context format {doc.get('format') if isinstance(doc, dict) else doc!r}; "
+                           f"this version of exporters reads {CONTEXT_FORMAT!r}")
+    return _resolve_class(doc.get("class")), _decode_node(doc.get("tree"))
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _allowed_classes() -> dict[str, type]:
+    allowed: list[type] = list(_REGISTERED)
+    try:
+        from transformers import cache_utils
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        cache_utils = None
+    if cache_utils is not None:
+        for base in (cache_utils.Cache, getattr(cache_utils, "CacheLayerMixin", None)):
+            if base is not None:
+                allowed.extend(_subclasses(base))
+    return {_class_name(c): c for c in allowed}
+
+
+def _resolve_class(name: Any) -> type:
+    allowed = _allowed_classes()
+    if not isinstance(name, str) or name not in allowed:
+        raise ContextError(
+            f"pytree context names the class {name!r}, which is not one exporters rebuilds (subclasses of "
+            f"transformers' Cache and CacheLayerMixin, and classes registered by register_pytree_nodes); "
+            f"import the module that defines it and register it, or re-export"
+        )
+    return allowed[name]
+
+
+def _encode_node(ctx: Any, where: str) -> Any:
+    kind = ctx[0]
+    if kind == "tensor":
+        return {"node": "tensor"}
+    if kind in ("list", "tuple"):
+        return {"node": kind, "items": [_encode_node(c, where) for c in ctx[1]]}
+    if kind == "dict":
+        return {"node": "dict", "items": [[_encode_value(k, where), _encode_node(c, f"{where}.{k}")] for k, c in ctx[1]]}
+    if kind == "object":
+        return {"node": "object", "class": _class_name(ctx[1]),
+                "fields": [[k, _encode_node(c, f"{where}.{k}")] for k, c in ctx[2]]}
+    return {"node": "const", "value": _encode_value(ctx[1].value, where)}
+
+
+def _decode_node(node: Any) -> Any:
+    kind = node.get("node") if isinstance(node, dict) else None
+    if kind == "tensor":
+        return ("tensor",)
+    if kind in ("list", "tuple"):
+        return (kind, tuple(_decode_node(c) for c in node["items"]))
+    if kind == "dict":
+        return ("dict", tuple((_decode_value(k), _decode_node(c)) for k, c in node["items"]))
+    if kind == "object":
+        return ("object", _resolve_class(node["class"]), tuple((str(k), _decode_node(c)) for k, c in node["fields"]))
+    if kind == "const":
+        return ("const", _Const(_decode_value(node["value"])))
+    raise ContextError(f"unknown node in a stored pytree context: {node!r}")
+
+
+def _encode_value(value: Any, where: str) -> Any:
+    """A constant attribute as JSON: plain scalars as themselves, everything else tagged."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, type):
+        return {"class": _class_name(value)}
+    if isinstance(value, (list, tuple)):
+        return {type(value).__name__: [_encode_value(v, where) for v in value]}
+    if isinstance(value, dict):
+        return {"dict": [[_encode_value(k, where), _encode_value(v, where)] for k, v in value.items()]}
+    raise ContextError(
+        f"{where}: an attribute of type {type(value).__module__}.{type(value).__qualname__} ({value!r:.80}) cannot be "
+        f"stored in a saved program's output spec (contexts are JSON: None, bool, int, float, str, dtype, "
+        f"device, an allow-listed class, and lists, tuples and dicts of these); return it outside the model's "
+        f"outputs, or add its type to _encode_value"
+    )
+
+
+def _decode_value(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict) and len(value) == 1:
+        (tag, body), = value.items()
+        if tag == "float" and body in ("inf", "-inf", "nan"):
+            return float(body)
+        if tag == "dtype" and isinstance(getattr(torch, str(body), None), torch.dtype):
+            return getattr(torch, body)
+        if tag == "device":
+            return torch.device(str(body))
+        if tag == "class":
+            return _resolve_class(body)
+        if tag in ("list", "tuple") and isinstance(body, list):
+            items = [_decode_value(v) for v in body]
+            return items if tag == "list" else tuple(items)
+        if tag == "dict" and isinstance(body, list):
+            return {_decode_value(k): _decode_value(v) for k, v in body}
+    raise ContextError(f"unknown value in a stored pytree context: {value!r:.120}")
 
 
 def _path_of(path: str) -> str:
