@@ -49,6 +49,10 @@ class ExportConfig:
     dynamic_shapes: Any = None  # explicit torch.export dynamic_shapes; overrides `dynamic`
     strict: bool = False  # torch.export strict mode (TorchDynamo tracing)
     max_dim: int = 1024  # upper bound given to every dynamic dim (ExecuTorch must plan memory for it)
+    # dynamic dims take size 1 (a decode step's sequence, a batch of one) unless the model's own code
+    # branches on it: torch's backed_size_oblivious during export, every Dim.AUTO with min=1.
+    # False: torch's default 0/1 specialization, where every dynamic dim traced at >= 2 refuses 1.
+    accept_size_one: bool = True
     # tensor inputs whose values are baked into the artifact (layout metadata such as image_grid_thw,
     # image_sizes): None = every integer input named like exporters.specialize.SPECIALIZED_INPUTS,
     # () = none. The artifact refuses other values, naming the input.

@@ -84,15 +84,32 @@ def shape_arithmetic_patches(patches: list[PatchEntry]) -> list[PatchEntry]:
 # ── Stage 4: Dynamic shapes ──────────────────────────────────────────────────
 # With dynamic=True every tensor dim gets Dim.AUTO (torch keeps static what the model pins down),
 # bounded above by config.max_dim (or the traced size if larger). DynamoConfig.dynamic_shapes overrides.
+# Size 1: torch specializes a dim it sees at 0 or 1 and gives a dim traced at >= 2 the lower bound 2,
+# so a dynamic artifact would refuse a batch of one and a one-token decode step. With
+# config.accept_size_one (the default) every Dim.AUTO has min=1 and the export runs under torch's
+# backed_size_oblivious: a size is not compared with 1 unless the model's code asks, and where it
+# asks (``if seq_len == 1``) the comparison becomes a guard and the bound stays 2, a refusal that
+# names it. The sweep draws size 1 for every dynamic dim (sweeps/shapes.py), so a dim that refuses 1
+# shows in the report.
 
 
-def auto_dynamic_shapes(inputs: Mapping[str, torch.Tensor], max_dim: int) -> dict[str, Any]:
+def auto_dynamic_shapes(inputs: Mapping[str, torch.Tensor], max_dim: int, min_dim: int = 2) -> dict[str, Any]:
     from torch.export import Dim
 
     return {
-        name: {d: Dim.AUTO(max=max(max_dim, size)) for d, size in enumerate(t.shape)}
+        name: {d: Dim.AUTO(min=min_dim, max=max(max_dim, size)) if min_dim < 2 else Dim.AUTO(max=max(max_dim, size))
+               for d, size in enumerate(t.shape)}
         for name, t in inputs.items()
     }
+
+
+def size_one_mode(config: ExportConfig):
+    """The context that lets dynamic dims take 1 (see above); a no-op for static exports."""
+    if not (config.accept_size_one and (config.dynamic or config.dynamic_shapes is not None)):
+        return contextlib.nullcontext()
+    from torch.fx.experimental import _config as fx_config
+
+    return fx_config.patch(backed_size_oblivious=True)
 
 
 
@@ -204,14 +221,15 @@ def trace(
     if config.dynamic_shapes is not None:
         dynamic_shapes = config.dynamic_shapes
     elif config.dynamic:
-        dynamic_shapes = auto_dynamic_shapes(tensors, config.max_dim)
+        dynamic_shapes = auto_dynamic_shapes(tensors, config.max_dim, 1 if config.accept_size_one else 2)
     else:
         dynamic_shapes = None
     state = _snapshot_state(model)
     markings = _dim_markings(tensors)
     try:
         with constant_buffers_baked(model) as baked_buffers, \
-                flat_forward_signature(model, names, constants, baked_buffers), apply_patches(patches, fired):
+                flat_forward_signature(model, names, constants, baked_buffers), apply_patches(patches, fired), \
+                size_one_mode(config):
             program = torch.export.export(
                 model, args=(), kwargs=tensors, dynamic_shapes=dynamic_shapes, strict=config.strict
             )

@@ -115,7 +115,7 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
     skips the dynamic-shape checks; ``sizes`` checks one set of sizes instead of drawing them."""
     from exporters import ExportStageError, get_exporter
     from exporters.parity import assert_close
-    from sweeps.shapes import check_at, check_dynamic_shapes, format_sizes
+    from sweeps.shapes import check_at, check_dynamic_shapes, check_size_one, format_sizes
 
     stage = "build"
     record("stage", stage)
@@ -166,6 +166,7 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
                         raise ValueError(f"sizes {format_sizes(sizes)}: {verdict} {detail}".strip())
                     record("shapes_checked", 1)
                 else:
+                    record("size_one", check_size_one(artifact, model, inputs, case.backend, case.repro))
                     record("shapes_checked", check_dynamic_shapes(artifact, model, inputs, case.backend, case.repro))
             finally:
                 reset_model_state(model, state)

@@ -31,7 +31,7 @@ def size_groups(artifact) -> dict[int, tuple[int, int]]:
         shape = artifact.input_specs[name][0]
         for d, spec in dims.items():
             traced = shape[d]
-            low = max(spec["min"] or 0, 1)
+            low = max(spec["min"] or 0, 1)  # size 1 is checked for every dim by check_size_one, bounds or not
             high_bound = spec["max"] if spec["max"] is not None else traced * _GROWTH + _SLACK
             high = min(high_bound, traced * _GROWTH + _SLACK)
             prev = groups.get(traced, (low, high))
@@ -194,6 +194,34 @@ def check_dynamic_shapes(artifact, model, inputs, backend: str, repro: str) -> i
     if not checked and refused:
         _raise_if_eager_takes_a_refused_shape(model, inputs, artifact, refused, repro)
     return len(checked)
+
+
+def check_size_one(artifact, model, inputs, backend: str, repro: str) -> str:
+    """Every dynamic dim at size 1 (a batch of one, a one-token step): all groups at 1 together, else
+    each group alone. Returns a summary for the report: "all" when the artifact matched eager with
+    every group at 1; otherwise "TRACED:VERDICT" per group, where a refusal names the artifact's
+    reason; "" when the artifact has no dynamic dim. Raises ShapeMismatch when the artifact runs at
+    size 1 and differs from eager."""
+    groups = sorted({artifact.input_specs[name][0][d] for name, dims in artifact.dynamic_dims.items() for d in dims} - {1})
+    if not groups:
+        return ""
+
+    def at(sizes):
+        try:
+            return check_at(artifact, model, inputs, sizes, backend)
+        except Exception as exc:  # noqa: BLE001 - re-raised with the repro
+            raise ShapeMismatch(
+                f"at size 1, sizes {format_sizes(sizes)} (traced=new): {type(exc).__name__}: {exc}\n"
+                f"repro: {repro} --sizes {format_sizes(sizes)}"
+            ) from exc
+
+    if at({k: 1 for k in groups})[0] == COMPARED:
+        return "all"
+    verdicts = []
+    for k in groups:
+        verdict, detail = at({k: 1})
+        verdicts.append(f"{k}:{verdict}" + (f" ({detail})" if detail else ""))
+    return "; ".join(verdicts)
 
 
 def _raise_if_eager_takes_a_refused_shape(model, inputs, artifact, refused, repro, tries: int = 5) -> None:

@@ -337,3 +337,33 @@ def test_refused_shapes_fail_the_check_only_when_eager_runs_at_one():
     _raise_if_eager_takes_a_refused_shape(strict, inputs, artifact, refused, "repro")  # nothing to compare
     with pytest.raises(ShapeMismatch, match=r"eager runs at sizes 7=9, which they refuse: guard: x.size\(\)\[1\] == 7"):
         _raise_if_eager_takes_a_refused_shape(lambda x: x * 2, inputs, artifact, refused, "repro")
+
+
+# ── size 1 ───────────────────────────────────────────────────────────────────
+
+
+def test_size_one_is_checked_for_every_dynamic_dim(bert_dynamic):
+    from sweeps.shapes import check_size_one
+
+    model, inputs, artifact = bert_dynamic
+    assert all(spec["min"] == 1 for dims in artifact.dynamic_dims.values() for spec in dims.values())
+    assert check_size_one(artifact, model, inputs, "dynamo", "repro") == "all"
+    with pytest.raises(ShapeMismatch, match=r"at size 1, sizes 2=1,7=1 .*\n.*repro: r --sizes 2=1,7=1"):
+        check_size_one(_Perturbed(artifact), model, inputs, "dynamo", "r")
+
+
+def test_size_one_refusals_are_reported_per_group_with_the_reason():
+    """An artifact exported with torch's 0/1 specialization (min 2) refuses 1: each group says why."""
+    from transformers import BertConfig, BertModel
+
+    from exporters import DynamoConfig, DynamoExporter
+    from sweeps.shapes import check_size_one
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32, max_position_embeddings=64)).eval()
+    inputs = {"input_ids": torch.randint(0, 100, (2, 7)), "attention_mask": torch.ones(2, 7, dtype=torch.long)}
+    artifact = DynamoExporter().export(model, inputs, DynamoConfig(dynamic=True, accept_size_one=False))
+    summary = check_size_one(artifact, model, inputs, "dynamo", "r")
+    assert summary.startswith("2:artifact rejects (input 'input_ids' dim 0")
+    assert "outside the exported bounds [2, 1024]" in summary and "; 7:artifact rejects" in summary

@@ -1,5 +1,6 @@
 """Patch (all models using ``sdpa``): the query-length tests in ``sdpa_attention_forward`` that cannot
-change its result are answered without a guard when the query length is data-dependent.
+change its result are answered without a guard when the query length is symbolic (data-dependent, or
+a dynamic dim of the inputs).
 
 Cause. ``sdpa_attention_forward`` (integrations/sdpa_attention.py:159) decides
 ``is_causal = q_length > 1 and attention_mask is None and is_causal``, query length first, and, for
@@ -8,15 +9,18 @@ the query length is data-dependent (tokens kept by a boolean mask: VideoMAE's vi
 ``embeddings[~bool_masked_pos]``), ``bool(q_length > 1)`` raises "Could not guard on data-dependent
 expression ((u0//2)) > 1", though the answer cannot matter: with a mask, or on a non-causal module,
 ``is_causal`` is False either way; and under export line 132's branch is never taken. transformers'
-own comment there says this should be handled on the exporter side.
+own comment there says this should be handled on the exporter side. When the query length is a
+dynamic input dim (the sequence), the same two tests add the guards ``s != 1`` and ``s > 1``: the
+artifact then refuses a one-token call (a decode step) that it would compute correctly.
 
 What this changes (while tracing only). ``sdpa_attention_forward`` is wrapped (and
-``AttentionInterface.get_interface`` hands out the wrapped one): when the query length has unbacked symbols, the call runs with
+``AttentionInterface.get_interface`` hands out the wrapped one): when the query length is symbolic, the call runs with
 those two comparisons, and only those, answered False (plain bools) without a guard: ``q_length == 1`` always,
 ``q_length > 1`` only when a mask is given or the call is not causal (when it is causal and has no
 mask the answer matters and the guard error stands). Every other call is unchanged.
 
     before: is_causal = q_length > 1 and ...   -> GuardOnDataDependentSymNode on u0 // 2 > 1
+                                                  (or, for a dynamic sequence s0, the guard s0 > 1)
     after:  the same line, with bool(q_length > 1) answered False where is_causal is False anyway
 
 Remove when: ``sdpa_attention_forward`` tests the mask and ``is_causal`` before ``q_length > 1``,
@@ -61,6 +65,10 @@ def answered(length: torch.SymInt, answers: dict[str, bool]):
             setattr(torch.SymInt, f"__{name}__", method)
 
 
+def _symbolic(size) -> bool:
+    return data_dependent_size(size) or (isinstance(size, torch.SymInt) and not size.node.expr.is_number)
+
+
 def length_decided(attention_fn):
     """``attention_fn`` (sdpa_attention_forward) with its result-neutral query-length tests answered."""
     acted = ActedFlag()
@@ -68,7 +76,7 @@ def length_decided(attention_fn):
     @functools.wraps(attention_fn)
     def attend(module, query, key, value, attention_mask, *args, **kwargs):
         q_length = query.shape[2]
-        if not data_dependent_size(q_length):
+        if not _symbolic(q_length):
             return attention_fn(module, query, key, value, attention_mask, *args, **kwargs)
         is_causal = kwargs.get("is_causal", args[2] if len(args) > 2 else None)
         is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
