@@ -13,6 +13,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
+from .generation import GenerationExport
 from .model_state import _STATEFUL_CACHE_ATTRS
 from .pytrees import _flatten_to_context, _unflatten_from_context
 from .tracing import trace
@@ -81,7 +82,7 @@ class DynamoArtifact(Artifact):
         torch.export.save(self.program, path)
 
 
-class DynamoExporter(Exporter):
+class DynamoExporter(GenerationExport, Exporter):
     backend = "dynamo"
     config_class = DynamoConfig
 

@@ -16,6 +16,7 @@ import torch
 from .base import ExportConfig, Exporter, run_stage
 from .executorch.artifact import ExecutorchArtifact, PlannedShapeError
 from .executorch.lowering import LOWERING_RETRIES, Attempt, Lowered, RetryContext, halved_max_dim, lower_with_retries, lower_within_budget
+from .generation import GenerationExport
 from .tracing import _finite, shape_arithmetic_patches, trace
 from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes
 
@@ -122,7 +123,7 @@ def bound_dynamic_shapes(spec: Any, max_dim: int) -> Any:
 # ── the exporter ─────────────────────────────────────────────────────────────
 
 
-class ExecutorchExporter(Exporter):
+class ExecutorchExporter(GenerationExport, Exporter):
     backend = "executorch"
     config_class = ExecutorchConfig
 

@@ -13,6 +13,7 @@ import dataclasses
 import torch
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
+from .generation import GenerationExport
 from .tracing import shape_arithmetic_patches, trace
 from .utils import FiredLog, apply_fx_node_fixes, apply_patches
 from .workarounds.onnx.ir_fixes import _IR_FIXES
@@ -125,7 +126,7 @@ class OnnxArtifact(Artifact):
         onnx.save(self.model_proto, path)
 
 
-class OnnxExporter(Exporter):
+class OnnxExporter(GenerationExport, Exporter):
     backend = "onnx"
     config_class = OnnxConfig
 

@@ -38,12 +38,26 @@ def _flatten_to_context(obj: Any, tensors: list, path: str = "") -> Any:
         # it has no single value, and a symbol kept in the output spec drags the whole shape
         # environment along (torch.onnx's deepcopy of the module call graph fails on its fake tensors)
         return ("const", _Const(None))
-    if _holds_tensors(obj):
+    if _holds_tensors(obj) or _rebuilt_fresh(obj):
         fields = tuple(
             (k, _flatten_to_context(v, tensors, _join(path, _alias(k)))) for k, v in vars(obj).items()
         )
         return ("object", type(obj), fields)
     return ("const", _Const(obj))
+
+
+def _rebuilt_fresh(obj: Any) -> bool:
+    """A cache layer that holds no tensor yet (an empty cache, before its first update) is still rebuilt
+    as a new object on every unflatten, not kept as one constant object: the model fills it in place,
+    and a shared constant would carry one call's tensors into the next."""
+    if not hasattr(obj, "__dict__") or isinstance(obj, type):
+        return False
+    if type(obj) in _REGISTERED:
+        return True
+    from transformers import cache_utils
+
+    bases = tuple(b for b in (cache_utils.Cache, getattr(cache_utils, "CacheLayerMixin", None)) if b is not None)
+    return isinstance(obj, bases)
 
 
 def _unflatten_from_context(ctx: Any, tensors: list) -> Any:
@@ -146,7 +160,7 @@ def _leaves_along(obj: Any, ctx: Any, leaves: list, path: str = "") -> None:
         if type(obj) is not ctx[1]:
             raise _Mismatch
         _leaves_along(vars(obj), ("dict", ctx[2]), leaves, path)
-    elif isinstance(obj, torch.Tensor) or obj != ctx[1].value:
+    elif isinstance(obj, torch.Tensor) or obj is ctx[1].value and hasattr(obj, "__dict__") or obj != ctx[1].value:
         raise _Mismatch
 
 

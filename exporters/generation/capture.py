@@ -1,0 +1,98 @@
+"""Capture the forward calls a model's own ``generate`` makes: what each generation component is
+exported from (the prefill call, the decode steps), with the cache flattened as it was at the call."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from exporters.pytrees import register_pytree_nodes
+
+
+class GenerationError(ValueError):
+    """A model or a call that generation export cannot handle; the message names what and why."""
+
+
+@dataclasses.dataclass
+class Call:
+    """One forward call: tensor kwargs, tree kwargs (a cache, encoder outputs) as flat leaves with their
+    spec, and the plain constants (flags)."""
+
+    tensors: dict[str, torch.Tensor]
+    trees: dict[str, tuple[list[torch.Tensor], Any]]  # name -> (leaves, treespec), leaves cloned at the call
+    constants: dict[str, Any]
+    # the trees among the call's outputs (the cache it returns), flattened and cloned when it returned:
+    # generate updates one cache object in place, so a later look would see a later step
+    output_trees: dict[str, tuple[list[torch.Tensor], Any]] = dataclasses.field(default_factory=dict)
+
+    def query_length(self) -> int | None:
+        ids = self.tensors.get("input_ids", self.tensors.get("decoder_input_ids"))
+        return None if ids is None else ids.shape[-1]
+
+
+def _split(kwargs: Mapping[str, Any]) -> Call:
+    tensors, trees, constants = {}, {}, {}
+    for name, value in kwargs.items():
+        if value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            tensors[name] = value.detach().clone()
+        elif isinstance(value, (bool, int, float, str)):
+            constants[name] = value
+        else:
+            register_pytree_nodes(value)
+            leaves, spec = pytree.tree_flatten(value)
+            if not all(isinstance(v, torch.Tensor) for v in leaves):
+                kinds = sorted({type(v).__name__ for v in leaves if not isinstance(v, torch.Tensor)})
+                raise GenerationError(f"generate passes {name!r} ({type(value).__name__}) holding non-tensor leaves "
+                                      f"{kinds}: it cannot be an input of an exported component")
+            trees[name] = ([v.detach().clone() for v in leaves], spec)
+    return Call(tensors, trees, constants)
+
+
+def _trees_of(outputs: Any) -> dict[str, tuple[list[torch.Tensor], Any]]:
+    items = outputs.items() if isinstance(outputs, Mapping) else vars(outputs).items() if hasattr(outputs, "__dict__") else ()
+    trees = {}
+    for name, value in items:
+        if value is None or isinstance(value, (torch.Tensor, bool, int, float, str)):
+            continue
+        register_pytree_nodes(value)
+        leaves, spec = pytree.tree_flatten(value)
+        if leaves and all(isinstance(v, torch.Tensor) for v in leaves):
+            trees[name] = ([v.detach().clone() for v in leaves], spec)
+    return trees
+
+
+def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int) -> tuple[list[Call], torch.Tensor]:
+    """``model.generate(**inputs, max_new_tokens=steps, do_sample=False)`` with every call of the model's
+    forward recorded (the kwargs as they were when the call began); returns the calls and the sequences."""
+    calls: list[Call] = []
+    original = model.__dict__.get("forward")
+    bound = original if original is not None else type(model).forward.__get__(model, type(model))
+
+    def forward(*args, **kwargs):
+        if args:
+            raise GenerationError(f"{type(model).__name__}.generate calls forward with positional arguments; "
+                                  "generation export takes keyword calls only")
+        call = _split(kwargs)
+        out = bound(**kwargs)
+        call.output_trees = _trees_of(out)
+        calls.append(call)
+        return out
+
+    model.forward = forward
+    try:
+        with torch.no_grad():
+            sequences = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+    finally:
+        if original is None:
+            del model.forward
+        else:
+            model.forward = original
+    if not calls:
+        raise GenerationError(f"{type(model).__name__}.generate never called forward")
+    return calls, sequences

@@ -1,0 +1,48 @@
+"""A generation component as a module with flat tensor inputs: the exporters trace this, not the model.
+
+Tree inputs (a cache, encoder outputs) become one tensor input per leaf, named ``<tree>__<i>``; the
+module rebuilds the tree from its leaves and the spec captured from ``generate`` before calling the
+model. Outputs are the model's, flattened with the same leaf names as every artifact
+(``logits``, ``past_key_values.0.key``...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from exporters.generation.capture import Call
+
+
+def leaf_input_name(tree: str, index: int) -> str:
+    return f"{tree}__{index}"
+
+
+class FlatComponent(torch.nn.Module):
+    """``model(**call)`` with every tensor, tree leaf and constant of ``call`` as the captured call had them."""
+
+    def __init__(self, model: torch.nn.Module, call: Call):
+        super().__init__()
+        self.model = model
+        self.tensor_names = list(call.tensors)
+        self.tree_specs = {name: spec for name, (_, spec) in call.trees.items()}
+        self.tree_sizes = {name: len(leaves) for name, (leaves, _) in call.trees.items()}
+        self.constants = dict(call.constants)
+
+    def forward(self, **flat: torch.Tensor) -> Any:
+        kwargs: dict[str, Any] = {name: flat[name] for name in self.tensor_names}
+        for name, spec in self.tree_specs.items():
+            leaves = [flat[leaf_input_name(name, i)] for i in range(self.tree_sizes[name])]
+            kwargs[name] = pytree.tree_unflatten(leaves, spec)
+        return self.model(**kwargs, **self.constants)
+
+
+def flat_inputs(tensors: Mapping[str, torch.Tensor], trees: Mapping[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A component's flat inputs: its tensors, and each tree's leaves as ``<tree>__<i>``."""
+    flat = dict(tensors)
+    for name, leaves in trees.items():
+        flat.update({leaf_input_name(name, i): leaf for i, leaf in enumerate(leaves)})
+    return flat

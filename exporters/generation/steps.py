@@ -1,0 +1,94 @@
+"""How each input of a decode step follows from the call before it, read off the calls ``generate``
+made, and checked on every pair of them: the generator replays these rules with the artifacts only.
+
+Rules (``RULES``), tried in this order for each input of the decode step:
+- ``outputs``: a tree (the cache, a recurrent state) is the previous call's output of the same name;
+- ``token``: ``input_ids`` / ``decoder_input_ids`` are the token chosen at the previous step;
+- ``append_one``: the previous value with a column of ones appended (``attention_mask``);
+- ``next_position``: the previous value's last position plus one (``cache_position``, ``position_ids``);
+- ``same``: the value the previous call had (encoder outputs, a speaker embedding).
+An input that none explains stops the export with an error naming it: nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from exporters.generation.capture import Call, GenerationError
+
+TOKEN_INPUTS = ("input_ids", "decoder_input_ids")
+RULES = ("outputs", "token", "append_one", "next_position", "same")
+
+
+def _equal(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+
+
+def apply_tensor_rule(rule: str, previous: torch.Tensor | None, token: torch.Tensor) -> torch.Tensor:
+    if rule == "token":
+        return token.reshape(-1, 1)
+    if previous is None:
+        raise GenerationError(f"rule {rule!r} needs the previous value")
+    if rule == "append_one":
+        ones = torch.ones(*previous.shape[:-1], 1, dtype=previous.dtype)
+        return torch.cat([previous, ones], dim=-1)
+    if rule == "next_position":
+        return previous[..., -1:] + 1
+    if rule == "same":
+        return previous
+    raise GenerationError(f"unknown step rule {rule!r}")
+
+
+def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int) -> dict[str, str]:
+    """The rule of each input of the decode step (calls[1:]), checked on every consecutive pair."""
+    if len(calls) < 3:
+        raise GenerationError(f"generate made {len(calls)} forward calls; at least a prefill and two decode steps "
+                              "are needed to read how the inputs evolve")
+    decode = calls[1]
+    if any(c.query_length() != 1 for c in calls[1:]):
+        raise GenerationError("the decode steps do not feed one token per call (query lengths "
+                              f"{[c.query_length() for c in calls]}); generation export needs a cached decode step")
+    rules: dict[str, str] = {}
+    for name in list(decode.tensors) + list(decode.trees):
+        for rule in RULES:
+            if all(_holds(rule, name, prev, cur, sequences[:, prompt_length + i])
+                   for i, (prev, cur) in enumerate(zip(calls[1:-1], calls[2:]), start=1)) \
+                    and _holds(rule, name, calls[0], calls[1], sequences[:, prompt_length]):
+                rules[name] = rule
+                break
+        else:
+            raise GenerationError(
+                f"cannot tell how the decode-step input {name!r} follows from the call before it (none of {RULES} "
+                "explains the values generate passed); add a rule to exporters/generation/steps.py"
+            )
+    return rules
+
+
+def _holds(rule: str, name: str, prev: Call, cur: Call, token: torch.Tensor) -> bool:
+    if name in cur.trees:
+        leaves, spec = cur.trees[name]
+        if rule == "outputs":
+            out = prev.output_trees.get(name)
+            return out is not None and out[1] == spec and all(_equal(a, b) for a, b in zip(out[0], leaves))
+        if rule == "same" and name in prev.trees:
+            before, before_spec = prev.trees[name]
+            return before_spec == spec and all(_equal(a, b) for a, b in zip(before, leaves))
+        return False
+    value = cur.tensors[name]
+    if rule == "token":
+        return name in TOKEN_INPUTS and _equal(value, token.reshape(-1, 1))
+    if rule == "outputs":
+        return False
+    previous = prev.tensors.get(name)
+    if previous is None:
+        return False
+    try:
+        return _equal(apply_tensor_rule(rule, previous, token), value)
+    except RuntimeError:
+        return False
+
+
+def tree_output_names(output_names: list[str], tree: str) -> list[str]:
+    """The artifact outputs that are the leaves of the output tree ``tree``, in flattening order."""
+    return [n for n in output_names if n == tree or n.startswith(tree + ".")]
+
