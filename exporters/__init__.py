@@ -15,11 +15,13 @@ from .utils import BACKENDS
 __all__ = [
     "Artifact", "BACKENDS", "DynamoConfig", "DynamoExporter", "ExecutorchConfig", "ExecutorchExporter",
     "ExportConfig", "ExportStageError", "InputError", "OnnxConfig", "OnnxExporter", "get_exporter",
+    "load_artifact", "load_generator",
 ]
 
 _LAZY = {
     "OnnxExporter": "exporter_onnx", "OnnxConfig": "exporter_onnx",
     "ExecutorchExporter": "exporter_executorch", "ExecutorchConfig": "exporter_executorch",
+    "load_artifact": "loading", "load_generator": "loading",
 }
 
 

@@ -59,6 +59,24 @@ class ExportConfig:
     specialize: tuple[str, ...] | None = None
 
 
+def _plain_json(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain_json(v) for v in value)
+    return isinstance(value, dict) and all(isinstance(k, str) and _plain_json(v) for k, v in value.items())
+
+
+def _constant_json(value: Any) -> Any:
+    """A baked input as JSON: a tensor as its values and dtype, a plain value as itself, else its repr
+    (kept for people; ``exporters.loading`` refuses to rebuild an artifact with such a constant)."""
+    if isinstance(value, torch.Tensor):
+        return {"tensor": value.tolist(), "dtype": str(value.dtype).removeprefix("torch.")}
+    if _plain_json(value):
+        return {"value": value}
+    return {"repr": repr(value)}
+
+
 class Artifact:
     """The result of an export: callable with the same keyword tensors as the model's forward."""
 
@@ -94,8 +112,11 @@ class Artifact:
             "dynamic_dims": {n: {str(d): v for d, v in dims.items()} for n, dims in self.dynamic_dims.items()},
             "constant_inputs": {k: repr(v.tolist() if isinstance(v, torch.Tensor) else v)
                                 for k, v in self.constants.items()},
+            # the same, in a form exporters.loading reads back (plain JSON values; nothing evaluated)
+            "constants": {k: _constant_json(v) for k, v in self.constants.items()},
             "workarounds_fired": self.workarounds_fired,
             "config": {k: repr(v) for k, v in dataclasses.asdict(self.config).items()},
+            "config_values": {k: v for k, v in dataclasses.asdict(self.config).items() if _plain_json(v)},
             "versions": package_versions(),
             **self.extra_metadata,
         }

@@ -21,7 +21,7 @@ import torch
 from exporters.generation.capture import GenerationError, capture_generate
 from exporters.generation.component import FlatComponent, flat_inputs
 from exporters.generation.generator import GenerateOutput, Generator
-from exporters.generation.steps import infer_rules
+from exporters.generation.steps import infer_prefill_rules, infer_rules
 
 __all__ = ["GenerateOutput", "GenerationError", "GenerationExport", "Generator", "export_for_generation"]
 
@@ -42,11 +42,12 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False) or "decoder_input_ids" in prefill.tensors:
         raise GenerationError(f"{type(model).__name__} is an encoder-decoder: its encoder runs outside forward in "
                               "generate, and an encoder component is not built yet")
-    not_given = [k for k in prefill.tensors if k not in inputs]
     filled = [k for k, (leaves, _) in prefill.trees.items() if leaves]
-    if not_given or filled:
-        raise GenerationError(f"the prefill call of {type(model).__name__}.generate takes inputs the caller does not "
-                              f"give ({not_given + filled}): a component that makes them (an encoder) is not built yet")
+    if filled:
+        raise GenerationError(f"the prefill call of {type(model).__name__}.generate takes {filled}, filled before the "
+                              "first forward: a component that makes them (an encoder) is not built yet")
+    given = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    prefill_rules = infer_prefill_rules(prefill, given)
     rules = infer_rules(calls, sequences, prompt_length)
     carried = [n for n, r in rules.items() if n in decode.trees and r != "outputs"]
     if carried:
@@ -68,8 +69,9 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     generation = {k: v for k, v in generation.items() if isinstance(v, (int, float, str, bool, list, type(None)))}
     metadata = {"model_class": type(model).__name__, "cache": cache,
                 "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
-    return Generator(components, rules, list(prefill.tensors), {k: len(v[0]) for k, v in decode.trees.items()},
-                     generation, metadata)
+    caller_inputs = [k for k in prefill.tensors if k not in prefill_rules]
+    return Generator(components, rules, caller_inputs, {k: len(v[0]) for k, v in decode.trees.items()},
+                     generation, metadata, prefill_rules)
 
 
 class GenerationExport:

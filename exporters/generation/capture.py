@@ -4,6 +4,7 @@ exported from (the prefill call, the decode steps), with the cache flattened as 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,6 +75,8 @@ def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: i
     original = model.__dict__.get("forward")
     bound = original if original is not None else type(model).forward.__get__(model, type(model))
 
+    # generate reads forward's signature (whether it takes position_ids, ...): the recorder keeps it
+    @functools.wraps(bound)
     def forward(*args, **kwargs):
         if args:
             raise GenerationError(f"{type(model).__name__}.generate calls forward with positional arguments; "

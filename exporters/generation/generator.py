@@ -13,7 +13,7 @@ import torch
 
 from exporters.generation.capture import GenerationError
 from exporters.generation.component import flat_inputs
-from exporters.generation.steps import apply_tensor_rule, tree_output_names
+from exporters.generation.steps import apply_tensor_rule, derive_prefill_input, tree_output_names
 
 GENERATOR_FILE = "generator.json"
 FORMAT = "exporters.generator/1"
@@ -33,13 +33,15 @@ class Generator:
     inputs and how many leaves each has; ``generation``: the generation config used at export."""
 
     def __init__(self, components: Mapping[str, Any], rules: Mapping[str, str], prefill_inputs: list[str],
-                 trees: Mapping[str, int], generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None):
+                 trees: Mapping[str, int], generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None,
+                 prefill_rules: Mapping[str, str] | None = None):
         self.components = dict(components)
         self.rules = dict(rules)
         self.prefill_inputs = list(prefill_inputs)
         self.trees = dict(trees)
         self.generation = dict(generation)
         self.metadata = dict(metadata or {})
+        self.prefill_rules = dict(prefill_rules or {})  # prefill inputs derived from the caller's (position_ids)
 
     @property
     def backend(self) -> str:
@@ -70,6 +72,7 @@ class Generator:
             raise GenerationError(f"the prefill takes {self.prefill_inputs}"
                                   + (f"; missing {missing}" if missing else "") + (f"; unexpected {unknown}" if unknown else ""))
         tensors = {k: given[k] for k in self.prefill_inputs}
+        tensors.update({k: derive_prefill_input(rule, tensors) for k, rule in self.prefill_rules.items()})
         outputs = self.components["prefill"](**tensors)
         batch = input_ids.shape[0]
         unfinished = torch.ones(batch, dtype=torch.bool)
@@ -120,7 +123,8 @@ class Generator:
         for name, artifact in self.components.items():
             artifact.save(os.path.join(directory, name))
         doc = {"format": FORMAT, "backend": self.backend, "components": list(self.components),
-               "rules": self.rules, "prefill_inputs": self.prefill_inputs, "trees": self.trees,
+               "rules": self.rules, "prefill_inputs": self.prefill_inputs, "prefill_rules": self.prefill_rules,
+               "trees": self.trees,
                "generation": self.generation, **self.metadata}
         path = os.path.join(directory, GENERATOR_FILE)
         with open(path, "w") as f:

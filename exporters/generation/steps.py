@@ -8,6 +8,10 @@ Rules (``RULES``), tried in this order for each input of the decode step:
 - ``next_position``: the previous value's last position plus one (``cache_position``, ``position_ids``);
 - ``same``: the value the previous call had (encoder outputs, a speaker embedding).
 An input that none explains stops the export with an error naming it: nothing is guessed.
+
+The prefill's inputs are the caller's, except those ``generate`` derives from them
+(``PREFILL_RULES``): ``position_ids`` as the running count of attended positions
+(``attention_mask.cumsum(-1) - 1``, 0 on padding), checked against the captured prefill call.
 """
 
 from __future__ import annotations
@@ -37,6 +41,42 @@ def apply_tensor_rule(rule: str, previous: torch.Tensor | None, token: torch.Ten
     if rule == "same":
         return previous
     raise GenerationError(f"unknown step rule {rule!r}")
+
+
+PREFILL_RULES = ("positions_from_mask",)
+
+
+def derive_prefill_input(rule: str, given: dict[str, torch.Tensor]) -> torch.Tensor:
+    if rule == "positions_from_mask":
+        mask = given.get("attention_mask")
+        if mask is None:
+            ids = given["input_ids"]
+            return torch.arange(ids.shape[-1]).unsqueeze(0).expand(ids.shape[0], -1)
+        positions = mask.long().cumsum(-1) - 1
+        return positions.masked_fill(mask == 0, 0)
+    raise GenerationError(f"unknown prefill rule {rule!r}")
+
+
+def infer_prefill_rules(call: Call, given: dict[str, torch.Tensor]) -> dict[str, str]:
+    """How each prefill input the caller does not give is derived from what it gives."""
+    rules = {}
+    for name, value in call.tensors.items():
+        if name in given:
+            continue
+        for rule in PREFILL_RULES:
+            try:
+                derived = derive_prefill_input(rule, given)
+            except (KeyError, RuntimeError):
+                continue
+            if _equal(derived, value):
+                rules[name] = rule
+                break
+        else:
+            raise GenerationError(
+                f"the prefill call of generate takes {name!r}, which the caller does not give and none of "
+                f"{PREFILL_RULES} derives from {sorted(given)}; a component that makes it (an encoder) is not built yet"
+            )
+    return rules
 
 
 def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int) -> dict[str, str]:

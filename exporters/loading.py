@@ -1,0 +1,134 @@
+"""Load what ``Artifact.save`` and ``Generator.save`` wrote, in a fresh process, without the model.
+
+    from exporters import load_artifact, load_generator
+    artifact = load_artifact("out/")                 # model.pt2 | model.onnx | model.pte + metadata.json
+    generator = load_generator("gen/")               # generator.json + one folder per component
+
+Nothing here unpickles or evaluates text from the files: metadata is JSON, a ``.pt2``'s pytree
+contexts are JSON resolved against an allow-list (exporters/pytrees.py), ``.onnx`` and ``.pte`` are
+read by their runtimes. What a loaded artifact checks on each call: input names, dtypes, the dynamic
+dims' bounds and which dims share a size; a dynamo artifact also checks the conditions torch.export
+recorded (its program keeps them). The ONNX and ExecuTorch files do not carry those conditions, so
+a loaded ONNX or ExecuTorch artifact checks bounds and shared dims only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import torch
+
+from exporters.base import Artifact
+from exporters.generation import Generator
+from exporters.generation.generator import FORMAT, GENERATOR_FILE
+
+METADATA_FILE = "metadata.json"
+
+
+class LoadError(ValueError):
+    """A saved folder that cannot be loaded; the message names the file and what is wrong."""
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    if not os.path.exists(path):
+        raise LoadError(f"{path} does not exist: is this a folder written by Artifact.save / Generator.save?")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _dtype(name: str, where: str) -> torch.dtype:
+    value = getattr(torch, str(name), None)
+    if not isinstance(value, torch.dtype):
+        raise LoadError(f"{where}: unknown dtype {name!r}")
+    return value
+
+
+def _constant(doc: dict[str, Any], where: str) -> Any:
+    if "tensor" in doc:
+        return torch.tensor(doc["tensor"], dtype=_dtype(doc["dtype"], where))
+    if "value" in doc:
+        return doc["value"]
+    raise LoadError(f"{where}: the constant input was saved as {doc.get('repr', doc)!r}, which cannot be rebuilt "
+                    "from JSON; re-export, or keep the artifact in the process that made it")
+
+
+def _artifact_kwargs(meta: dict[str, Any], config_class, where: str) -> dict[str, Any]:
+    specs = {}
+    for name in meta["input_names"]:
+        spec = meta["inputs"][name]
+        dims = {int(d): dict(v) for d, v in meta.get("dynamic_dims", {}).get(name, {}).items()}
+        specs[name] = (tuple(spec["shape"]), _dtype(spec["dtype"], where), dims)
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    config = config_class(**{k: v for k, v in meta.get("config_values", {}).items() if k in fields})
+    constants = {k: _constant(v, f"{where}: constant {k!r}") for k, v in meta.get("constants", {}).items()}
+    extra = {k: meta[k] for k in ("component", "optimize", "planned_bytes", "max_dim") if k in meta}
+    return dict(input_names=meta["input_names"], output_names=meta["output_names"], input_specs=specs,
+                constants=constants, fired=meta.get("workarounds_fired", []), config=config, extra_metadata=extra)
+
+
+def load_artifact(directory: str | os.PathLike) -> Artifact:
+    """The artifact saved in ``directory``, runnable with the backend's runtime only."""
+    directory = os.fspath(directory)
+    where = os.path.join(directory, METADATA_FILE)
+    meta = _read_json(where)
+    backend = meta.get("backend")
+    if backend == "dynamo":
+        return _load_dynamo(directory, meta, where)
+    if backend == "onnx":
+        return _load_onnx(directory, meta, where)
+    if backend == "executorch":
+        return _load_executorch(directory, meta, where)
+    raise LoadError(f"{where}: unknown backend {backend!r} (one of dynamo, onnx, executorch)")
+
+
+def _load_dynamo(directory, meta, where):
+    import transformers.modeling_outputs  # noqa: F401 - registers the ModelOutput classes an output spec names
+
+    from exporters.exporter_dynamo import DynamoArtifact, DynamoConfig
+    from exporters.pytrees import register_pytree_nodes
+    from exporters.tracing import module_with_guards
+
+    register_pytree_nodes()
+    program = torch.export.load(os.path.join(directory, DynamoArtifact.file_name))
+    module = module_with_guards(program)
+    return DynamoArtifact(program, module, guards=getattr(module, "_guards_fn", None),
+                          **_artifact_kwargs(meta, DynamoConfig, where))
+
+
+@dataclasses.dataclass
+class _SavedOnnx:
+    model_proto: Any
+
+
+def _load_onnx(directory, meta, where):
+    import onnx
+
+    from exporters.exporter_onnx import OnnxArtifact, OnnxConfig
+
+    proto = onnx.load(os.path.join(directory, OnnxArtifact.file_name))
+    return OnnxArtifact(_SavedOnnx(proto), **_artifact_kwargs(meta, OnnxConfig, where))
+
+
+def _load_executorch(directory, meta, where):
+    from exporters.exporter_executorch import ExecutorchArtifact, ExecutorchConfig
+
+    with open(os.path.join(directory, ExecutorchArtifact.file_name), "rb") as f:
+        buffer = f.read()
+    return ExecutorchArtifact(buffer, mutated_inputs=tuple(meta.get("mutated_inputs", ())),
+                              **_artifact_kwargs(meta, ExecutorchConfig, where))
+
+
+def load_generator(directory: str | os.PathLike) -> Generator:
+    """The generator saved in ``directory`` (``Generator.save``): its components and step rules."""
+    directory = os.fspath(directory)
+    where = os.path.join(directory, GENERATOR_FILE)
+    doc = _read_json(where)
+    if doc.get("format") != FORMAT:
+        raise LoadError(f"{where}: format {doc.get('format')!r}, this version of exporters reads {FORMAT!r}")
+    components = {name: load_artifact(os.path.join(directory, name)) for name in doc["components"]}
+    known = ("format", "backend", "components", "rules", "prefill_inputs", "prefill_rules", "trees", "generation")
+    return Generator(components, doc["rules"], doc["prefill_inputs"], doc["trees"], doc["generation"],
+                     {k: v for k, v in doc.items() if k not in known}, doc.get("prefill_rules", {}))

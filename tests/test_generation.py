@@ -1,0 +1,174 @@
+"""export_for_generation: prefill + decode components from the model's own generate, driven by a loop
+that runs only the artifacts, against eager ``model.generate(do_sample=False)``.
+
+The tiny Llama uses initializer_range 0.2: at the default 0.02 a tiny model emits one token at every
+step, and such a loop would hide a broken cache from a token check (the tests assert the tokens vary).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from _backend_params import _backends
+
+from exporters import get_exporter
+from exporters.generation import GenerationError
+from exporters.generation.capture import Call
+from exporters.generation.steps import infer_rules
+from exporters.parity import assert_close
+from exporters.pytrees import flatten_outputs
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CASES = [(2, 5, 8), (1, 3, 10), (3, 7, 6), (1, 1, 8)]  # batch, prompt length, new tokens
+
+
+@pytest.fixture(scope="module")
+def llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _prompt(b, s, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 64, (b, s), generator=g)  # no bos/eos/pad in the prompt
+    mask = torch.ones(b, s, dtype=torch.long)
+    if b > 1 and s > 2:
+        mask[0, :2] = 0  # left padding
+    return ids, mask
+
+
+_GENERATORS: dict = {}
+
+
+def _generator(llama, backend):
+    if backend not in _GENERATORS:
+        exporter = get_exporter(backend)
+        ids, mask = _prompt(2, 5, 0)
+        _GENERATORS[backend] = exporter.export_for_generation(
+            llama, {"input_ids": ids, "attention_mask": mask}, exporter.config_class(dynamic=True, max_dim=64))
+    return _GENERATORS[backend]
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_greedy_tokens_equal_eager(llama, backend):
+    generator = _generator(llama, backend)
+    assert generator.rules == {"input_ids": "token", "position_ids": "next_position", "attention_mask": "append_one",
+                               "past_key_values": "outputs"}
+    assert generator.prefill_rules == {"position_ids": "positions_from_mask"}
+    distinct = set()
+    for b, s, n in _CASES:
+        ids, mask = _prompt(b, s, seed=b * 100 + s)
+        with torch.no_grad():
+            expected = llama.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False)
+        got = generator.generate(ids, mask, max_new_tokens=n)  # the model's end token stops both
+        assert torch.equal(got, expected), (b, s, n, got.tolist(), expected.tolist())
+        distinct |= set(expected[:, s:].flatten().tolist())
+    assert len(distinct) > 8, f"degenerate tiny model: the new tokens are {sorted(distinct)}"
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_teacher_forced_logits_and_final_cache_match_eager(llama, backend):
+    generator = _generator(llama, backend)
+    ids, mask = _prompt(2, 6, seed=7)
+    with torch.no_grad():
+        eager = llama.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                               return_dict_in_generate=True, output_logits=True)
+    ours = generator.generate(ids, mask, max_new_tokens=8, eos_token_id=[], teacher_tokens=eager.sequences[:, 6:],
+                              return_dict_in_generate=True, output_logits=True)
+    assert ours.steps == 8 and len(ours.logits) == 8
+    for step, (want, got) in enumerate(zip(eager.logits, ours.logits)):
+        assert_close({f"logits.{step}": want}, {f"logits.{step}": got}, backend)
+    # the cache at the positions attention reads (a left-padded position's key is never attended, and a
+    # fully masked attention row is computed differently by each runtime)
+    want = flatten_outputs({"past_key_values": eager.past_key_values})
+    assert sorted(want) == sorted(ours.cache)
+    attended = torch.cat([mask, torch.ones(2, 7, dtype=mask.dtype)], dim=1).bool()  # prompt + the 7 fed tokens
+    for name, tensor in ours.cache.items():
+        assert tensor.shape == want[name].shape == (2, 2, 13, 8)
+        keep = attended[:, None, :, None].expand_as(tensor)
+        assert_close({name: want[name][keep]}, {name: tensor[keep]}, backend)
+
+
+def test_end_token_stops_each_sequence_as_eager_does(llama):
+    generator = _generator(llama, "dynamo")
+    ids, mask = _prompt(3, 4, seed=3)
+    with torch.no_grad():
+        free = llama.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, min_new_tokens=10, do_sample=False)
+    eos = int(free[0, 6])  # a token sequence 0 emits at its third step
+    with torch.no_grad():
+        expected = llama.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
+                                  eos_token_id=eos, pad_token_id=0)
+    got = generator.generate(ids, mask, max_new_tokens=10, eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(got, expected)
+
+
+def _no_end_token(model):
+    import copy
+
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = None
+    return config
+
+
+_LOAD = """
+import sys, torch
+from exporters import load_generator
+g = load_generator(sys.argv[1])
+print(g.generate(torch.tensor([[5, 9, 17, 30]]), max_new_tokens=9, eos_token_id=[]).tolist())
+"""
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_saved_generator_runs_in_a_fresh_process(llama, backend, tmp_path):
+    generator = _generator(llama, backend)
+    generator.save(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["decode", "generator.json", "prefill"]
+    ids = torch.tensor([[5, 9, 17, 30]])
+    with torch.no_grad():
+        expected = llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=9, do_sample=False,
+                                  eos_token_id=None, generation_config=_no_end_token(llama))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": _ROOT}
+    done = subprocess.run([sys.executable, "-c", _LOAD, str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == str(expected.tolist())
+
+
+def test_bad_calls_name_the_problem(llama):
+    generator = _generator(llama, "dynamo")
+    ids, mask = _prompt(1, 3, seed=1)
+    with pytest.raises(GenerationError, match="max_new_tokens must be at least 1"):
+        generator.generate(ids, mask, max_new_tokens=0)
+    with pytest.raises(GenerationError, match=r"unexpected \['pixel_values'\]"):
+        generator.generate(ids, mask, pixel_values=torch.zeros(1, 3, 4, 4))
+    exporter = get_exporter("dynamo")
+    with pytest.raises(GenerationError, match="cache='static' is not supported"):
+        exporter.export_for_generation(llama, {"input_ids": ids}, cache="static")
+
+
+def test_encoder_decoder_is_refused_naming_the_missing_encoder_component():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=1,
+                                                num_heads=2, decoder_start_token_id=0)).eval()
+    with pytest.raises(GenerationError, match="encoder-decoder.*encoder component is not built yet"):
+        get_exporter("dynamo").export_for_generation(model, {"input_ids": torch.tensor([[4, 5, 6]])})
+
+
+def test_an_input_no_rule_explains_is_named():
+    def call(ids, extra, n):
+        return Call({"input_ids": ids, "noise": extra}, {}, {}, {})
+
+    seq = torch.tensor([[1, 2, 3, 4]])
+    calls = [call(seq[:, :2], torch.tensor([1.0]), 0), call(seq[:, 2:3], torch.tensor([5.0]), 1),
+             call(seq[:, 3:4], torch.tensor([-2.0]), 2)]
+    with pytest.raises(GenerationError, match="decode-step input 'noise'"):
+        infer_rules(calls, seq, 2)
