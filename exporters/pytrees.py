@@ -54,10 +54,21 @@ def _rebuilt_fresh(obj: Any) -> bool:
         return False
     if type(obj) in _REGISTERED:
         return True
-    from transformers import cache_utils
+    return any(c.__module__ == _CACHE_MODULE for c in type(obj).__mro__)
 
-    bases = tuple(b for b in (cache_utils.Cache, getattr(cache_utils, "CacheLayerMixin", None)) if b is not None)
-    return isinstance(obj, bases)
+
+_CACHE_MODULE = "transformers.cache_utils"
+
+
+def _cache_classes() -> list[type]:
+    """Every class transformers.cache_utils defines (caches, layers, layer mixins), with the subclasses
+    imported so far (model-specific caches and layers)."""
+    try:
+        from transformers import cache_utils
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return []
+    bases = [v for v in vars(cache_utils).values() if isinstance(v, type) and v.__module__ == _CACHE_MODULE]
+    return [c for base in bases for c in _subclasses(base)]
 
 
 def _unflatten_from_context(ctx: Any, tensors: list) -> Any:
@@ -160,7 +171,7 @@ def _leaves_along(obj: Any, ctx: Any, leaves: list, path: str = "") -> None:
         if type(obj) is not ctx[1]:
             raise _Mismatch
         _leaves_along(vars(obj), ("dict", ctx[2]), leaves, path)
-    elif isinstance(obj, torch.Tensor) or obj is ctx[1].value and hasattr(obj, "__dict__") or obj != ctx[1].value:
+    elif isinstance(obj, torch.Tensor) or obj != ctx[1].value:
         raise _Mismatch
 
 
@@ -213,7 +224,7 @@ def _register(cls: type) -> None:
 # A context is rebuilt from plain JSON values. The one thing it names is a class: the class of the
 # registered node, of an object inside it (a cache layer), or a class-valued attribute
 # (``DynamicCache.layer_class_to_replicate``). Names are resolved against an allow-list of classes
-# already imported: the subclasses of transformers' Cache and CacheLayerMixin, and the classes
+# already imported: the classes transformers.cache_utils defines and their subclasses, and the classes
 # registered here. Nothing is imported by name and nothing is unpickled, so a tampered file can make
 # loading fail but cannot make it run code.
 
@@ -249,24 +260,15 @@ def _class_name(cls: type) -> str:
 
 
 def _allowed_classes() -> dict[str, type]:
-    allowed: list[type] = list(_REGISTERED)
-    try:
-        from transformers import cache_utils
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        cache_utils = None
-    if cache_utils is not None:
-        for base in (cache_utils.Cache, getattr(cache_utils, "CacheLayerMixin", None)):
-            if base is not None:
-                allowed.extend(_subclasses(base))
-    return {_class_name(c): c for c in allowed}
+    return {_class_name(c): c for c in [*_REGISTERED, *_cache_classes()]}
 
 
 def _resolve_class(name: Any) -> type:
     allowed = _allowed_classes()
     if not isinstance(name, str) or name not in allowed:
         raise ContextError(
-            f"pytree context names the class {name!r}, which is not one exporters rebuilds (subclasses of "
-            f"transformers' Cache and CacheLayerMixin, and classes registered by register_pytree_nodes); "
+            f"pytree context names the class {name!r}, which is not one exporters rebuilds (the classes of "
+            f"transformers.cache_utils and their subclasses, and classes registered by register_pytree_nodes); "
             f"import the module that defines it and register it, or re-export"
         )
     return allowed[name]

@@ -15,18 +15,18 @@ from collections.abc import Sequence
 
 from skips.export_skips import EXPORT_SKIPS
 from skips.onnx_disable_optimize import ONNX_DISABLE_OPTIMIZE
-from skips.records import BACKENDS, STAGES, VARIANTS, ExportSkip, OnnxDisableOptimize, SkipListError
+from skips.records import BACKENDS, STAGES, TESTS, VARIANTS, ExportSkip, OnnxDisableOptimize, SkipListError
 from skips.validate import installed_names, validate_lists
 
 __all__ = [
-    "BACKENDS", "EXPORT_SKIPS", "ONNX_DISABLE_OPTIMIZE", "STAGES", "VARIANTS", "ExportSkip",
+    "BACKENDS", "EXPORT_SKIPS", "ONNX_DISABLE_OPTIMIZE", "STAGES", "TESTS", "VARIANTS", "ExportSkip",
     "OnnxDisableOptimize", "SkipListError", "find_export_skip", "find_onnx_disable_optimize",
     "installed_names", "validate_lists", "xfail_marker", "marker_reason",
 ]
 
 
 def find_export_skip(class_name: str | None, model_type: str | None, backend: str,
-                     variant: str, *, entries: Sequence[ExportSkip] = EXPORT_SKIPS
+                     variant: str, *, test: str = "export", entries: Sequence[ExportSkip] = EXPORT_SKIPS
                      ) -> ExportSkip | None:
     """The EXPORT_SKIPS entry covering this sweep item, or None.
 
@@ -35,7 +35,7 @@ def find_export_skip(class_name: str | None, model_type: str | None, backend: st
     match is the only one.
     """
     for entry in entries:
-        if entry.matches(class_name, model_type, backend, variant):
+        if entry.matches(class_name, model_type, backend, variant, test):
             return entry
     return None
 

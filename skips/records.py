@@ -18,6 +18,8 @@ from collections.abc import Iterable
 
 BACKENDS: tuple[str, ...] = ("dynamo", "onnx", "executorch")
 VARIANTS: tuple[str, ...] = ("static", "dynamic")
+# The sweep's tests: test_export (one forward) and test_generate (prefill + decode steps).
+TESTS: tuple[str, ...] = ("export", "generate")
 # Where a sweep item can stop; "done" is not a failure stage and is not allowed here.
 STAGES: tuple[str, ...] = ("build", "eager", "export", "lower", "run", "compare", "shapes")
 ALL = "all"
@@ -53,6 +55,8 @@ class _Entry:
     model_types: tuple[str, ...] = ()
     # static / dynamic shapes variants; "all" expands to VARIANTS.
     variants: tuple[str, ...] = VARIANTS
+    # the sweep tests the entry applies to: ("export",) by default, ("generate",), or "all"
+    tests: tuple[str, ...] = ("export",)
     # The real cause, in words a contributor can act on. Printed by pytest.
     reason: str
 
@@ -60,6 +64,7 @@ class _Entry:
         object.__setattr__(self, "classes", _names(self.classes))
         object.__setattr__(self, "model_types", _names(self.model_types))
         object.__setattr__(self, "variants", _scope(self.variants, VARIANTS))
+        object.__setattr__(self, "tests", _scope(self.tests, TESTS))
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -73,8 +78,10 @@ class _Entry:
         return wanted is not None and wanted in {normalize_model_type(t) for t in self.model_types}
 
     def matches(self, class_name: str | None, model_type: str | None,
-                backend: str | None = None, variant: str | None = None) -> bool:
-        """True when the entry covers this model; ``None`` for backend/variant matches any."""
+                backend: str | None = None, variant: str | None = None, test: str | None = None) -> bool:
+        """True when the entry covers this model; ``None`` for backend/variant/test matches any."""
+        if test is not None and test not in self.tests:
+            return False
         if backend is not None and backend not in self.backends:
             return False
         if variant is not None and variant not in self.variants:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
-from skips.records import BACKENDS, STAGES, VARIANTS, ExportSkip, OnnxDisableOptimize, SkipListError, normalize_model_type
+from skips.records import BACKENDS, STAGES, TESTS, VARIANTS, ExportSkip, OnnxDisableOptimize, SkipListError, normalize_model_type
 
 MIN_REASON_CHARS = 15
 _VAGUE_WORDS = {"fail", "fails", "failed", "failing", "todo", "tbd", "fixme", "xxx", "flaky",
@@ -105,7 +105,7 @@ def _check_entry(list_name, index, entry, known_classes, known_types) -> None:
         if normalize_model_type(name) not in types_by_norm:
             raise fail(_unknown(name, known_types, "model type"))
     for field, values, known in (("backends", entry.backends, BACKENDS),
-                                 ("variants", entry.variants, VARIANTS)):
+                                 ("variants", entry.variants, VARIANTS), ("tests", entry.tests, TESTS)):
         if not values:
             raise fail(f"{field} is empty; the entry would match nothing (use 'all')")
         for value in values:
@@ -146,7 +146,7 @@ def _check_overlaps(list_name, entries, families) -> None:
         for other_index, other, other_keys in seen:
             shared = keys & other_keys
             if (shared and set(entry.backends) & set(other.backends)
-                    and set(entry.variants) & set(other.variants)):
+                    and set(entry.variants) & set(other.variants) and set(entry.tests) & set(other.tests)):
                 models = ", ".join(sorted(k.split(":", 1)[1] for k in shared))
                 raise _fail(list_name, index, entry,
                             f"overlaps {list_name}[{other_index}] on {models} for "

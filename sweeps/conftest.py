@@ -8,11 +8,21 @@ def export_patches(sweep_case):
     """Guard the patch registry around one item: the exporter installs the registered patches of
     the item's backend and must restore them, pass or fail. A target left patched fails this item,
     naming the target, and is put back so the next item starts clean."""
+    yield from _guarded(sweep_case)
+
+
+@pytest.fixture
+def generate_patches(generate_case):
+    """The same guard around a generate item (two exports: prefill and decode)."""
+    yield from _guarded(generate_case)
+
+
+def _guarded(case):
     import exporters
     from exporters.utils import NOTSET, find_leaked_patches, patch_targets_snapshot, resolve_path
 
-    exporters.get_exporter(sweep_case.backend)  # its module registers its patches: snapshot them too
-    backends = ("dynamo", sweep_case.backend) if sweep_case.backend != "dynamo" else ("dynamo",)
+    exporters.get_exporter(case.backend)  # its module registers its patches: snapshot them too
+    backends = ("dynamo", case.backend) if case.backend != "dynamo" else ("dynamo",)
     snapshot = patch_targets_snapshot(*backends)
     yield snapshot
     leaked = find_leaked_patches(snapshot)
@@ -23,7 +33,7 @@ def export_patches(sweep_case):
         else:
             setattr(owner, name, snapshot[path])
     if leaked:
-        pytest.fail(f"patches not restored after {sweep_case.id}: {', '.join(leaked)}")
+        pytest.fail(f"patches not restored after {case.id}: {', '.join(leaked)}")
 
 
 @pytest.fixture

@@ -47,6 +47,14 @@ SMOKE_CLASSES = (
     "MobileBertForMaskedLM",  # encoder, bottleneck
 )
 
+# test_generate's smoke set: a decoder LM, an encoder-decoder, a VLM, speech-to-text, a state-space
+# model and a hybrid (attention + linear-attention layers)
+SMOKE_GENERATE = (
+    "LlamaForCausalLM", "T5ForConditionalGeneration", "LlavaForConditionalGeneration",
+    "WhisperForConditionalGeneration", "MambaForCausalLM", "Qwen3NextForCausalLM",
+)
+GENERATE_VARIANTS = ("dynamic",)  # the static cache form is not built yet (exporters/generation)
+
 HYPOTHESIS_PROFILES = {
     "ci": dict(max_examples=3, derandomize=True),
     "dev": dict(max_examples=10),
@@ -110,6 +118,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "executorch: sweep item lowered to ExecuTorch (XNNPACK) and run there")
     config.addinivalue_line("markers", "smoke: one of the ~20 smoke classes spanning the model families")
     config.addinivalue_line("markers", "slow: takes more than a few seconds (ExecuTorch lowering, big tests)")
+    config.addinivalue_line("markers", "generate: a test_generate item (prefill + decode steps from the artifacts alone)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     _group_by_class_under_xdist(config)
@@ -168,14 +177,14 @@ def _sweep_mode(config) -> str:
     return "full" if any("sweeps" in a for a in named) else "smoke"
 
 
-def _sweep_entries(config):
+def _sweep_entries(config, smoke_classes=SMOKE_CLASSES):
     from sweeps.zoo import catalog
 
     entries = config._sweep["models"]
     if entries is None:
         entries = catalog()
         if _sweep_mode(config) == "smoke":
-            smoke = set(SMOKE_CLASSES)
+            smoke = set(smoke_classes)
             entries = [e for e in entries if e.class_name in smoke]
     shard = config._sweep["shard"]
     if shard is not None:
@@ -207,6 +216,8 @@ def _validate_lists():
 
 
 def pytest_generate_tests(metafunc):
+    if "generate_case" in metafunc.fixturenames:
+        return _parametrize_generate(metafunc)
     if "sweep_case" not in metafunc.fixturenames:
         return
     from skips import find_export_skip, xfail_marker
@@ -234,12 +245,45 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("sweep_case", params)
 
 
+def _parametrize_generate(metafunc):
+    """test_generate's items: every generative class (sweeps.generate.generative), on the selected
+    backends, in the variants generation export builds; in smoke mode, SMOKE_GENERATE."""
+    from skips import find_export_skip, xfail_marker
+    from sweeps.generate import generative, unsupported
+    from sweeps.runner import Case
+
+    config = metafunc.config
+    _validate_lists()
+    smoke_mode = _sweep_mode(config) == "smoke" and config._sweep["models"] is None
+    entries = [e for e in _sweep_entries(config, SMOKE_GENERATE) if generative(e)]
+    params = []
+    for entry in entries:
+        for backend in config._sweep["backends"]:
+            for variant in (v for v in config._sweep["variants"] if v in GENERATE_VARIANTS):
+                case = Case(backend, variant, entry)
+                marks = [getattr(pytest.mark, backend), pytest.mark.xdist_group(entry.class_name), pytest.mark.generate]
+                if smoke_mode:
+                    marks.append(pytest.mark.smoke)
+                if backend == "executorch":
+                    marks.append(pytest.mark.slow)
+                skip = find_export_skip(entry.class_name, entry.model_type, backend, variant, test="generate")
+                if skip is not None:
+                    marks.append(xfail_marker(skip))
+                elif unsupported(entry):
+                    marks.append(pytest.mark.xfail(reason=unsupported(entry), strict=True))
+                elif entry.blocked_by:
+                    marks.append(pytest.mark.xfail(reason=f"build: {entry.blocked_by}", strict=True))
+                params.append(pytest.param(case, id=case.id, marks=marks))
+    metafunc.parametrize("generate_case", params)
+
+
 def pytest_collection_modifyitems(config, items):
     if not config._sweep["only_sweep"]:
         return
     keep, drop = [], []
     for item in items:
-        (keep if "sweep_case" in getattr(item, "fixturenames", ()) else drop).append(item)
+        fixtures = getattr(item, "fixturenames", ())
+        (keep if "sweep_case" in fixtures or "generate_case" in fixtures else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -47,18 +47,18 @@ class StageFailure(Exception):
         super().__init__(f"{stage}: {type(cause).__name__}: {cause}")
 
 
-_CACHE: dict[tuple[str, int], Reference | BaseException] = {}
+_CACHE: dict[tuple[str, int, float | None], Reference | BaseException] = {}
 _CACHE_SIZE = 2  # items arrive grouped by class: the current class and the one before suffice
 
 
-def reference(class_name: str, seed: int = SEED) -> Reference:
+def reference(class_name: str, seed: int = SEED, init_range: float | None = None) -> Reference:
     """The tiny model of ``class_name`` and its eager outputs, built once per process.
 
     A build failure is cached too, so the six items of a class that cannot be built fail fast."""
-    key = (class_name, seed)
+    key = (class_name, seed, init_range)
     if key not in _CACHE:
         try:
-            _CACHE[key] = _build_reference(class_name, seed)
+            _CACHE[key] = _build_reference(class_name, seed, init_range)
         except Exception as exc:  # noqa: BLE001 - re-raised below, for this and later items
             _CACHE[key] = exc
         while len(_CACHE) > _CACHE_SIZE:
@@ -69,14 +69,14 @@ def reference(class_name: str, seed: int = SEED) -> Reference:
     return value
 
 
-def _build_reference(class_name: str, seed: int) -> Reference:
+def _build_reference(class_name: str, seed: int, init_range: float | None = None) -> Reference:
     import torch
 
     from exporters.utils import flatten_outputs
     from sweeps.zoo import build_tiny, resolve_models, run_eager
 
     (entry,) = [e for e in resolve_models([class_name]) if e.class_name == class_name]
-    tiny = build_tiny(entry, seed=seed, check=False)  # the eager forward is the next stage
+    tiny = build_tiny(entry, seed=seed, check=False, init_range=init_range)  # the eager forward is the next stage
     try:
         # the zoo's own check: the same input layout the zoo validated (alternatives included)
         expected = flatten_outputs(run_eager(tiny, seed))

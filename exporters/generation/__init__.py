@@ -36,7 +36,8 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
                               "(a static cache with in-place updates is not built yet)")
     if "input_ids" not in inputs:
         raise GenerationError(f"generation export needs input_ids among the inputs, got {sorted(inputs)}")
-    calls, sequences = capture_generate(model, inputs, CAPTURED_STEPS)
+    captured_inputs = _padded(inputs)
+    calls, sequences = capture_generate(model, captured_inputs, CAPTURED_STEPS)
     prefill, decode = calls[0], calls[1]
     prompt_length = inputs["input_ids"].shape[-1]
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False) or "decoder_input_ids" in prefill.tensors:
@@ -46,7 +47,7 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     if filled:
         raise GenerationError(f"the prefill call of {type(model).__name__}.generate takes {filled}, filled before the "
                               "first forward: a component that makes them (an encoder) is not built yet")
-    given = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    given = {k: v for k, v in captured_inputs.items() if isinstance(v, torch.Tensor)}
     prefill_rules = infer_prefill_rules(prefill, given)
     rules = infer_rules(calls, sequences, prompt_length)
     carried = [n for n, r in rules.items() if n in decode.trees and r != "outputs"]
@@ -72,6 +73,18 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     caller_inputs = [k for k in prefill.tensors if k not in prefill_rules]
     return Generator(components, rules, caller_inputs, {k: len(v[0]) for k, v in decode.trees.items()},
                      generation, metadata, prefill_rules)
+
+
+def _padded(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The inputs with the first row's first position padded when the mask pads nothing: generate drops an
+    all-ones mask before the first forward, and components captured without one could not take padding."""
+    inputs = dict(inputs)
+    mask = inputs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] > 1 and bool((mask == 1).all()):
+        mask = mask.clone()
+        mask[0, 0] = 0
+        inputs["attention_mask"] = mask
+    return inputs
 
 
 class GenerationExport:

@@ -66,6 +66,11 @@ class Generator:
         given = {"input_ids": input_ids, "attention_mask": attention_mask, **other}
         if "attention_mask" in self.prefill_inputs and attention_mask is None:
             given["attention_mask"] = torch.ones_like(input_ids)
+        if "attention_mask" not in self.prefill_inputs and attention_mask is not None:
+            if not bool((attention_mask == 1).all()):
+                raise GenerationError("this generator's components take no attention_mask (the model's generate passed "
+                                      "none at export), so they cannot run a padded batch")
+            given["attention_mask"] = None  # all ones: what generate itself does with it
         unknown = [k for k, v in given.items() if v is not None and k not in self.prefill_inputs]
         missing = [k for k in self.prefill_inputs if given.get(k) is None]
         if unknown or missing:

@@ -449,11 +449,24 @@ def run_forward(model, inputs):
         return model(**inputs)
 
 
-def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
+def _set_init_range(config, value: float, seen: set | None = None) -> None:
+    seen = set() if seen is None else seen
+    if id(config) in seen:
+        return
+    seen.add(id(config))
+    if hasattr(config, "initializer_range"):
+        config.initializer_range = value
+    for sub in vars(config).values():
+        if hasattr(sub, "to_dict") and hasattr(sub, "model_type"):
+            _set_init_range(sub, value, seen)
+
+
+def build_tiny(entry, seed: int = 0, *, check: bool = True, init_range: float | None = None) -> TinyModel:
     """Tiny fp32 eval-mode model + inputs for a catalog entry (or class name).
 
     With ``check`` (default) one eager forward is run and must give finite outputs;
-    the outputs are kept on ``TinyModel.outputs``.
+    the outputs are kept on ``TinyModel.outputs``. ``init_range`` replaces ``initializer_range`` in the
+    config and every sub-config (the generate sweep: at the default 0.02 a tiny LM repeats one token).
     """
     import transformers
 
@@ -506,6 +519,8 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True) -> TinyModel:
     if entry.class_name.endswith(("ForCausalLM", "LMHeadModel", "WithLMHead")) and hasattr(config, "is_decoder") \
             and not getattr(config, "is_encoder_decoder", False):
         config.is_decoder = True  # as users configure encoder families for causal LM heads
+    if init_range is not None:
+        _set_init_range(config, init_range)
     attn = ov.get("attn", PREFERRED_ATTN)
     torch.manual_seed(seed)
     try:

@@ -1,0 +1,178 @@
+"""One generate item: export a class's prefill and decode step, drive them token by token from the
+artifacts alone, and check against eager ``model.generate(do_sample=False)``.
+
+Checks, in order (the item stops at the first that fails; ``stage`` says which):
+- ``logits``: teacher forcing, the artifact loop fed eager's tokens: every step's logits within the
+  backend's tolerance (one near-tie cannot derail the steps after it);
+- ``cache``: the cache after the last step, at the positions attention reads, within tolerance;
+- ``tokens``: free-running greedy tokens identical to eager's, except at a step where eager's top two
+  logits are closer than the tolerance: recorded as ``tie_steps``, not a failure.
+Properties: ``new_tokens``, ``distinct_tokens`` (a loop that repeats one token would hide a broken
+cache from the token check; models are built with ``GENERATE_INIT_RANGES``, see there), ``init_range``,
+``rules`` (how each decode input follows from the step before), ``workarounds_fired``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# at the zoo's default 0.02, tiny GPT-2, T5 and Mamba repeat one token; 0.2 makes most tiny models'
+# tokens depend on the context, and a model still repeating itself is rebuilt once at the larger value
+GENERATE_INIT_RANGES = (0.2, 0.5)
+MIN_DISTINCT_TOKENS = 3
+NEW_TOKENS = 8
+GENERATIVE_TASKS = ("causal_lm", "seq_to_seq_causal_lm", "image_text_to_text", "multimodal_lm", "speech_seq_2_seq")
+NOT_GENERATE_INPUTS = ("labels", "use_cache", "return_dict", "output_attentions", "output_hidden_states")
+
+
+def generative(entry) -> bool:
+    """Whether a catalog entry's class is one that generates (by the auto mappings it is listed in)."""
+    return any(task in GENERATIVE_TASKS for task in entry.tasks)
+
+
+DECODER_ONLY_TASKS = ("causal_lm",)
+
+
+def unsupported(entry) -> str | None:
+    """Why generation export cannot take this class yet, or None. Strict: an item that starts passing
+    turns the run red, and this rule has to change."""
+    if not any(task in DECODER_ONLY_TASKS for task in entry.tasks):
+        return ("generate runs an encoder (text, vision or audio) before the first forward call, and "
+                "export_for_generation builds no encoder component yet (prefill + decode of decoder-only models "
+                "only): remove when exporters/generation exports the encoder as a component of its own")
+    return None
+
+
+def generate_inputs(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in NOT_GENERATE_INPUTS}
+
+
+def _tolerance(backend: str) -> float:
+    from exporters.parity import TOLERANCES
+
+    return TOLERANCES[backend][0]
+
+
+def _ties(logits: tuple[torch.Tensor, ...], backend: str) -> list[int]:
+    """Steps where eager's top two logits (any row) are closer than the backend's tolerance."""
+    steps = []
+    for i, step in enumerate(logits):
+        top = step.float().topk(2, dim=-1).values
+        if bool(((top[..., 0] - top[..., 1]) <= 2 * _tolerance(backend)).any()):
+            steps.append(i)
+    return steps
+
+
+def _attended(cache: dict[str, torch.Tensor], mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Cache leaves at the positions attention reads: where a leaf's dim -2 is the sequence (its size
+    is the mask's length), left-padded positions are dropped (their keys are never read, and each
+    runtime computes a fully masked row its own way)."""
+    if mask is None or bool(mask.all()):
+        return cache
+    out = {}
+    for name, t in cache.items():
+        if t.dim() >= 3 and t.shape[0] == mask.shape[0] and t.shape[-2] == mask.shape[-1]:
+            keep = mask.bool().reshape(mask.shape[0], *([1] * (t.dim() - 3)), mask.shape[-1], 1).expand_as(t)
+            out[name] = t[keep]
+        else:
+            out[name] = t
+    return out
+
+
+class GenerateMismatch(AssertionError):
+    """The artifact loop does not reproduce eager generation (message: which check, step and output)."""
+
+
+def _build(case, init_range: float):
+    from sweeps.runner import reference
+
+    model = reference(case.entry.class_name, init_range=init_range).tiny.model
+    generation = getattr(model, "generation_config", None)
+    if getattr(model.config, "is_encoder_decoder", False) and generation is not None \
+            and generation.decoder_start_token_id is None:
+        # the tiny config names no start token; any id the vocabulary has will do for a random model
+        generation.decoder_start_token_id = generation.pad_token_id or generation.bos_token_id or 0
+    if not (hasattr(model, "can_generate") and model.can_generate()):
+        raise TypeError(f"{case.entry.class_name}.can_generate() is False: it is listed under a generative task "
+                        "but cannot run generate")
+    return model, generate_inputs(reference(case.entry.class_name, init_range=init_range).tiny.inputs)
+
+
+def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
+    """Run one generate item; raise ``sweeps.runner.StageFailure`` naming the stage."""
+    from exporters import get_exporter
+    from exporters.parity import compare
+    from exporters.pytrees import flatten_outputs
+    from sweeps.runner import StageFailure, export_config, is_pytest_outcome
+
+    stage = "build"
+    record("stage", stage)
+    start = time.perf_counter()
+    try:
+        for init_range in GENERATE_INIT_RANGES:
+            stage = "build"
+            model, inputs = _build(case, init_range)
+            stage = "eager"
+            record("stage", stage)
+            with torch.no_grad():
+                eager = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                       return_dict_in_generate=True, output_logits=True)
+            prompt = eager.sequences.shape[1] - len(eager.logits)
+            new = eager.sequences[:, prompt:]
+            if len(set(new.flatten().tolist())) >= MIN_DISTINCT_TOKENS:
+                break
+        record("init_range", init_range)
+        record("new_tokens", int(new.shape[1]))
+        record("distinct_tokens", len(set(new.flatten().tolist())))
+        stage = "export"
+        record("stage", stage)
+        exporter = get_exporter(case.backend)
+        config, props = export_config(case, exporter)
+        for k, v in props.items():
+            record(k, v)
+        generator = exporter.export_for_generation(model, inputs, config)
+        record("rules", {**generator.rules, **{f"prefill:{k}": v for k, v in generator.prefill_rules.items()}})
+        record("workarounds_fired", sorted({w for a in generator.components.values() for w in a.workarounds_fired}))
+        stage = "run"
+        record("stage", stage)
+        extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+        forced = generator.generate(inputs["input_ids"], inputs.get("attention_mask"), max_new_tokens=new.shape[1],
+                                    teacher_tokens=new, return_dict_in_generate=True, output_logits=True, **extra)
+        stage = "compare"
+        record("stage", stage)
+        if len(forced.logits) != len(eager.logits):
+            raise GenerateMismatch(f"logits: the artifact loop ran {len(forced.logits)} steps, eager {len(eager.logits)}")
+        for step, (want, got) in enumerate(zip(eager.logits, forced.logits)):
+            problems = compare({"logits": want}, {"logits": got}, case.backend)
+            if problems:
+                raise GenerateMismatch(f"logits at step {step} (teacher-forced): {problems[0]}")
+        mask = inputs.get("attention_mask")
+        if mask is not None:
+            mask = torch.cat([mask, torch.ones(mask.shape[0], len(eager.logits) - 1, dtype=mask.dtype)], dim=1)
+        # eager returns the state as past_key_values whatever the model calls it (Mamba: cache_params)
+        (tree,) = generator.trees or ("past_key_values",)
+        want_cache = flatten_outputs({tree: eager.past_key_values}) if eager.past_key_values is not None else {}
+        problems = compare(_attended(want_cache, mask), _attended(forced.cache, mask), case.backend)
+        if problems:
+            raise GenerateMismatch(f"cache after the last step: {problems[0]}")
+        free = generator.generate(inputs["input_ids"], inputs.get("attention_mask"), max_new_tokens=new.shape[1], **extra)
+        if not torch.equal(free, eager.sequences):
+            differ = (free[:, prompt:] != new).any(dim=0).nonzero()
+            first = int(differ[0]) if len(differ) else None
+            ties = _ties(eager.logits, case.backend)
+            if first is None or first not in ties:
+                raise GenerateMismatch(f"tokens: free-running greedy tokens differ from eager's at step {first} "
+                                       f"(artifact {free[:, prompt:].tolist()}, eager {new.tolist()})")
+            record("tie_steps", ties)
+        stage = "done"
+        record("stage", stage)
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, StageFailure)) or is_pytest_outcome(exc):
+            raise
+        raise StageFailure(stage, exc) from exc
+    finally:
+        record("duration_s", round(time.perf_counter() - start, 3))
