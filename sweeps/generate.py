@@ -137,6 +137,9 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
         generator = exporter.export_for_generation(model, inputs, config)
         record("rules", {**generator.rules, **{f"prefill:{k}": v for k, v in generator.prefill_rules.items()}})
         record("workarounds_fired", sorted({w for a in generator.components.values() for w in a.workarounds_fired}))
+        components = generator.components.items()
+        record("baked_inputs", {k: sorted(n for n, v in a.constants.items() if isinstance(v, torch.Tensor)) for k, a in components})
+        record("dynamic_by_input", {k: {n: sorted(d) for n, d in a.dynamic_dims.items()} for k, a in components})
         stage = "run"
         record("stage", stage)
         extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}

@@ -113,6 +113,8 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
     ``reference_fn(class_name)`` replaces the zoo build (tests pass a hand-built model);
     ``config_overrides`` set exporter config fields (``{"optimize": True}``); ``shapes=False``
     skips the dynamic-shape checks; ``sizes`` checks one set of sizes instead of drawing them."""
+    import torch
+
     from exporters import ExportStageError, get_exporter
     from exporters.parity import assert_close
     from sweeps.shapes import check_at, check_dynamic_shapes, check_size_one, format_sizes
@@ -141,6 +143,7 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
             record("workarounds_fired", exc.workarounds_fired)
             raise
         record("workarounds_fired", artifact.workarounds_fired)
+        record("baked_inputs", sorted(k for k, v in artifact.constants.items() if isinstance(v, torch.Tensor)))
         if "planned_bytes" in artifact.extra_metadata:  # ExecuTorch: the memory its plan allocates, and for which bounds
             record("planned_mb", round(artifact.extra_metadata["planned_bytes"] / 2**20, 1))
             record("max_dim", artifact.extra_metadata["max_dim"])
@@ -159,6 +162,7 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
             stage = "shapes"
             record("stage", stage)
             record("dynamic_dims", sum(len(d) for d in artifact.dynamic_dims.values()))
+            record("dynamic_by_input", {n: sorted(d) for n, d in artifact.dynamic_dims.items()})
             try:
                 if sizes is not None:
                     verdict, detail = check_at(artifact, model, inputs, sizes, case.backend)

@@ -158,11 +158,13 @@ def test_executorch_bounds_an_explicit_unbounded_dim():
 
 
 class _FirstQuarter(torch.nn.Module):
-    """Keeps the first H // 4 rows: torch.export assumes that size is not 1 and records the
+    """Keeps the first H // 4 rows, and branches on that count being 1: torch.export records the
     condition ``H // 4 != 1``, which no dim bound expresses."""
 
     def forward(self, x):
         n = x.shape[1] // 4
+        if n == 1:
+            return x[:, :1] * 3
         rows = x[:, :n]
         return rows * 2 + rows.mean(1, keepdim=True).expand(-1, n, -1)
 

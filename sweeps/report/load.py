@@ -99,9 +99,9 @@ def normalize_error(text: str | None, limit: int = 200) -> str | None:
 
 
 def parse_test_id(nodeid: str) -> dict[str, str]:
-    """``...::test_export[onnx-dynamic-BertModel]`` -> backend, variant, model_class ({} for any other
-    test, including unit tests whose parameters quote a sweep id)."""
-    if not nodeid.split("::", 1)[-1].startswith("test_export["):
+    """``...::test_export[onnx-dynamic-BertModel]`` (or ``test_generate[...]``) -> backend, variant,
+    model_class ({} for any other test, including unit tests whose parameters quote a sweep id)."""
+    if not nodeid.split("::", 1)[-1].startswith(("test_export[", "test_generate[")):
         return {}
     match = re.search(r"\[([^\]]*)\]$", nodeid)
     if not match:
