@@ -129,6 +129,8 @@ def load_generator(directory: str | os.PathLike) -> Generator:
     if doc.get("format") != FORMAT:
         raise LoadError(f"{where}: format {doc.get('format')!r}, this version of exporters reads {FORMAT!r}")
     components = {name: load_artifact(os.path.join(directory, name)) for name in doc["components"]}
-    known = ("format", "backend", "components", "rules", "prefill_inputs", "prefill_rules", "trees", "generation")
+    known = ("format", "backend", "components", "rules", "prefill_inputs", "prefill_rules", "prefill_trees",
+             "token_input", "trees", "generation")
     return Generator(components, doc["rules"], doc["prefill_inputs"], doc["trees"], doc["generation"],
-                     {k: v for k, v in doc.items() if k not in known}, doc.get("prefill_rules", {}))
+                     {k: v for k, v in doc.items() if k not in known}, doc.get("prefill_rules", {}),
+                     doc.get("prefill_trees", {}), doc.get("token_input", "input_ids"))

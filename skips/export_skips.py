@@ -31,6 +31,26 @@ from skips.records import ExportSkip
 
 EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
+        classes=("LlavaForConditionalGeneration",),
+        tests=("generate",),
+        stage="export",
+        reason="generate computes the image features before the first forward call and passes them as "
+               "mm_encoder_outputs, a dict that also holds None entries; export_for_generation captures the model's "
+               "forward calls and get_encoder()'s, so those features have no component to come from and the dict "
+               "cannot be a flat input (GenerationError at capture, seen at the commit adding this entry). Remove when "
+               "exporters/generation exports the multimodal feature step as a component of its own",
+    ),
+    ExportSkip(
+        classes=("WhisperForConditionalGeneration",),
+        tests=("generate",),
+        stage="export",
+        reason="WhisperGenerationMixin.generate returns the new tokens without the decoder prompt it was given "
+               "(3 tokens for a 5-token decoder_input_ids and 3 forward calls), so how each decode-step input follows "
+               "from the step before cannot be read off the sequences (GenerationError in steps.infer_rules). Remove "
+               "when exporters/generation reads the chosen tokens from the captured calls instead of the returned "
+               "sequences",
+    ),
+    ExportSkip(
         classes=("Swin2SRForImageSuperResolution",),
         backends=("executorch",),
         variants=("dynamic",),

@@ -34,19 +34,6 @@ def generative(entry) -> bool:
     return any(task in GENERATIVE_TASKS for task in entry.tasks)
 
 
-DECODER_ONLY_TASKS = ("causal_lm",)
-
-
-def unsupported(entry) -> str | None:
-    """Why generation export cannot take this class yet, or None. Strict: an item that starts passing
-    turns the run red, and this rule has to change."""
-    if not any(task in DECODER_ONLY_TASKS for task in entry.tasks):
-        return ("generate runs an encoder (text, vision or audio) before the first forward call, and "
-                "export_for_generation builds no encoder component yet (prefill + decode of decoder-only models "
-                "only): remove when exporters/generation exports the encoder as a component of its own")
-    return None
-
-
 def generate_inputs(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in NOT_GENERATE_INPUTS}
 
@@ -142,9 +129,8 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
         record("dynamic_by_input", {k: {n: sorted(d) for n, d in a.dynamic_dims.items()} for k, a in components})
         stage = "run"
         record("stage", stage)
-        extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
-        forced = generator.generate(inputs["input_ids"], inputs.get("attention_mask"), max_new_tokens=new.shape[1],
-                                    teacher_tokens=new, return_dict_in_generate=True, output_logits=True, **extra)
+        forced = generator.generate(**inputs, max_new_tokens=new.shape[1], teacher_tokens=new,
+                                    return_dict_in_generate=True, output_logits=True)
         stage = "compare"
         record("stage", stage)
         if len(forced.logits) != len(eager.logits):
@@ -157,12 +143,16 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
         if mask is not None:
             mask = torch.cat([mask, torch.ones(mask.shape[0], len(eager.logits) - 1, dtype=mask.dtype)], dim=1)
         # eager returns the state as past_key_values whatever the model calls it (Mamba: cache_params)
-        (tree,) = generator.trees or ("past_key_values",)
+        state = [t for t in generator.trees if generator.rules.get(t) == "outputs"]  # the cache, not encoder outputs
+        if len(state) != 1:
+            raise GenerateMismatch(f"cache: the decode step carries {len(state)} trees from step to step ({state}); "
+                                   "eager returns one past_key_values to compare them with")
+        (tree,) = state
         want_cache = flatten_outputs({tree: eager.past_key_values}) if eager.past_key_values is not None else {}
         problems = compare(_attended(want_cache, mask), _attended(forced.cache, mask), case.backend)
         if problems:
             raise GenerateMismatch(f"cache after the last step: {problems[0]}")
-        free = generator.generate(inputs["input_ids"], inputs.get("attention_mask"), max_new_tokens=new.shape[1], **extra)
+        free = generator.generate(**inputs, max_new_tokens=new.shape[1])
         if not torch.equal(free, eager.sequences):
             differ = (free[:, prompt:] != new).any(dim=0).nonzero()
             first = int(differ[0]) if len(differ) else None

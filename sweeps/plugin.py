@@ -249,7 +249,7 @@ def _parametrize_generate(metafunc):
     """test_generate's items: every generative class (sweeps.generate.generative), on the selected
     backends, in the variants generation export builds; in smoke mode, SMOKE_GENERATE."""
     from skips import find_export_skip, xfail_marker
-    from sweeps.generate import generative, unsupported
+    from sweeps.generate import generative
     from sweeps.runner import Case
 
     config = metafunc.config
@@ -269,8 +269,6 @@ def _parametrize_generate(metafunc):
                 skip = find_export_skip(entry.class_name, entry.model_type, backend, variant, test="generate")
                 if skip is not None:
                     marks.append(xfail_marker(skip))
-                elif unsupported(entry):
-                    marks.append(pytest.mark.xfail(reason=unsupported(entry), strict=True))
                 elif entry.blocked_by:
                     marks.append(pytest.mark.xfail(reason=f"build: {entry.blocked_by}", strict=True))
                 params.append(pytest.param(case, id=case.id, marks=marks))

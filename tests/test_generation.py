@@ -153,19 +153,51 @@ def test_bad_calls_name_the_problem(llama):
         exporter.export_for_generation(llama, {"input_ids": ids}, cache="static")
 
 
-def test_encoder_decoder_is_refused_naming_the_missing_encoder_component():
-    from transformers import T5Config, T5ForConditionalGeneration
+def _tiny_bart():
+    from transformers import BartConfig, BartForConditionalGeneration
 
     torch.manual_seed(0)
-    model = T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=1,
-                                                num_heads=2, decoder_start_token_id=0)).eval()
-    with pytest.raises(GenerationError, match="encoder-decoder.*encoder component is not built yet"):
+    cfg = BartConfig(vocab_size=48, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                     decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+                     init_std=0.3, forced_eos_token_id=2)
+    return BartForConditionalGeneration(cfg).eval()
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_encoder_decoder_generates_like_eager(backend, tmp_path):
+    """The encoder is a component of its own; the decoder's start token and forced end token are applied
+    by the loop as generate applies them."""
+    model = _tiny_bart()
+    ids = torch.randint(3, 48, (2, 6), generator=torch.Generator().manual_seed(5))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    exporter = get_exporter(backend)
+    generator = exporter.export_for_generation(model, inputs, exporter.config_class(dynamic=True))
+    assert list(generator.components) == ["encoder", "prefill", "decode"]
+    assert generator.prefill_rules == {"decoder_input_ids": "decoder_start"}
+    assert generator.rules["encoder_outputs"] == "same" and generator.rules["past_key_values"] == "outputs"
+    for n in (3, 7):
+        with torch.no_grad():
+            expected = model.generate(**inputs, max_new_tokens=n, do_sample=False)
+        assert torch.equal(generator.generate(**inputs, max_new_tokens=n), expected)
+    assert int(expected[0, -1]) == 2  # forced_eos_token_id at the last step
+    generator.save(tmp_path)
+    from exporters import load_generator
+
+    assert torch.equal(load_generator(tmp_path).generate(**inputs, max_new_tokens=7), expected)
+
+
+def test_a_processor_the_loop_does_not_apply_is_refused_at_export(llama):
+    import copy
+
+    model = copy.deepcopy(llama)
+    model.generation_config.repetition_penalty = 1.3
+    with pytest.raises(GenerationError, match=r"sets \['repetition_penalty'\]"):
         get_exporter("dynamo").export_for_generation(model, {"input_ids": torch.tensor([[4, 5, 6]])})
 
 
 def test_an_input_no_rule_explains_is_named():
     def call(ids, extra, n):
-        return Call({"input_ids": ids, "noise": extra}, {}, {}, {})
+        return Call({"input_ids": ids, "noise": extra}, {}, {}, {})  # tensors, trees, constants, output trees
 
     seq = torch.tensor([[1, 2, 3, 4]])
     calls = [call(seq[:, :2], torch.tensor([1.0]), 0), call(seq[:, 2:3], torch.tensor([5.0]), 1),

@@ -6,7 +6,9 @@ with any exporter, and driven token by token by a ``Generator`` that runs only t
     generator.save("out/"); load_generator("out/")               # exporters.loading, no weights needed
 
 Components: ``prefill`` (the first forward call of ``generate``: the prompt, an empty cache) and
-``decode`` (a one-token step reading and returning the cache). Each is a ``FlatComponent``: the cache
+``decode`` (a one-token step reading and returning the cache), and for an encoder-decoder ``encoder``
+(the call of ``model.get_encoder()`` that ``generate`` makes first; its outputs are the decoder's
+``encoder_outputs``, checked leaf by leaf). Each is a ``FlatComponent``: the cache
 goes in and out as flat tensors. How every decode input follows from the call before it is read off
 the captured calls and checked on each pair (steps.py). Cache form: ``"dynamic"`` (a growing cache).
 """
@@ -18,10 +20,11 @@ from typing import Any
 
 import torch
 
-from exporters.generation.capture import GenerationError, capture_generate
+from exporters.generation.capture import GenerationError, capture_generate, encoder_of
 from exporters.generation.component import FlatComponent, flat_inputs
 from exporters.generation.generator import GenerateOutput, Generator
-from exporters.generation.steps import infer_prefill_rules, infer_rules
+from exporters.generation.processors import check_supported
+from exporters.generation.steps import TOKEN_INPUTS, infer_prefill_rules, infer_rules
 
 __all__ = ["GenerateOutput", "GenerationError", "GenerationExport", "Generator", "export_for_generation"]
 
@@ -34,45 +37,85 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     if cache not in CACHE_FORMS:
         raise GenerationError(f"cache={cache!r} is not supported; this version exports cache forms {CACHE_FORMS} "
                               "(a static cache with in-place updates is not built yet)")
-    if "input_ids" not in inputs:
-        raise GenerationError(f"generation export needs input_ids among the inputs, got {sorted(inputs)}")
+    check_supported(_generation_dict(model), type(model).__name__)
     captured_inputs = _padded(inputs)
-    calls, sequences = capture_generate(model, captured_inputs, CAPTURED_STEPS)
+    calls, encoder_calls, sequences = capture_generate(model, captured_inputs, CAPTURED_STEPS)
     prefill, decode = calls[0], calls[1]
-    prompt_length = inputs["input_ids"].shape[-1]
-    if getattr(getattr(model, "config", None), "is_encoder_decoder", False) or "decoder_input_ids" in prefill.tensors:
-        raise GenerationError(f"{type(model).__name__} is an encoder-decoder: its encoder runs outside forward in "
-                              "generate, and an encoder component is not built yet")
-    filled = [k for k, (leaves, _) in prefill.trees.items() if leaves]
-    if filled:
-        raise GenerationError(f"the prefill call of {type(model).__name__}.generate takes {filled}, filled before the "
-                              "first forward: a component that makes them (an encoder) is not built yet")
     given = {k: v for k, v in captured_inputs.items() if isinstance(v, torch.Tensor)}
-    prefill_rules = infer_prefill_rules(prefill, given)
-    rules = infer_rules(calls, sequences, prompt_length)
-    carried = [n for n, r in rules.items() if n in decode.trees and r != "outputs"]
-    if carried:
-        raise GenerationError(f"decode-step trees {carried} are carried from the prompt, not from the previous "
-                              "step's outputs: an encoder component is not built yet")
-    for name in decode.trees:
-        out = prefill.output_trees.get(name)
-        if out is None or out[1] != decode.trees[name][1]:
-            raise GenerationError(f"the prefill's output {name!r} does not have the structure the decode step takes")
+    encoder_call = _encoder_call(model, encoder_calls, given)
+    token_input = next((k for k in TOKEN_INPUTS[::-1] if k in prefill.tensors), None)
+    if token_input is None:
+        raise GenerationError(f"the first forward call of {type(model).__name__}.generate takes no token ids "
+                              f"({TOKEN_INPUTS}); it takes {sorted(prefill.tensors)}")
+    prefill_trees = _prefill_tree_rules(model, prefill, encoder_call)
+    prefill_rules = infer_prefill_rules(prefill, given, _generation_dict(model))
+    rules = infer_rules(calls, sequences, prefill.tensors[token_input].shape[-1])
+    for name, rule in rules.items():
+        if name in decode.trees and rule == "outputs":
+            out = prefill.output_trees.get(name)
+            if out is None or out[1] != decode.trees[name][1]:
+                raise GenerationError(f"the prefill's output {name!r} does not have the structure the decode step takes")
+        elif name in decode.trees and rule == "same" and name not in prefill_trees:
+            raise GenerationError(f"the decode step carries {name!r} from the prefill, which does not say where it "
+                                  "comes from")
     config = config if config is not None else exporter.config_class()
+    parts = ([("encoder", encoder_of(model), encoder_call)] if encoder_call is not None else []) \
+        + [("prefill", model, prefill), ("decode", model, decode)]
     components = {}
-    for label, call in (("prefill", prefill), ("decode", decode)):
-        component = FlatComponent(model, call).eval()
+    for label, module, call in parts:
+        component = FlatComponent(module, call).eval()
         artifact = exporter.export(component, {**flat_inputs(call.tensors, {k: v[0] for k, v in call.trees.items()}),
                                                **call.constants}, config)
         artifact.extra_metadata["component"] = label
         components[label] = artifact
-    generation = model.generation_config.to_diff_dict() if getattr(model, "generation_config", None) else {}
-    generation = {k: v for k, v in generation.items() if isinstance(v, (int, float, str, bool, list, type(None)))}
     metadata = {"model_class": type(model).__name__, "cache": cache,
                 "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
     caller_inputs = [k for k in prefill.tensors if k not in prefill_rules]
+    if encoder_call is not None:
+        caller_inputs = list(dict.fromkeys([*encoder_call.tensors, *caller_inputs]))
     return Generator(components, rules, caller_inputs, {k: len(v[0]) for k, v in decode.trees.items()},
-                     generation, metadata, prefill_rules)
+                     _generation_dict(model), metadata, prefill_rules, prefill_trees, token_input)
+
+
+def _generation_dict(model) -> dict[str, Any]:
+    generation = model.generation_config.to_diff_dict() if getattr(model, "generation_config", None) else {}
+    if getattr(model, "generation_config", None) is not None:  # the ids the loop needs, defaults included
+        for key in ("eos_token_id", "pad_token_id", "decoder_start_token_id", "bos_token_id", "forced_bos_token_id",
+                    "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens", "min_new_tokens", "min_length"):
+            generation[key] = getattr(model.generation_config, key, None)
+    return {k: v for k, v in generation.items() if isinstance(v, (int, float, str, bool, list, type(None)))}
+
+
+def _encoder_call(model, encoder_calls, given):
+    if encoder_of(model) is None:
+        return None
+    if len(encoder_calls) != 1:
+        raise GenerationError(f"{type(model).__name__}.generate called its encoder {len(encoder_calls)} times; "
+                              "generation export takes one encoder call before the decoder steps")
+    call = encoder_calls[0]
+    missing = [k for k in call.tensors if k not in given]
+    if missing or call.trees:
+        raise GenerationError(f"{type(model).__name__}'s encoder takes {missing + list(call.trees)}, which the caller "
+                              "does not give")
+    return call
+
+
+def _prefill_tree_rules(model, prefill, encoder_call) -> dict[str, str]:
+    """Where each tree the prefill takes comes from: "empty" (a cache with no tensor yet, rebuilt inside
+    the component) or "encoder" (the encoder component's outputs, checked leaf by leaf)."""
+    rules = {}
+    for name, (leaves, _) in prefill.trees.items():
+        if not leaves:
+            rules[name] = "empty"
+            continue
+        encoded = encoder_call.output_trees[""][0] if encoder_call is not None else []
+        if len(encoded) == len(leaves) and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(encoded, leaves)):
+            rules[name] = "encoder"
+            continue
+        raise GenerationError(f"the prefill call of {type(model).__name__}.generate takes {name!r}, filled before the "
+                              "first forward by something other than the encoder, which generation export does not "
+                              "capture (a vision or audio tower run inside generate)")
+    return {k: v for k, v in rules.items() if v != "empty"}
 
 
 def _padded(inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@ exported from (the prefill call, the decode steps), with the cache flattened as 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Mapping
@@ -68,34 +69,60 @@ def _trees_of(outputs: Any) -> dict[str, tuple[list[torch.Tensor], Any]]:
     return trees
 
 
-def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int) -> tuple[list[Call], torch.Tensor]:
-    """``model.generate(**inputs, max_new_tokens=steps, do_sample=False)`` with every call of the model's
-    forward recorded (the kwargs as they were when the call began); returns the calls and the sequences."""
-    calls: list[Call] = []
-    original = model.__dict__.get("forward")
-    bound = original if original is not None else type(model).forward.__get__(model, type(model))
+def _whole(outputs: Any) -> dict[str, tuple[list[torch.Tensor], Any]]:
+    """All of an encoder's outputs as one tree (keyed ""): they become the decoder's encoder_outputs."""
+    register_pytree_nodes(outputs)
+    leaves, spec = pytree.tree_flatten(outputs)
+    return {"": ([v.detach().clone() for v in leaves if isinstance(v, torch.Tensor)], spec)}
+
+
+@contextlib.contextmanager
+def _recorded(module: torch.nn.Module, calls: list[Call], outputs_of=_trees_of):
+    """Within the block, every call of ``module.forward`` is appended to ``calls``."""
+    original = module.__dict__.get("forward")
+    bound = original if original is not None else type(module).forward.__get__(module, type(module))
 
     # generate reads forward's signature (whether it takes position_ids, ...): the recorder keeps it
     @functools.wraps(bound)
     def forward(*args, **kwargs):
         if args:
-            raise GenerationError(f"{type(model).__name__}.generate calls forward with positional arguments; "
+            raise GenerationError(f"generate calls {type(module).__name__}.forward with positional arguments; "
                                   "generation export takes keyword calls only")
         call = _split(kwargs)
         out = bound(**kwargs)
-        call.output_trees = _trees_of(out)
+        call.output_trees = outputs_of(out)
         calls.append(call)
         return out
 
-    model.forward = forward
+    module.forward = forward
     try:
-        with torch.no_grad():
-            sequences = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+        yield
     finally:
         if original is None:
-            del model.forward
+            del module.forward
         else:
-            model.forward = original
+            module.forward = original
+
+
+def encoder_of(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The encoder ``generate`` runs before the first forward call of an encoder-decoder, else None."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False) or not hasattr(model, "get_encoder"):
+        return None
+    return model.get_encoder()
+
+
+def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int
+                     ) -> tuple[list[Call], list[Call], torch.Tensor]:
+    """``model.generate(**inputs, max_new_tokens=steps, do_sample=False)`` with every call of the model's
+    forward recorded (the kwargs as they were when the call began), and of its encoder's where it has
+    one; returns the forward calls, the encoder calls and the sequences."""
+    calls: list[Call] = []
+    encoder_calls: list[Call] = []
+    encoder = encoder_of(model)
+    with _recorded(model, calls), \
+            (_recorded(encoder, encoder_calls, _whole) if encoder is not None else contextlib.nullcontext()), \
+            torch.no_grad():
+        sequences = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
     if not calls:
         raise GenerationError(f"{type(model).__name__}.generate never called forward")
-    return calls, sequences
+    return calls, encoder_calls, sequences

@@ -13,6 +13,7 @@ import torch
 
 from exporters.generation.capture import GenerationError
 from exporters.generation.component import flat_inputs
+from exporters.generation.processors import process
 from exporters.generation.steps import apply_tensor_rule, derive_prefill_input, tree_output_names
 
 GENERATOR_FILE = "generator.json"
@@ -28,27 +29,33 @@ class GenerateOutput:
 
 
 class Generator:
-    """``components``: ``{"prefill": artifact, "decode": artifact}``; ``rules``: decode input -> rule;
-    ``prefill_inputs``: the prefill's tensor inputs (what the caller passes); ``trees``: decode tree
-    inputs and how many leaves each has; ``generation``: the generation config used at export."""
+    """``components``: ``{"prefill": artifact, "decode": artifact}`` and, for an encoder-decoder,
+    ``"encoder"``; ``rules``: decode input -> rule; ``prefill_inputs``: what the caller passes (the
+    encoder's inputs and the prefill's); ``trees``: decode tree inputs and how many leaves each has;
+    ``generation``: the generation config used at export; ``prefill_rules``: prefill inputs derived from
+    the caller's (position_ids, decoder_input_ids); ``prefill_trees``: prefill trees filled by a
+    component (encoder_outputs -> "encoder"); ``token_input``: input_ids or decoder_input_ids."""
 
     def __init__(self, components: Mapping[str, Any], rules: Mapping[str, str], prefill_inputs: list[str],
                  trees: Mapping[str, int], generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None,
-                 prefill_rules: Mapping[str, str] | None = None):
+                 prefill_rules: Mapping[str, str] | None = None, prefill_trees: Mapping[str, str] | None = None,
+                 token_input: str = "input_ids"):
         self.components = dict(components)
         self.rules = dict(rules)
         self.prefill_inputs = list(prefill_inputs)
         self.trees = dict(trees)
         self.generation = dict(generation)
         self.metadata = dict(metadata or {})
-        self.prefill_rules = dict(prefill_rules or {})  # prefill inputs derived from the caller's (position_ids)
+        self.prefill_rules = dict(prefill_rules or {})
+        self.prefill_trees = dict(prefill_trees or {})
+        self.token_input = token_input
 
     @property
     def backend(self) -> str:
         return self.components["prefill"].backend
 
     # ── the loop ──────────────────────────────────────────────────────────────
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+    def generate(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, *,
                  max_new_tokens: int | None = None, eos_token_id: int | list[int] | None = None,
                  pad_token_id: int | None = None, teacher_tokens: torch.Tensor | None = None,
                  return_dict_in_generate: bool = False, output_logits: bool = False,
@@ -63,29 +70,27 @@ class Generator:
         pad = pad_token_id if pad_token_id is not None else self.generation.get("pad_token_id")
         if pad is None and eos:
             pad = eos[0]
-        given = {"input_ids": input_ids, "attention_mask": attention_mask, **other}
-        if "attention_mask" in self.prefill_inputs and attention_mask is None:
-            given["attention_mask"] = torch.ones_like(input_ids)
-        if "attention_mask" not in self.prefill_inputs and attention_mask is not None:
-            if not bool((attention_mask == 1).all()):
-                raise GenerationError("this generator's components take no attention_mask (the model's generate passed "
-                                      "none at export), so they cannot run a padded batch")
-            given["attention_mask"] = None  # all ones: what generate itself does with it
-        unknown = [k for k, v in given.items() if v is not None and k not in self.prefill_inputs]
-        missing = [k for k in self.prefill_inputs if given.get(k) is None]
-        if unknown or missing:
-            raise GenerationError(f"the prefill takes {self.prefill_inputs}"
-                                  + (f"; missing {missing}" if missing else "") + (f"; unexpected {unknown}" if unknown else ""))
-        tensors = {k: given[k] for k in self.prefill_inputs}
-        tensors.update({k: derive_prefill_input(rule, tensors) for k, rule in self.prefill_rules.items()})
-        outputs = self.components["prefill"](**tensors)
-        batch = input_ids.shape[0]
-        unfinished = torch.ones(batch, dtype=torch.bool)
+        given = self._checked_inputs({"input_ids": input_ids, "attention_mask": attention_mask, **other})
+        prefill = self.components["prefill"]
+        trees: dict[str, list[torch.Tensor]] = {}
+        if "encoder" in self.components:
+            encoder = self.components["encoder"]
+            encoded = encoder(**{k: given[k] for k in encoder.input_names})
+            for name in self.prefill_trees:  # rule "encoder": the encoder's outputs, in order
+                trees[name] = [encoded[n] for n in encoder.output_names]
+        tensors = {k: v for k, v in given.items() if k in self.prefill_inputs and k in self._prefill_tensor_names()}
+        tensors.update({k: derive_prefill_input(rule, given, self.generation) for k, rule in self.prefill_rules.items()})
+        outputs = prefill(**flat_inputs(tensors, trees))
+        prompt = tensors[self.token_input]
+        unfinished = torch.ones(prompt.shape[0], dtype=torch.bool)
         new_tokens, step_logits = [], []
         decode = self.components["decode"]
+        names = prefill.output_names
         for step in range(max_new_tokens):
             logits = outputs["logits"][:, -1, :] if outputs["logits"].dim() == 3 else outputs["logits"]
-            token = logits.argmax(-1) if teacher_tokens is None else teacher_tokens[:, step]
+            length = prompt.shape[1] + step
+            scores = process(self.generation, logits, length, prompt.shape[1], prompt.shape[1] + max_new_tokens)
+            token = scores.argmax(-1) if teacher_tokens is None else teacher_tokens[:, step]
             if pad is not None and eos:
                 token = torch.where(unfinished, token, torch.full_like(token, pad))
             new_tokens.append(token)
@@ -94,27 +99,51 @@ class Generator:
                 unfinished &= ~torch.isin(token, torch.tensor(eos))
             if step == max_new_tokens - 1 or not unfinished.any():
                 break
-            tensors, trees = self._next_inputs(tensors, outputs, decode.output_names if step else
-                                               self.components["prefill"].output_names, token)
+            tensors, trees = self._next_inputs(tensors, trees, outputs, names, token)
             outputs = decode(**flat_inputs(tensors, trees))
-        sequences = torch.cat([input_ids, torch.stack(new_tokens, dim=1)], dim=1)
+            names = decode.output_names
+        sequences = torch.cat([prompt, torch.stack(new_tokens, dim=1)], dim=1)
         if not return_dict_in_generate:
             return sequences
-        last = decode.output_names if len(new_tokens) > 1 else self.components["prefill"].output_names
-        cache = {n: outputs[n] for tree in self.trees for n in tree_output_names(last, tree)}
+        cache = {n: outputs[n] for tree in self.trees if self.rules.get(tree) == "outputs"
+                 for n in tree_output_names(names, tree)}
         return GenerateOutput(sequences, tuple(step_logits) if output_logits else (), cache, len(new_tokens))
 
-    def _next_inputs(self, tensors, outputs, output_names, token):
-        nxt, trees = {}, {}
+    def _prefill_tensor_names(self) -> set[str]:
+        prefill = self.components["prefill"]
+        return {n for n in prefill.input_names if not any(n.startswith(f"{t}__") for t in self.prefill_trees)}
+
+    def _checked_inputs(self, given: dict[str, Any]) -> dict[str, torch.Tensor]:
+        given = {k: v for k, v in given.items() if v is not None}
+        if "attention_mask" not in self.prefill_inputs and "attention_mask" in given:
+            if not bool((given["attention_mask"] == 1).all()):
+                raise GenerationError("this generator's components take no attention_mask (the model's generate passed "
+                                      "none at export), so they cannot run a padded batch")
+            del given["attention_mask"]  # all ones: what generate itself does with it
+        if "attention_mask" in self.prefill_inputs and "attention_mask" not in given and "input_ids" in given:
+            given["attention_mask"] = torch.ones_like(given["input_ids"])
+        optional = {"decoder_input_ids"} if "decoder_start" in self.prefill_rules.values() else set()
+        unknown = [k for k in given if k not in self.prefill_inputs and k not in optional]
+        missing = [k for k in self.prefill_inputs if k not in given]
+        if unknown or missing:
+            raise GenerationError(f"the prefill takes {self.prefill_inputs}"
+                                  + (f"; missing {missing}" if missing else "") + (f"; unexpected {unknown}" if unknown else ""))
+        return given
+
+    def _next_inputs(self, tensors, trees, outputs, output_names, token):
+        nxt, nxt_trees = {}, {}
         for name, rule in self.rules.items():
             if name in self.trees:
-                trees[name] = [outputs[n] for n in tree_output_names(output_names, name)]  # rule "outputs"
-                if len(trees[name]) != self.trees[name]:
-                    raise GenerationError(f"{name}: the previous component returned {len(trees[name])} leaves, "
+                if rule == "outputs":
+                    nxt_trees[name] = [outputs[n] for n in tree_output_names(output_names, name)]
+                else:  # "same": what the previous call had (encoder outputs)
+                    nxt_trees[name] = trees[name]
+                if len(nxt_trees[name]) != self.trees[name]:
+                    raise GenerationError(f"{name}: the previous component returned {len(nxt_trees[name])} leaves, "
                                           f"the decode step takes {self.trees[name]}")
             else:
                 nxt[name] = apply_tensor_rule(rule, tensors.get(name), token)
-        return nxt, trees
+        return nxt, nxt_trees
 
     @staticmethod
     def _token_ids(value) -> list[int]:
@@ -129,7 +158,7 @@ class Generator:
             artifact.save(os.path.join(directory, name))
         doc = {"format": FORMAT, "backend": self.backend, "components": list(self.components),
                "rules": self.rules, "prefill_inputs": self.prefill_inputs, "prefill_rules": self.prefill_rules,
-               "trees": self.trees,
+               "prefill_trees": self.prefill_trees, "token_input": self.token_input, "trees": self.trees,
                "generation": self.generation, **self.metadata}
         path = os.path.join(directory, GENERATOR_FILE)
         with open(path, "w") as f:

@@ -11,7 +11,8 @@ An input that none explains stops the export with an error naming it: nothing is
 
 The prefill's inputs are the caller's, except those ``generate`` derives from them
 (``PREFILL_RULES``): ``position_ids`` as the running count of attended positions
-(``attention_mask.cumsum(-1) - 1``, 0 on padding), checked against the captured prefill call.
+(``attention_mask.cumsum(-1) - 1``, 0 on padding) and an encoder-decoder's ``decoder_input_ids``
+(the start token, then the caller's decoder prompt), checked against the captured prefill call.
 """
 
 from __future__ import annotations
@@ -43,10 +44,18 @@ def apply_tensor_rule(rule: str, previous: torch.Tensor | None, token: torch.Ten
     raise GenerationError(f"unknown step rule {rule!r}")
 
 
-PREFILL_RULES = ("positions_from_mask",)
+PREFILL_RULES = ("positions_from_mask", "decoder_start")
 
 
-def derive_prefill_input(rule: str, given: dict[str, torch.Tensor]) -> torch.Tensor:
+def derive_prefill_input(rule: str, given: dict[str, torch.Tensor], generation: dict | None = None) -> torch.Tensor:
+    if rule == "decoder_start":  # an encoder-decoder's decoder prompt: the start token, then any given
+        start = (generation or {}).get("decoder_start_token_id")
+        if start is None:
+            raise KeyError("decoder_start_token_id")
+        ids = given.get("input_ids", given.get("input_features"))
+        column = torch.full((ids.shape[0], 1), int(start), dtype=torch.long)
+        prompt = given.get("decoder_input_ids")
+        return column if prompt is None else torch.cat([column, prompt], dim=-1)
     if rule == "positions_from_mask":
         mask = given.get("attention_mask")
         if mask is None:
@@ -57,15 +66,15 @@ def derive_prefill_input(rule: str, given: dict[str, torch.Tensor]) -> torch.Ten
     raise GenerationError(f"unknown prefill rule {rule!r}")
 
 
-def infer_prefill_rules(call: Call, given: dict[str, torch.Tensor]) -> dict[str, str]:
-    """How each prefill input the caller does not give is derived from what it gives."""
+def infer_prefill_rules(call: Call, given: dict[str, torch.Tensor], generation: dict | None = None) -> dict[str, str]:
+    """How each prefill input the caller does not give (or gives changed) is derived from what it gives."""
     rules = {}
     for name, value in call.tensors.items():
-        if name in given:
+        if name in given and _equal(given[name], value):
             continue
         for rule in PREFILL_RULES:
             try:
-                derived = derive_prefill_input(rule, given)
+                derived = derive_prefill_input(rule, given, generation)
             except (KeyError, RuntimeError):
                 continue
             if _equal(derived, value):
@@ -85,6 +94,10 @@ def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int) 
         raise GenerationError(f"generate made {len(calls)} forward calls; at least a prefill and two decode steps "
                               "are needed to read how the inputs evolve")
     decode = calls[1]
+    if sequences.shape[-1] < prompt_length + len(calls) - 1:  # the tokens the calls after the first were fed
+        raise GenerationError(f"generate returned sequences of length {sequences.shape[-1]} for a prompt of "
+                              f"{prompt_length} and {len(calls)} forward calls: its sequences are not the prompt "
+                              "followed by one token per call (a generate of its own that rewrites them)")
     if any(c.query_length() != 1 for c in calls[1:]):
         raise GenerationError("the decode steps do not feed one token per call (query lengths "
                               f"{[c.query_length() for c in calls]}); generation export needs a cached decode step")

@@ -1,0 +1,61 @@
+"""The greedy-search logits processors a generation config can switch on, applied by the exported loop
+as ``generate`` applies them (transformers.generation.logits_process): the token chosen at a step
+depends on them, the raw logits do not. A config that switches on a processor not listed here is
+refused at export, naming the setting, rather than generating other tokens than eager."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from exporters.generation.capture import GenerationError
+
+APPLIED = ("forced_bos_token_id", "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens",
+           "min_new_tokens", "min_length")
+# settings that change greedy tokens and that this loop does not apply, with their neutral value
+NOT_APPLIED = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
+               "bad_words_ids": None, "sequence_bias": None, "exponential_decay_length_penalty": None,
+               "forced_decoder_ids": None, "renormalize_logits": False, "epsilon_cutoff": 0.0,
+               "diversity_penalty": 0.0, "num_beams": 1, "do_sample": False, "watermarking_config": None,
+               "logits_processor": None}
+
+
+def check_supported(generation: Mapping[str, Any], model_name: str) -> None:
+    active = [k for k, neutral in NOT_APPLIED.items() if generation.get(k, neutral) not in (neutral, None, [], {})]
+    if active:
+        raise GenerationError(f"{model_name}'s generation config sets {active}, which change the chosen tokens and "
+                              "which the exported loop does not apply (exporters/generation/processors.py)")
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def process(generation: Mapping[str, Any], scores: torch.Tensor, length: int, prompt_length: int,
+            max_length: int) -> torch.Tensor:
+    """``scores`` ([batch, vocab]) after the processors ``generation`` switches on, for the token at
+    position ``length`` of sequences whose prompt is ``prompt_length`` long and at most ``max_length``."""
+    scores = scores.clone()
+    neg = torch.finfo(scores.dtype).min
+    eos = _ids(generation.get("eos_token_id"))
+    min_new = generation.get("min_new_tokens")
+    min_length = generation.get("min_length") or 0
+    if eos and ((min_new and length - prompt_length < min_new) or length < min_length):
+        scores[:, eos] = neg
+    if generation.get("suppress_tokens"):
+        scores[:, _ids(generation["suppress_tokens"])] = neg
+    if generation.get("begin_suppress_tokens") and length == prompt_length:
+        scores[:, _ids(generation["begin_suppress_tokens"])] = neg
+    bos = generation.get("forced_bos_token_id")
+    if bos is not None and length == 1:
+        scores[:] = neg
+        scores[:, int(bos)] = 0
+    forced_eos = _ids(generation.get("forced_eos_token_id"))
+    if forced_eos and length == max_length - 1:
+        scores[:] = neg
+        scores[:, forced_eos] = 0
+    return scores
