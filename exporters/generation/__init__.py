@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError, capture_generate, encoder_of
-from exporters.generation.component import FlatComponent, flat_inputs
+from exporters.generation.component import FlatComponent, flat_call_inputs
 from exporters.generation.generator import GenerateOutput, Generator
 from exporters.generation.processors import check_supported
 from exporters.generation.steps import TOKEN_INPUTS, infer_prefill_rules, infer_rules
@@ -63,9 +63,9 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         + [("prefill", model, prefill), ("decode", model, decode)]
     components = {}
     for label, module, call in parts:
-        component = FlatComponent(module, call).eval()
-        artifact = exporter.export(component, {**flat_inputs(call.tensors, {k: v[0] for k, v in call.trees.items()}),
-                                               **call.constants}, config)
+        baked = tuple(k for k, r in prefill_trees.items() if r == "initial") if label == "prefill" else ()
+        component = FlatComponent(module, call, baked).eval()
+        artifact = exporter.export(component, {**flat_call_inputs(call, baked), **call.constants}, config)
         artifact.extra_metadata["component"] = label
         components[label] = artifact
     metadata = {"model_class": type(model).__name__, "cache": cache,
@@ -102,11 +102,15 @@ def _encoder_call(model, encoder_calls, given):
 
 def _prefill_tree_rules(model, prefill, encoder_call) -> dict[str, str]:
     """Where each tree the prefill takes comes from: "empty" (a cache with no tensor yet, rebuilt inside
-    the component) or "encoder" (the encoder component's outputs, checked leaf by leaf)."""
+    the component), "initial" (a fresh cache holding only scalars, the same for every prompt: baked into
+    the prefill component) or "encoder" (the encoder component's outputs, checked leaf by leaf)."""
     rules = {}
     for name, (leaves, _) in prefill.trees.items():
         if not leaves:
             rules[name] = "empty"
+            continue
+        if all(leaf.dim() == 0 for leaf in leaves):  # a fresh cache's scalars (a sliding layer's window, count 0)
+            rules[name] = "initial"
             continue
         encoded = encoder_call.output_trees[""][0] if encoder_call is not None else []
         if len(encoded) == len(leaves) and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(encoded, leaves)):
@@ -115,7 +119,7 @@ def _prefill_tree_rules(model, prefill, encoder_call) -> dict[str, str]:
         raise GenerationError(f"the prefill call of {type(model).__name__}.generate takes {name!r}, filled before the "
                               "first forward by something other than the encoder, which generation export does not "
                               "capture (a vision or audio tower run inside generate)")
-    return {k: v for k, v in rules.items() if v != "empty"}
+    return {k: v for k, v in rules.items() if v != "empty"}  # "initial" trees are baked into the prefill
 
 
 def _padded(inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,20 +24,33 @@ def leaf_input_name(tree: str, index: int) -> str:
 class FlatComponent(torch.nn.Module):
     """``model(**call)`` with every tensor, tree leaf and constant of ``call`` as the captured call had them."""
 
-    def __init__(self, model: torch.nn.Module, call: Call):
+    def __init__(self, model: torch.nn.Module, call: Call, baked: tuple[str, ...] = ()):
+        """``baked``: trees whose leaves are constants of the component (a fresh cache's initial scalars,
+        the same for every prompt), kept as buffers instead of inputs."""
         super().__init__()
         self.model = model
         self.tensor_names = list(call.tensors)
         self.tree_specs = {name: spec for name, (_, spec) in call.trees.items()}
         self.tree_sizes = {name: len(leaves) for name, (leaves, _) in call.trees.items()}
+        self.baked = tuple(baked)
+        for name in self.baked:
+            for i, leaf in enumerate(call.trees[name][0]):
+                self.register_buffer(f"_baked_{name}_{i}", leaf.clone(), persistent=False)
         self.constants = dict(call.constants)
 
     def forward(self, **flat: torch.Tensor) -> Any:
         kwargs: dict[str, Any] = {name: flat[name] for name in self.tensor_names}
         for name, spec in self.tree_specs.items():
-            leaves = [flat[leaf_input_name(name, i)] for i in range(self.tree_sizes[name])]
+            if name in self.baked:
+                leaves = [getattr(self, f"_baked_{name}_{i}").clone() for i in range(self.tree_sizes[name])]
+            else:
+                leaves = [flat[leaf_input_name(name, i)] for i in range(self.tree_sizes[name])]
             kwargs[name] = pytree.tree_unflatten(leaves, spec)
         return self.model(**kwargs, **self.constants)
+
+
+def flat_call_inputs(call: Call, baked: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    return flat_inputs(call.tensors, {k: v[0] for k, v in call.trees.items() if k not in baked})
 
 
 def flat_inputs(tensors: Mapping[str, torch.Tensor], trees: Mapping[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -76,8 +76,9 @@ class Generator:
         if "encoder" in self.components:
             encoder = self.components["encoder"]
             encoded = encoder(**{k: given[k] for k in encoder.input_names})
-            for name in self.prefill_trees:  # rule "encoder": the encoder's outputs, in order
-                trees[name] = [encoded[n] for n in encoder.output_names]
+            for name, rule in self.prefill_trees.items():  # rule "encoder": the encoder's outputs, in order
+                if rule == "encoder":
+                    trees[name] = [encoded[n] for n in encoder.output_names]
         tensors = {k: v for k, v in given.items() if k in self.prefill_inputs and k in self._prefill_tensor_names()}
         tensors.update({k: derive_prefill_input(rule, given, self.generation) for k, rule in self.prefill_rules.items()})
         outputs = prefill(**flat_inputs(tensors, trees))

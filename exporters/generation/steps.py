@@ -6,7 +6,8 @@ Rules (``RULES``), tried in this order for each input of the decode step:
 - ``token``: ``input_ids`` / ``decoder_input_ids`` are the token chosen at the previous step;
 - ``append_one``: the previous value with a column of ones appended (``attention_mask``);
 - ``next_position``: the previous value's last position plus one (``cache_position``, ``position_ids``);
-- ``same``: the value the previous call had (encoder outputs, a speaker embedding).
+- ``same``: the value the previous call had (encoder outputs, a speaker embedding);
+- ``repeat_last``: the previous value's last position (``token_type_ids``: the new token's segment).
 An input that none explains stops the export with an error naming it: nothing is guessed.
 
 The prefill's inputs are the caller's, except those ``generate`` derives from them
@@ -22,7 +23,7 @@ import torch
 from exporters.generation.capture import Call, GenerationError
 
 TOKEN_INPUTS = ("input_ids", "decoder_input_ids")
-RULES = ("outputs", "token", "append_one", "next_position", "same")
+RULES = ("outputs", "token", "append_one", "next_position", "same", "repeat_last")
 
 
 def _equal(a, b) -> bool:
@@ -41,6 +42,8 @@ def apply_tensor_rule(rule: str, previous: torch.Tensor | None, token: torch.Ten
         return previous[..., -1:] + 1
     if rule == "same":
         return previous
+    if rule == "repeat_last":
+        return previous[..., -1:]
     raise GenerationError(f"unknown step rule {rule!r}")
 
 
@@ -101,6 +104,13 @@ def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int) 
     if any(c.query_length() != 1 for c in calls[1:]):
         raise GenerationError("the decode steps do not feed one token per call (query lengths "
                               f"{[c.query_length() for c in calls]}); generation export needs a cached decode step")
+    for name, (_, spec) in decode.trees.items():
+        for later in calls[2:]:
+            if later.trees.get(name, (None, None))[1] != spec:
+                raise GenerationError(
+                    f"the decode steps' {name!r} changes structure from step to step: {_first_difference(spec, later.trees[name][1])}; "
+                    "a Python value kept in it (not a tensor) would be baked into the decode component at its first value"
+                )
     rules: dict[str, str] = {}
     for name in list(decode.tensors) + list(decode.trees):
         for rule in RULES:
@@ -115,6 +125,13 @@ def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int) 
                 "explains the values generate passed); add a rule to exporters/generation/steps.py"
             )
     return rules
+
+
+def _first_difference(a, b) -> str:
+    """Where two pytree specs first differ, in words (``layers.3.cumulative_length: 6 -> 7``)."""
+    text_a, text_b = str(a), str(b)
+    i = next((k for k, (x, y) in enumerate(zip(text_a, text_b)) if x != y), min(len(text_a), len(text_b)))
+    return f"...{text_a[max(0, i - 80):i + 20]}... becomes ...{text_b[max(0, i - 80):i + 20]}..."
 
 
 def _holds(rule: str, name: str, prev: Call, cur: Call, token: torch.Tensor) -> bool:
