@@ -24,6 +24,7 @@ from sweeps import plugin
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP_ID = re.compile(r"^sweeps/test_export\.py::test_export\[(dynamo|onnx|executorch)-(static|dynamic)-(\w+)\]$")
+GENERATE_ID = re.compile(r"^sweeps/test_generate\.py::test_generate\[(dynamo|onnx|executorch)-(dynamic)-(\w+)\]$")
 USAGE_ERROR = 4
 
 PROBE = '''
@@ -101,6 +102,9 @@ class Run:
 
     def sweep_ids(self) -> list[tuple[str, str, str]]:
         return [SWEEP_ID.match(n).groups() for n in self.items if SWEEP_ID.match(n)]
+
+    def generate_ids(self) -> list[tuple[str, str, str]]:
+        return [GENERATE_ID.match(n).groups() for n in self.items if GENERATE_ID.match(n)]
 
     def outcome(self, nodeid_part: str, when: str) -> dict:
         (report,) = [r for r in self.probe["reports"] if nodeid_part in r["nodeid"] and r["when"] == when]
@@ -271,11 +275,19 @@ def test_full_sweep_collects_every_catalog_class_on_every_backend_and_variant(ru
     assert run.rc == 0, run.output[-3000:]
     classes = {e.class_name for e in catalog()}
     assert 1500 <= len(classes) <= 1600
-    assert all(SWEEP_ID.match(n) for n in run.items), [n for n in run.items if not SWEEP_ID.match(n)][:5]
+    bad = [n for n in run.items if not (SWEEP_ID.match(n) or GENERATE_ID.match(n))]
+    assert not bad, bad[:5]
     ids = run.sweep_ids()
     assert len(ids) == len(set(ids)) == 6 * len(classes)
     assert {c for _, _, c in ids} == classes
-    assert f"{6 * len(classes)} tests collected" in run.output
+    # test_generate: every generative class, on each backend, in the dynamic variant (the only one built)
+    from sweeps.generate import generative
+
+    generating = {e.class_name for e in catalog() if generative(e)}
+    gen = run.generate_ids()
+    assert 300 <= len(generating) <= 400
+    assert len(gen) == len(set(gen)) == 3 * len(generating) and {c for _, _, c in gen} == generating
+    assert f"{6 * len(classes) + 3 * len(generating)} tests collected" in run.output
 
 
 def test_full_sweep_collection_imports_no_runtime_and_builds_no_model(runs):
@@ -293,6 +305,18 @@ def test_sweep_items_carry_backend_group_and_slow_markers(runs):
 
     blocked = {e.class_name: e.blocked_by for e in catalog() if e.blocked_by}
     for item in runs["full"].probe["items"]:
+        if GENERATE_ID.match(item["nodeid"]):
+            backend, variant, class_name = GENERATE_ID.match(item["nodeid"]).groups()
+            assert "generate" in item["marks"] and backend in item["marks"], item
+            assert ("slow" in item["marks"]) == (backend == "executorch"), item
+            entry = find_export_skip(class_name, None, backend, variant, test="generate")
+            if entry is not None:
+                assert item["xfail"] == [{"reason": marker_reason(entry), "strict": True}], item
+            elif class_name in blocked:
+                assert item["xfail"] == [{"reason": f"build: {blocked[class_name]}", "strict": True}]
+            else:
+                assert item["xfail"] == [], item
+            continue
         backend, variant, class_name = SWEEP_ID.match(item["nodeid"]).groups()
         marks = set(item["marks"])
         assert backend in marks and not ({"dynamo", "onnx", "executorch"} - {backend}) & marks, item
@@ -331,7 +355,8 @@ def test_backend_and_model_select_exactly_those_items_and_deselect_the_unit_test
     nllb = {e.class_name for e in resolve_models(["nllb_moe"])}
     assert "NllbMoeForConditionalGeneration" in nllb
     assert sorted(run.sweep_ids()) == sorted(("executorch", v, c) for c in nllb for v in ("static", "dynamic"))
-    assert len(run.items) == 2 * len(nllb)  # nothing but the sweep items
+    assert run.generate_ids() == [("executorch", "dynamic", "NllbMoeForConditionalGeneration")]  # the one that generates
+    assert len(run.items) == 2 * len(nllb) + 1  # nothing but the sweep items
     deselected = run.probe["deselected"]
     assert deselected, "the unit tests should be collected, then deselected"
     assert all(d.startswith("tests/") for d in deselected), [d for d in deselected if not d.startswith("tests/")]
@@ -412,10 +437,13 @@ def test_plain_pytest_collects_unit_tests_and_the_smoke_set_only(runs):
     run = runs["plain"]
     assert run.rc == 0, run.output[-3000:]
     sweep = [i for i in run.probe["items"] if SWEEP_ID.match(i["nodeid"])]
-    others = [i for i in run.probe["items"] if not SWEEP_ID.match(i["nodeid"])]
+    generate = [i for i in run.probe["items"] if GENERATE_ID.match(i["nodeid"])]
+    others = [i for i in run.probe["items"] if not SWEEP_ID.match(i["nodeid"]) and not GENERATE_ID.match(i["nodeid"])]
     assert {SWEEP_ID.match(i["nodeid"]).group(3) for i in sweep} == set(plugin.SMOKE_CLASSES)
     assert len(sweep) == 6 * len(plugin.SMOKE_CLASSES)
-    assert all("smoke" in i["marks"] for i in sweep)
+    assert {GENERATE_ID.match(i["nodeid"]).group(3) for i in generate} == set(plugin.SMOKE_GENERATE)
+    assert len(generate) == 3 * len(plugin.SMOKE_GENERATE)
+    assert all("smoke" in i["marks"] for i in sweep + generate)
     assert others and all(i["nodeid"].startswith("tests/") for i in others)
     assert not any("smoke" in i["marks"] for i in others)
     assert "tests/test_sweep_plugin.py::test_parse_shard_accepts_i_of_n" in run.items
