@@ -25,13 +25,7 @@ import torch
 GENERATE_INIT_RANGES = (0.2, 0.5)
 MIN_DISTINCT_TOKENS = 3
 NEW_TOKENS = 8
-GENERATIVE_TASKS = ("causal_lm", "seq_to_seq_causal_lm", "image_text_to_text", "multimodal_lm", "speech_seq_2_seq")
 NOT_GENERATE_INPUTS = ("labels", "use_cache", "return_dict", "output_attentions", "output_hidden_states")
-
-
-def generative(entry) -> bool:
-    """Whether a catalog entry's class is one that generates (by the auto mappings it is listed in)."""
-    return any(task in GENERATIVE_TASKS for task in entry.tasks)
 
 
 def generate_inputs(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -77,7 +71,8 @@ class GenerateMismatch(AssertionError):
 def _build(case, init_range: float):
     from sweeps.runner import reference
 
-    model = reference(case.entry.class_name, init_range=init_range).tiny.model
+    tiny = reference(case.entry.class_name, init_range=init_range).tiny
+    model = tiny.model
     generation = getattr(model, "generation_config", None)
     if getattr(model.config, "is_encoder_decoder", False) and generation is not None \
             and generation.decoder_start_token_id is None:
@@ -86,7 +81,7 @@ def _build(case, init_range: float):
     if not (hasattr(model, "can_generate") and model.can_generate()):
         raise TypeError(f"{case.entry.class_name}.can_generate() is False: it is listed under a generative task "
                         "but cannot run generate")
-    return model, generate_inputs(reference(case.entry.class_name, init_range=init_range).tiny.inputs)
+    return model, generate_inputs(tiny.inputs)
 
 
 def run_generate_case(case, record: Callable[[str, Any], None]) -> None:

@@ -54,6 +54,13 @@ SMOKE_GENERATE = (
     "WhisperForConditionalGeneration", "MambaForCausalLM", "Qwen3NextForCausalLM",
 )
 GENERATE_VARIANTS = ("dynamic",)  # the static cache form is not built yet (exporters/generation)
+# the auto-mapping tasks whose classes generate (collection reads them without importing torch)
+GENERATIVE_TASKS = ("causal_lm", "seq_to_seq_causal_lm", "image_text_to_text", "multimodal_lm", "speech_seq_2_seq")
+
+
+def generative(entry) -> bool:
+    """Whether a catalog entry's class is one that generates (by the auto mappings it is listed in)."""
+    return any(task in GENERATIVE_TASKS for task in entry.tasks)
 
 HYPOTHESIS_PROFILES = {
     "ci": dict(max_examples=3, derandomize=True),
@@ -246,10 +253,9 @@ def pytest_generate_tests(metafunc):
 
 
 def _parametrize_generate(metafunc):
-    """test_generate's items: every generative class (sweeps.generate.generative), on the selected
+    """test_generate's items: every generative class (``generative``), on the selected
     backends, in the variants generation export builds; in smoke mode, SMOKE_GENERATE."""
     from skips import find_export_skip, xfail_marker
-    from sweeps.generate import generative
     from sweeps.runner import Case
 
     config = metafunc.config

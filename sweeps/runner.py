@@ -39,6 +39,36 @@ class Reference:
     expected: dict  # flattened eager outputs at the traced inputs
 
 
+def property_recorder(properties: list) -> Callable[[str, Any], None]:
+    """Like pytest's record_property on ``properties`` (a node's user_properties), but a key recorded again
+    (the stage, as it advances) is updated in place, so the report carries one value per key, the last one."""
+
+    def record(key: str, value: Any) -> None:
+        for i, (k, _) in enumerate(properties):
+            if k == key:
+                properties[i] = (key, value)
+                return
+        properties.append((key, value))
+
+    return record
+
+
+def report_failure(failure: StageFailure, record: Callable[[str, Any], None], case: Case) -> None:
+    """Record a failed item's stage and error signature, then xfail it (a class whose build needs a package
+    that is not installed) or raise the AssertionError pytest shows, with the repro."""
+    import pytest
+
+    from sweeps.signature import error_signature, root_cause
+    from sweeps.zoo import BlockedByPackage
+
+    cause = root_cause(failure.__cause__)
+    record("stage", failure.stage)
+    record("error", error_signature(cause))
+    if isinstance(cause, BlockedByPackage):
+        pytest.xfail(f"build: {cause}")
+    raise AssertionError(f"[{failure.stage}] {type(cause).__name__}: {cause}\nrepro: {case.repro}") from cause
+
+
 class StageFailure(Exception):
     """Raised by ``run_case``: ``stage`` is where the item stopped, ``__cause__`` the original error."""
 

@@ -281,7 +281,7 @@ def test_full_sweep_collects_every_catalog_class_on_every_backend_and_variant(ru
     assert len(ids) == len(set(ids)) == 6 * len(classes)
     assert {c for _, _, c in ids} == classes
     # test_generate: every generative class, on each backend, in the dynamic variant (the only one built)
-    from sweeps.generate import generative
+    from sweeps.plugin import generative
 
     generating = {e.class_name for e in catalog() if generative(e)}
     gen = run.generate_ids()

@@ -37,7 +37,8 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     if cache not in CACHE_FORMS:
         raise GenerationError(f"cache={cache!r} is not supported; this version exports cache forms {CACHE_FORMS} "
                               "(a static cache with in-place updates is not built yet)")
-    check_supported(_generation_dict(model), type(model).__name__)
+    generation = _generation_dict(model)
+    check_supported(generation, type(model).__name__)
     captured_inputs = _padded(inputs)
     calls, encoder_calls, sequences = capture_generate(model, captured_inputs, CAPTURED_STEPS)
     prefill, decode = calls[0], calls[1]
@@ -48,7 +49,7 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         raise GenerationError(f"the first forward call of {type(model).__name__}.generate takes no token ids "
                               f"({TOKEN_INPUTS}); it takes {sorted(prefill.tensors)}")
     prefill_trees = _prefill_tree_rules(model, prefill, encoder_call)
-    prefill_rules = infer_prefill_rules(prefill, given, _generation_dict(model))
+    prefill_rules = infer_prefill_rules(prefill, given, generation)
     rules = infer_rules(calls, sequences, prefill.tensors[token_input].shape[-1])
     for name, rule in rules.items():
         if name in decode.trees and rule == "outputs":
@@ -74,7 +75,7 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     if encoder_call is not None:
         caller_inputs = list(dict.fromkeys([*encoder_call.tensors, *caller_inputs]))
     return Generator(components, rules, caller_inputs, {k: len(v[0]) for k, v in decode.trees.items()},
-                     _generation_dict(model), metadata, prefill_rules, prefill_trees, token_input)
+                     generation, metadata, prefill_rules, prefill_trees, token_input)
 
 
 def _generation_dict(model) -> dict[str, Any]:

@@ -79,7 +79,7 @@ class Generator:
             for name, rule in self.prefill_trees.items():  # rule "encoder": the encoder's outputs, in order
                 if rule == "encoder":
                     trees[name] = [encoded[n] for n in encoder.output_names]
-        tensors = {k: v for k, v in given.items() if k in self.prefill_inputs and k in self._prefill_tensor_names()}
+        tensors = {k: v for k, v in given.items() if k in self.prefill_inputs and k in prefill.input_specs}
         tensors.update({k: derive_prefill_input(rule, given, self.generation) for k, rule in self.prefill_rules.items()})
         outputs = prefill(**flat_inputs(tensors, trees))
         prompt = tensors[self.token_input]
@@ -109,10 +109,6 @@ class Generator:
         cache = {n: outputs[n] for tree in self.trees if self.rules.get(tree) == "outputs"
                  for n in tree_output_names(names, tree)}
         return GenerateOutput(sequences, tuple(step_logits) if output_logits else (), cache, len(new_tokens))
-
-    def _prefill_tensor_names(self) -> set[str]:
-        prefill = self.components["prefill"]
-        return {n for n in prefill.input_names if not any(n.startswith(f"{t}__") for t in self.prefill_trees)}
 
     def _checked_inputs(self, given: dict[str, Any]) -> dict[str, torch.Tensor]:
         given = {k: v for k, v in given.items() if v is not None}
