@@ -224,61 +224,52 @@ def _validate_lists():
 
 def pytest_generate_tests(metafunc):
     if "generate_case" in metafunc.fixturenames:
-        return _parametrize_generate(metafunc)
-    if "sweep_case" not in metafunc.fixturenames:
-        return
-    from skips import find_export_skip, xfail_marker
+        return _parametrize(metafunc, "generate_case", "generate")
+    if "sweep_case" in metafunc.fixturenames:
+        return _parametrize(metafunc, "sweep_case", "export")
+
+
+def _parametrize(metafunc, fixture: str, test: str) -> None:
+    """The items of ``test_<test>``: export, every selected class in every selected variant (in smoke mode,
+    SMOKE_CLASSES); generate, every generative class in the variants generation export builds (in
+    smoke mode, SMOKE_GENERATE). Each item gets its backend, class-group, smoke and slow marks, and a
+    strict xfail from its skip entry (``tests`` naming this test) or from a blocked build."""
     from sweeps.runner import Case
 
     config = metafunc.config
     _validate_lists()
-    smoke = set(SMOKE_CLASSES)
-    params = []
-    for entry in _sweep_entries(config):
-        for backend in config._sweep["backends"]:
-            for variant in config._sweep["variants"]:
-                case = Case(backend, variant, entry)
-                marks = [getattr(pytest.mark, backend), pytest.mark.xdist_group(entry.class_name)]
-                if entry.class_name in smoke:
-                    marks.append(pytest.mark.smoke)
-                if backend == "executorch":
-                    marks.append(pytest.mark.slow)
-                skip = find_export_skip(entry.class_name, entry.model_type, backend, variant)
-                if skip is not None:
-                    marks.append(xfail_marker(skip))
-                elif entry.blocked_by:
-                    marks.append(pytest.mark.xfail(reason=f"build: {entry.blocked_by}", strict=True))
-                params.append(pytest.param(case, id=case.id, marks=marks))
-    metafunc.parametrize("sweep_case", params)
-
-
-def _parametrize_generate(metafunc):
-    """test_generate's items: every generative class (``generative``), on the selected
-    backends, in the variants generation export builds; in smoke mode, SMOKE_GENERATE."""
-    from skips import find_export_skip, xfail_marker
-    from sweeps.runner import Case
-
-    config = metafunc.config
-    _validate_lists()
-    smoke_mode = _sweep_mode(config) == "smoke" and config._sweep["models"] is None
-    entries = [e for e in _sweep_entries(config, SMOKE_GENERATE) if generative(e)]
+    if test == "generate":
+        smoke = set(SMOKE_GENERATE) if _sweep_mode(config) == "smoke" and config._sweep["models"] is None else set()
+        entries = [e for e in _sweep_entries(config, SMOKE_GENERATE) if generative(e)]
+        variants = [v for v in config._sweep["variants"] if v in GENERATE_VARIANTS]
+    else:
+        smoke, entries, variants = set(SMOKE_CLASSES), _sweep_entries(config), config._sweep["variants"]
     params = []
     for entry in entries:
         for backend in config._sweep["backends"]:
-            for variant in (v for v in config._sweep["variants"] if v in GENERATE_VARIANTS):
+            for variant in variants:
                 case = Case(backend, variant, entry)
-                marks = [getattr(pytest.mark, backend), pytest.mark.xdist_group(entry.class_name), pytest.mark.generate]
-                if smoke_mode:
-                    marks.append(pytest.mark.smoke)
-                if backend == "executorch":
-                    marks.append(pytest.mark.slow)
-                skip = find_export_skip(entry.class_name, entry.model_type, backend, variant, test="generate")
-                if skip is not None:
-                    marks.append(xfail_marker(skip))
-                elif entry.blocked_by:
-                    marks.append(pytest.mark.xfail(reason=f"build: {entry.blocked_by}", strict=True))
-                params.append(pytest.param(case, id=case.id, marks=marks))
-    metafunc.parametrize("generate_case", params)
+                params.append(pytest.param(case, id=case.id, marks=_marks(case, test, entry.class_name in smoke)))
+    metafunc.parametrize(fixture, params)
+
+
+def _marks(case, test: str, smoke: bool) -> list:
+    from skips import find_export_skip, xfail_marker
+
+    entry = case.entry
+    marks = [getattr(pytest.mark, case.backend), pytest.mark.xdist_group(entry.class_name)]
+    if test == "generate":
+        marks.append(pytest.mark.generate)
+    if smoke:
+        marks.append(pytest.mark.smoke)
+    if case.backend == "executorch":
+        marks.append(pytest.mark.slow)
+    skip = find_export_skip(entry.class_name, entry.model_type, case.backend, case.variant, test=test)
+    if skip is not None:
+        marks.append(xfail_marker(skip))
+    elif entry.blocked_by:
+        marks.append(pytest.mark.xfail(reason=f"build: {entry.blocked_by}", strict=True))
+    return marks
 
 
 def pytest_collection_modifyitems(config, items):

@@ -88,8 +88,8 @@ ENTRIES = (
 _original = skips.find_export_skip
 
 
-def _find(class_name, model_type, backend, variant, *, entries=ENTRIES):
-    return _original(class_name, model_type, backend, variant, entries=entries)
+def _find(class_name, model_type, backend, variant, *, test="export", entries=ENTRIES):
+    return _original(class_name, model_type, backend, variant, test=test, entries=entries)
 
 
 skips.find_export_skip = _find
