@@ -75,7 +75,10 @@ class DynamoArtifact(Artifact):
         self._module = module if module is not None else program.module()
 
     def _run(self, ordered):
-        out = self._module(**dict(zip(self.input_names, ordered)))
+        # inference, as in the other runtimes: a loaded program's buffers may be updated in place (a static
+        # cache), which autograd refuses on views of its leaves
+        with torch.no_grad():
+            out = self._module(**dict(zip(self.input_names, ordered)))
         return [v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)]
 
     def _save_model(self, path):

@@ -24,6 +24,8 @@ import torch
 from exporters.base import Artifact
 from exporters.generation import Generator
 from exporters.generation.generator import FORMAT, GENERATOR_FILE
+from exporters.generation.static_loop import FORMAT as STATIC_FORMAT
+from exporters.generation.static_loop import StaticGenerator
 
 METADATA_FILE = "metadata.json"
 
@@ -121,14 +123,24 @@ def _load_executorch(directory, meta, where):
                               **_artifact_kwargs(meta, ExecutorchConfig, where))
 
 
-def load_generator(directory: str | os.PathLike) -> Generator:
-    """The generator saved in ``directory`` (``Generator.save``): its components and step rules."""
+def load_generator(directory: str | os.PathLike) -> Generator | StaticGenerator:
+    """The generator saved in ``directory`` (``Generator.save`` or ``StaticGenerator.save``): its
+    components and step rules."""
     directory = os.fspath(directory)
     where = os.path.join(directory, GENERATOR_FILE)
     doc = _read_json(where)
-    if doc.get("format") != FORMAT:
-        raise LoadError(f"{where}: format {doc.get('format')!r}, this version of exporters reads {FORMAT!r}")
+    if doc.get("format") not in (FORMAT, STATIC_FORMAT):
+        raise LoadError(f"{where}: format {doc.get('format')!r}, this version of exporters reads {FORMAT!r} "
+                        f"and {STATIC_FORMAT!r}")
     components = {name: load_artifact(os.path.join(directory, name)) for name in doc["components"]}
+    if doc["format"] == STATIC_FORMAT:
+        known = ("format", "backend", "components", "cache", "batch", "max_cache_len", "state", "cache_shapes",
+                 "takes_positions", "takes_mask", "token_input", "generation")
+        return StaticGenerator(components, batch=doc["batch"], max_cache_len=doc["max_cache_len"], state=doc["state"],
+                               cache_shapes=doc["cache_shapes"], takes_positions=doc["takes_positions"],
+                               takes_mask=doc["takes_mask"], generation=doc["generation"],
+                               metadata={k: v for k, v in doc.items() if k not in known},
+                               token_input=doc.get("token_input", "input_ids"))
     known = ("format", "backend", "components", "rules", "prefill_inputs", "prefill_rules", "prefill_trees",
              "token_input", "trees", "generation")
     return Generator(components, doc["rules"], doc["prefill_inputs"], doc["trees"], doc["generation"],

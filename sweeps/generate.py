@@ -64,6 +64,29 @@ def _attended(cache: dict[str, torch.Tensor], mask: torch.Tensor | None) -> dict
     return out
 
 
+def _static_length(needed: int) -> int:
+    """The static variant's max_cache_len: the slots the item needs, rounded up to a multiple of 8 (so
+    slots past the last position exist and the mask over them is exercised)."""
+    return (needed // 8 + 1) * 8
+
+
+def _static_cache_pair(eager_cache, static_cache: dict[str, torch.Tensor]):
+    """Eager's cache and the static step's returned one (``present_<i>_key``...), named alike and cut to
+    the slots written (eager's length); ({}, {}) when the static cache lives inside the program."""
+    from exporters.pytrees import flatten_outputs
+
+    if not static_cache or eager_cache is None:
+        return {}, {}
+    want = flatten_outputs({"past_key_values": eager_cache})
+    got = {}
+    for name, tensor in static_cache.items():
+        _, index, part = name.split("_")
+        key = f"past_key_values.{index}.{part}"
+        if key in want:
+            got[key] = tensor[..., : want[key].shape[-2], :]
+    return {k: want[k] for k in got}, got
+
+
 class GenerateMismatch(AssertionError):
     """The artifact loop does not reproduce eager generation (message: which check, step and output)."""
 
@@ -116,7 +139,14 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
         config, props = export_config(case, exporter)
         for k, v in props.items():
             record(k, v)
-        generator = exporter.export_for_generation(model, inputs, config)
+        if case.variant == "static":
+            max_cache_len = _static_length(prompt + new.shape[1])
+            record("max_cache_len", max_cache_len)
+            generator = exporter.export_for_generation(model, inputs, config, cache="static",
+                                                       max_cache_len=max_cache_len)
+            record("cache_state", generator.state)
+        else:
+            generator = exporter.export_for_generation(model, inputs, config)
         record("rules", {**generator.rules, **{f"prefill:{k}": v for k, v in generator.prefill_rules.items()}})
         record("workarounds_fired", sorted({w for a in generator.components.values() for w in a.workarounds_fired}))
         components = generator.components.items()
@@ -137,14 +167,19 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
         mask = inputs.get("attention_mask")
         if mask is not None:
             mask = torch.cat([mask, torch.ones(mask.shape[0], len(eager.logits) - 1, dtype=mask.dtype)], dim=1)
-        # eager returns the state as past_key_values whatever the model calls it (Mamba: cache_params)
-        state = [t for t in generator.trees if generator.rules.get(t) == "outputs"]  # the cache, not encoder outputs
-        if len(state) != 1:
-            raise GenerateMismatch(f"cache: the decode step carries {len(state)} trees from step to step ({state}); "
-                                   "eager returns one past_key_values to compare them with")
-        (tree,) = state
-        want_cache = flatten_outputs({tree: eager.past_key_values}) if eager.past_key_values is not None else {}
-        problems = compare(_attended(want_cache, mask), _attended(forced.cache, mask), case.backend)
+        if case.variant == "static":
+            want_cache, got_cache = _static_cache_pair(eager.past_key_values, forced.cache)
+            record("cache_checked", bool(got_cache))  # False: the cache lives inside the program (buffers)
+        else:
+            # eager returns the state as past_key_values whatever the model calls it (Mamba: cache_params)
+            state = [t for t in generator.trees if generator.rules.get(t) == "outputs"]  # not encoder outputs
+            if len(state) != 1:
+                raise GenerateMismatch(f"cache: the decode step carries {len(state)} trees from step to step "
+                                       f"({state}); eager returns one past_key_values to compare them with")
+            (tree,) = state
+            want_cache = flatten_outputs({tree: eager.past_key_values}) if eager.past_key_values is not None else {}
+            got_cache = forced.cache
+        problems = compare(_attended(want_cache, mask), _attended(got_cache, mask), case.backend)
         if problems:
             raise GenerateMismatch(f"cache after the last step: {problems[0]}")
         free = generator.generate(**inputs, max_new_tokens=new.shape[1])

@@ -53,7 +53,7 @@ SMOKE_GENERATE = (
     "LlamaForCausalLM", "T5ForConditionalGeneration", "LlavaForConditionalGeneration",
     "WhisperForConditionalGeneration", "MambaForCausalLM", "Qwen3NextForCausalLM",
 )
-GENERATE_VARIANTS = ("dynamic",)  # the static cache form is not built yet (exporters/generation)
+GENERATE_VARIANTS = ("static", "dynamic")  # a fixed-size cache updated in place; a growing cache
 # the auto-mapping tasks whose classes generate (collection reads them without importing torch)
 GENERATIVE_TASKS = ("causal_lm", "seq_to_seq_causal_lm", "image_text_to_text", "multimodal_lm", "speech_seq_2_seq")
 

@@ -3,8 +3,8 @@
 Each item exports the class's prefill and decode step (``export_for_generation``), drives them token
 by token from the artifacts alone, and compares with eager ``model.generate(do_sample=False)``
 (sweeps/generate.py says what is checked). Variant ``dynamic``: the growing cache, batch, prompt and
-past length dynamic. The ``static`` variant (a fixed-size cache updated in place) is not collected
-until exporters/generation builds that cache form.
+past length dynamic. Variant ``static``: one step over a fixed-size cache updated in place (mutable
+buffers on dynamo and ExecuTorch, input/output pairs on ONNX), at the zoo's batch and prompt.
 """
 
 

@@ -149,8 +149,10 @@ def test_bad_calls_name_the_problem(llama):
     with pytest.raises(GenerationError, match=r"unexpected \['pixel_values'\]"):
         generator.generate(ids, mask, pixel_values=torch.zeros(1, 3, 4, 4))
     exporter = get_exporter("dynamo")
-    with pytest.raises(GenerationError, match="cache='static' is not supported"):
-        exporter.export_for_generation(llama, {"input_ids": ids}, cache="static")
+    with pytest.raises(GenerationError, match="cache='paged' is not a cache form"):
+        exporter.export_for_generation(llama, {"input_ids": ids}, cache="paged")
+    with pytest.raises(GenerationError, match="max_cache_len=16 sizes a static cache"):
+        exporter.export_for_generation(llama, {"input_ids": ids}, max_cache_len=16)
 
 
 def _tiny_bart():

@@ -10,7 +10,9 @@ Components: ``prefill`` (the first forward call of ``generate``: the prompt, an 
 (the call of ``model.get_encoder()`` that ``generate`` makes first; its outputs are the decoder's
 ``encoder_outputs``, checked leaf by leaf). Each is a ``FlatComponent``: the cache
 goes in and out as flat tensors. How every decode input follows from the call before it is read off
-the captured calls and checked on each pair (steps.py). Cache form: ``"dynamic"`` (a growing cache).
+the captured calls and checked on each pair (steps.py). Cache forms: ``"dynamic"`` (a growing cache)
+and ``"static"`` (one ``step`` component over a fixed-size cache updated in place, driven by a
+``StaticGenerator``: static.py, static_loop.py).
 """
 
 from __future__ import annotations
@@ -24,21 +26,32 @@ from exporters.generation.capture import GenerationError, capture_generate, enco
 from exporters.generation.component import FlatComponent, flat_call_inputs
 from exporters.generation.generator import GenerateOutput, Generator
 from exporters.generation.processors import check_supported
+from exporters.generation.static import static_step_for, step_dynamic_shapes, step_example
+from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.steps import TOKEN_INPUTS, infer_prefill_rules, infer_rules
 
-__all__ = ["GenerateOutput", "GenerationError", "GenerationExport", "Generator", "export_for_generation"]
+__all__ = ["GenerateOutput", "GenerationError", "GenerationExport", "Generator", "StaticGenerator",
+           "export_for_generation"]
 
-CACHE_FORMS = ("dynamic",)
+CACHE_FORMS = ("dynamic", "static")
+# where each backend keeps a static cache: ExecuTorch and dynamo as mutable buffers of the program,
+# ONNX as input/output pairs of one shape (an ONNX graph has no state)
+STATIC_STATE = {"dynamo": "buffers", "executorch": "buffers", "onnx": "inputs"}
+DEFAULT_MAX_CACHE_LEN = 64
 CAPTURED_STEPS = 3  # prefill + 2 decode steps: two pairs to check each decode input's rule on
 
 
 def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], config=None,
-                          cache: str = "dynamic") -> Generator:
+                          cache: str = "dynamic", max_cache_len: int | None = None) -> Generator | StaticGenerator:
     if cache not in CACHE_FORMS:
-        raise GenerationError(f"cache={cache!r} is not supported; this version exports cache forms {CACHE_FORMS} "
-                              "(a static cache with in-place updates is not built yet)")
+        raise GenerationError(f"cache={cache!r} is not a cache form; choose one of {CACHE_FORMS}")
+    if max_cache_len is not None and cache != "static":
+        raise GenerationError(f"max_cache_len={max_cache_len} sizes a static cache; cache={cache!r} grows as it goes")
     generation = _generation_dict(model)
     check_supported(generation, type(model).__name__)
+    if cache == "static":
+        return _export_static(exporter, model, inputs, config, generation,
+                              max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE_LEN)
     captured_inputs = _padded(inputs)
     calls, encoder_calls, sequences = capture_generate(model, captured_inputs, CAPTURED_STEPS)
     prefill, decode = calls[0], calls[1]
@@ -76,6 +89,37 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         caller_inputs = list(dict.fromkeys([*encoder_call.tensors, *caller_inputs]))
     return Generator(components, rules, caller_inputs, {k: len(v[0]) for k, v in decode.trees.items()},
                      generation, metadata, prefill_rules, prefill_trees, token_input)
+
+
+def _export_static(exporter, model, inputs, config, generation, max_cache_len: int) -> StaticGenerator:
+    import dataclasses
+
+    ids = inputs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise GenerationError("the static cache form takes input_ids [batch, prompt] (a decoder-only model)")
+    if ids.shape[1] > max_cache_len:
+        raise GenerationError(f"input 'input_ids' dim 1 (prompt) is {ids.shape[1]}, longer than "
+                              f"max_cache_len={max_cache_len}")
+    state = STATIC_STATE.get(exporter.backend)
+    if state is None:
+        raise GenerationError(f"no static cache form for backend {exporter.backend!r}; known: {sorted(STATIC_STATE)}")
+    captured_inputs = _padded(inputs)
+    step = static_step_for(model, captured_inputs, max_cache_len, state)
+    example = step_example(step, captured_inputs["input_ids"], captured_inputs.get("attention_mask"))
+    config = config if config is not None else exporter.config_class()
+    # fixed batch and cache; the sequence (a prompt, then one token) is the only dynamic dim, an explicit
+    # Dim(min=1): torch does not specialize it at 1 (no backed_size_oblivious needed, whose stride
+    # questions would put the guard S != 1 on the step's reshapes)
+    config = dataclasses.replace(config, dynamic=False, dynamic_shapes=step_dynamic_shapes(step, example),
+                                 accept_size_one=False)
+    artifact = exporter.export(step, example, config)
+    artifact.extra_metadata.update({"component": "step", "cache": "static", "max_cache_len": max_cache_len,
+                                    "cache_state": state, "cache_layout": step.cache_shapes()})
+    metadata = {"model_class": type(model).__name__, "cache": "static",
+                "workarounds_fired": {"step": artifact.workarounds_fired}}
+    return StaticGenerator({"step": artifact}, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
+                           cache_shapes=step.cache_shapes(), takes_positions=step.takes_positions,
+                           takes_mask=step.takes_mask, generation=generation, metadata=metadata)
 
 
 def _generation_dict(model) -> dict[str, Any]:
@@ -136,8 +180,9 @@ def _padded(inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class GenerationExport:
-    """Mixed into each exporter: ``export_for_generation(model, inputs, config=None, cache="dynamic")``."""
+    """Mixed into each exporter: ``export_for_generation(model, inputs, config=None, cache="dynamic",
+    max_cache_len=None)``."""
 
     def export_for_generation(self, model: torch.nn.Module, inputs: Mapping[str, Any], config=None,
-                              cache: str = "dynamic") -> Generator:
-        return export_for_generation(self, model, inputs, config, cache)
+                              cache: str = "dynamic", max_cache_len: int | None = None) -> Generator | StaticGenerator:
+        return export_for_generation(self, model, inputs, config, cache, max_cache_len)

@@ -1,0 +1,194 @@
+"""The static cache form: one ``step`` component over a fixed-size cache (``max_cache_len`` slots),
+updated in place.
+
+The step takes ``input_ids`` ``[batch, S]`` (S from 1 to ``max_cache_len``: the whole prompt at once,
+then one token a step), ``cache_position`` ``[S]`` (the cache slots it writes, from 0 on), and, where
+the model's own ``generate`` passes them with a static cache, ``position_ids`` ``[batch, S]`` and an
+``attention_mask`` ``[batch, max_cache_len]`` over every slot (0 for left padding and for slots not
+written yet). The batch and ``max_cache_len`` are fixed at export.
+
+Where the cache lives, by ``state``:
+- ``"buffers"`` (dynamo, ExecuTorch): keys and values are buffers of the program, mutated in place; the
+  step returns only ``logits``. This is the form ExecuTorch's LLM runner loads.
+- ``"inputs"`` (ONNX): keys and values are inputs ``past_<i>_key`` / ``past_<i>_value`` and come back,
+  updated, as outputs ``present_<i>_key`` / ``present_<i>_value`` of the same shapes.
+
+The write position comes from ``cache_position``, not from a counter kept in the program, so a caller
+(or a runner) that starts again at position 0 reuses the same slots: a stale slot past the current
+position is never read (the causal mask stops at the query's position).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from exporters.generation.capture import GenerationError, _recorded, encoder_of
+
+STATE_FORMS = ("buffers", "inputs")
+STEP_INPUTS = ("input_ids", "cache_position", "position_ids", "attention_mask")
+
+
+def _step_cache_class():
+    from transformers.cache_utils import StaticCache
+
+    class StepCache(StaticCache):
+        """A StaticCache that says it is not compileable while torch.export traces it.
+
+        ``is_compileable`` is read in one place: masking_utils' ``create_causal_mask`` (and its sliding
+        and chunked siblings) computes ``allow_is_causal_skip = ... and not (cache.is_compileable and
+        q_length == 1)``. With a dynamic sequence, ``q_length == 1`` puts the guard ``S != 1`` on the
+        export, and the step would refuse the one-token call it exists for. Under export the answer
+        cannot matter: ``_ignore_causal_mask_sdpa`` returns False whenever torch is exporting, so the
+        mask is always built. In eager calls the cache stays compileable (there the test keeps a
+        one-token query from dropping the mask over unwritten slots)."""
+
+        @property
+        def is_compileable(self) -> bool:
+            return not torch.compiler.is_exporting() and all(layer.is_compileable for layer in self.layers)
+
+    return StepCache
+
+
+def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype):
+    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+
+    text = model.config.get_text_config(decoder=True)
+    cache = _step_cache_class()(config=model.config, max_cache_len=max_cache_len)
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is StaticSlidingWindowLayer:
+            if layer.max_cache_len < max_cache_len:
+                raise GenerationError(f"{type(model).__name__}: layer {i} keeps a sliding window of {layer.max_cache_len} "
+                                      f"tokens, shorter than max_cache_len={max_cache_len}; its rolling update branches "
+                                      "on a Python count, which a static step cannot carry. Export with "
+                                      f"max_cache_len <= {layer.max_cache_len}")
+            # a window as long as the cache never rolls: the layer is a plain static layer (the mask
+            # still applies the window, from the model's config)
+            cache.layers[i] = StaticLayer(max_cache_len=max_cache_len)
+        elif type(layer) is not StaticLayer:
+            raise GenerationError(f"{type(model).__name__}: static cache layer {i} is a {type(layer).__name__}; the "
+                                  "static step builds StaticLayer caches only")
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    cache.early_initialization(batch, heads, head_dim, dtype, "cpu")
+    return cache
+
+
+class StaticStep(torch.nn.Module):
+    """``model`` over a static cache held by this module: see the module docstring."""
+
+    def __init__(self, model: torch.nn.Module, batch: int, max_cache_len: int, state: str = "buffers",
+                 takes_positions: bool = True, takes_mask: bool = True):
+        super().__init__()
+        if state not in STATE_FORMS:
+            raise GenerationError(f"state={state!r}: the static step keeps its cache as one of {STATE_FORMS}")
+        self.model = model
+        self.state = state
+        self.max_cache_len = max_cache_len
+        self.takes_positions, self.takes_mask = takes_positions, takes_mask
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        self._cache = _static_cache(model, batch, max_cache_len, dtype)
+        self.layer_count = len(self._cache.layers)
+        for i, layer in enumerate(self._cache.layers):
+            if state == "buffers":
+                self.register_buffer(f"cache_{i}_key", layer.keys)
+                self.register_buffer(f"cache_{i}_value", layer.values)
+
+    def cache_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The cache inputs, ``past_<i>_key`` / ``past_<i>_value``, and their fixed shapes (the outputs are
+        named ``present_<i>_key`` / ``present_<i>_value``)."""
+        return {f"past_{i}_{part}": tuple(getattr(layer, f"{part}s").shape)
+                for i, layer in enumerate(self._cache.layers) for part in ("key", "value")}
+
+    def initial_cache(self) -> dict[str, torch.Tensor]:
+        """Zeros for every cache input (the ``"inputs"`` form's first call)."""
+        return {name: torch.zeros(shape, dtype=self._cache.layers[0].keys.dtype) for name, shape in self.cache_shapes().items()}
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, **cache: torch.Tensor) -> dict[str, torch.Tensor]:
+        for i, layer in enumerate(self._cache.layers):
+            if self.state == "buffers":
+                layer.keys, layer.values = getattr(self, f"cache_{i}_key"), getattr(self, f"cache_{i}_value")
+            else:  # updated in place on a copy, returned as the next call's input
+                layer.keys, layer.values = cache[f"past_{i}_key"].clone(), cache[f"past_{i}_value"].clone()
+            layer.cumulative_length = cache_position[0].clone()  # where this call writes; the mask's offset
+        kwargs: dict[str, Any] = {"input_ids": input_ids}
+        if self.takes_positions and position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        if self.takes_mask and attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        out = self.model(**kwargs, past_key_values=self._cache, use_cache=True, logits_to_keep=1, return_dict=True)
+        outputs = {"logits": out.logits[:, -1, :]}
+        if self.state == "inputs":
+            for i, layer in enumerate(self._cache.layers):
+                outputs[f"present_{i}_key"], outputs[f"present_{i}_value"] = layer.keys, layer.values
+        return outputs
+
+
+def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache_len: int, state: str,
+                    batch: int | None = None) -> StaticStep:
+    """The step for ``model``, its inputs read off the model's own ``generate`` run with a static cache:
+    it must be a decoder-only model whose forward calls take only token ids, positions and a mask."""
+    name = type(model).__name__
+    if encoder_of(model) is not None:
+        raise GenerationError(f"{name} is an encoder-decoder; the static cache form is built for decoder-only "
+                              "models (use cache='dynamic')")
+    calls: list = []
+    try:
+        with _recorded(model, calls), torch.no_grad():
+            model.generate(**inputs, max_new_tokens=2, min_new_tokens=2, do_sample=False,
+                           cache_implementation="static")
+    except GenerationError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model's own generate refuses a static cache
+        raise GenerationError(f"{name}.generate(cache_implementation='static') fails: {type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    from transformers.cache_utils import StaticCache
+
+    for call in calls:
+        other = [k for k in call.tensors if k not in STEP_INPUTS]
+        trees = [k for k in call.trees if k != "past_key_values"]
+        if other or trees:
+            raise GenerationError(f"{name}.generate with a static cache passes {other + trees} to forward; the static "
+                                  f"step takes only {STEP_INPUTS}")
+    if "past_key_values" not in calls[-1].trees:
+        raise GenerationError(f"{name}.generate(cache_implementation='static') passes no past_key_values")
+    takes_positions = any("position_ids" in c.tensors for c in calls)
+    takes_mask = any("attention_mask" in c.tensors for c in calls)
+    batch = batch if batch is not None else int(inputs["input_ids"].shape[0])
+    step = StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask)
+    if not isinstance(step._cache, StaticCache):  # pragma: no cover - _static_cache always builds one
+        raise GenerationError(f"{name}: no StaticCache")
+    return step.eval()
+
+
+def step_example(step: StaticStep, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The step's inputs for a prompt: every slot of the mask, positions as generate counts them."""
+    batch, prompt = input_ids.shape
+    example = {"input_ids": input_ids, "cache_position": torch.arange(prompt)}
+    mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+    if step.takes_positions:
+        example["position_ids"] = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    if step.takes_mask:
+        full = torch.zeros(batch, step.max_cache_len, dtype=torch.long)
+        full[:, :prompt] = mask
+        example["attention_mask"] = full
+    if step.state == "inputs":
+        example.update(step.initial_cache())
+    return example
+
+
+def step_dynamic_shapes(step: StaticStep, example: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The sequence length S (1 to max_cache_len) is the one dynamic dim; batch and cache are fixed."""
+    seq = torch.export.Dim("S", min=1, max=step.max_cache_len)
+    shapes: dict[str, Any] = {}
+    for name, value in example.items():
+        if name in ("input_ids", "position_ids"):
+            shapes[name] = {1: seq}
+        elif name == "cache_position":
+            shapes[name] = {0: seq}
+        else:
+            shapes[name] = None
+    return shapes

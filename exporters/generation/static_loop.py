@@ -1,0 +1,143 @@
+"""The greedy loop over a static-cache ``step`` artifact (exporters/generation/static.py): the prompt in
+one call, then one token a call, every shape checked against the export's limits before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from exporters.generation.capture import GenerationError
+from exporters.generation.generator import GENERATOR_FILE, GenerateOutput
+from exporters.generation.processors import process
+
+FORMAT = "exporters.static-generator/1"
+
+
+class StaticGenerator:
+    """``components``: ``{"step": artifact}``; ``batch`` and ``max_cache_len``: fixed at export;
+    ``state``: "buffers" (the cache lives in the artifact) or "inputs" (``cache_names`` go in and come
+    back out); ``takes_positions`` / ``takes_mask``: which optional step inputs the model reads."""
+
+    cache = "static"
+
+    def __init__(self, components: Mapping[str, Any], *, batch: int, max_cache_len: int, state: str,
+                 cache_shapes: Mapping[str, tuple[int, ...]], takes_positions: bool, takes_mask: bool,
+                 generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None, token_input: str = "input_ids"):
+        self.components = dict(components)
+        self.batch, self.max_cache_len, self.state = batch, max_cache_len, state
+        self.cache_shapes = {k: tuple(v) for k, v in cache_shapes.items()}
+        self.takes_positions, self.takes_mask = takes_positions, takes_mask
+        self.generation = dict(generation)
+        self.metadata = dict(metadata or {})
+        self.token_input = token_input
+        self.rules = {"input_ids": "token", "cache_position": "next_position"}
+        if takes_positions:
+            self.rules["position_ids"] = "next_position"
+        if takes_mask:
+            self.rules["attention_mask"] = "set_slot"
+        self.prefill_rules = {"position_ids": "positions_from_mask"} if takes_positions else {}
+        self.trees = {"cache": len(self.cache_shapes)} if state == "inputs" else {}
+
+    @property
+    def backend(self) -> str:
+        return self.components["step"].backend
+
+    def _check(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, max_new_tokens: int,
+               other: Mapping[str, Any]) -> None:
+        if other:
+            raise GenerationError(f"the static step takes input_ids and attention_mask only; unexpected {sorted(other)}")
+        if input_ids is None or input_ids.dim() != 2:
+            raise GenerationError("input_ids must be a [batch, prompt] tensor")
+        batch, prompt = input_ids.shape
+        if batch != self.batch:
+            raise GenerationError(f"input 'input_ids' dim 0 (batch) is {batch}; this static cache was exported for "
+                                  f"batch {self.batch} exactly (export again with a batch of {batch})")
+        if max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        if prompt > self.max_cache_len:
+            raise GenerationError(f"input 'input_ids' dim 1 (prompt) is {prompt}, longer than the static cache "
+                                  f"(max_cache_len={self.max_cache_len})")
+        if prompt + max_new_tokens - 1 > self.max_cache_len:
+            raise GenerationError(f"a prompt of {prompt} plus max_new_tokens={max_new_tokens} needs "
+                                  f"{prompt + max_new_tokens - 1} cache slots; max_cache_len is {self.max_cache_len} "
+                                  f"(at most {self.max_cache_len - prompt + 1} new tokens for this prompt)")
+        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+            raise GenerationError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
+                                  f"{tuple(input_ids.shape)}")
+        if attention_mask is not None and not self.takes_mask and not bool((attention_mask == 1).all()):
+            raise GenerationError("this step takes no attention_mask (the model's generate passed none at export), "
+                                  "so it cannot run a padded batch")
+
+    def generate(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, *,
+                 max_new_tokens: int | None = None, eos_token_id: int | list[int] | None = None,
+                 pad_token_id: int | None = None, teacher_tokens: torch.Tensor | None = None,
+                 return_dict_in_generate: bool = False, output_logits: bool = False,
+                 **other: torch.Tensor) -> torch.Tensor | GenerateOutput:
+        """Greedy generation through the step artifact; arguments as ``Generator.generate``."""
+        from exporters.generation.generator import Generator
+
+        max_new_tokens = max_new_tokens if max_new_tokens is not None else self.generation.get("max_new_tokens") or 20
+        self._check(input_ids, attention_mask, max_new_tokens, other)
+        eos = Generator._token_ids(eos_token_id if eos_token_id is not None else self.generation.get("eos_token_id"))
+        pad = pad_token_id if pad_token_id is not None else self.generation.get("pad_token_id")
+        if pad is None and eos:
+            pad = eos[0]
+        batch, prompt = input_ids.shape
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        full = torch.zeros(batch, self.max_cache_len, dtype=torch.long)
+        full[:, :prompt] = mask
+        step = self.components["step"]
+        feed: dict[str, torch.Tensor] = {"input_ids": input_ids, "cache_position": torch.arange(prompt)}
+        if self.takes_positions:
+            positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+            feed["position_ids"] = positions
+        cache = {k: torch.zeros(s) for k, s in self.cache_shapes.items()} if self.state == "inputs" else {}
+        unfinished = torch.ones(batch, dtype=torch.bool)
+        new_tokens, step_logits = [], []
+        for i in range(max_new_tokens):
+            if self.takes_mask:
+                feed["attention_mask"] = full
+            outputs = step(**feed, **cache)
+            if self.state == "inputs":
+                cache = {k: outputs["present" + k.removeprefix("past")] for k in self.cache_shapes}
+            logits = outputs["logits"]
+            scores = process(self.generation, logits, prompt + i, prompt, prompt + max_new_tokens)
+            token = scores.argmax(-1) if teacher_tokens is None else teacher_tokens[:, i]
+            if pad is not None and eos:
+                token = torch.where(unfinished, token, torch.full_like(token, pad))
+            new_tokens.append(token)
+            step_logits.append(logits)
+            if eos:
+                unfinished &= ~torch.isin(token, torch.tensor(eos))
+            if i == max_new_tokens - 1 or not unfinished.any():
+                break
+            slot = prompt + i
+            full = full.clone()
+            full[:, slot] = 1
+            feed = {"input_ids": token[:, None], "cache_position": torch.tensor([slot])}
+            if self.takes_positions:
+                positions = positions[:, -1:] + 1
+                feed["position_ids"] = positions
+        sequences = torch.cat([input_ids, torch.stack(new_tokens, dim=1)], dim=1)
+        if not return_dict_in_generate:
+            return sequences
+        return GenerateOutput(sequences, tuple(step_logits) if output_logits else (), cache, len(new_tokens))
+
+    # ── saving ────────────────────────────────────────────────────────────────
+    def save(self, directory: str | os.PathLike) -> str:
+        os.makedirs(directory, exist_ok=True)
+        for name, artifact in self.components.items():
+            artifact.save(os.path.join(directory, name))
+        doc = {"format": FORMAT, "backend": self.backend, "components": list(self.components), "cache": "static",
+               "batch": self.batch, "max_cache_len": self.max_cache_len, "state": self.state,
+               "cache_shapes": self.cache_shapes, "takes_positions": self.takes_positions,
+               "takes_mask": self.takes_mask, "token_input": self.token_input, "generation": self.generation,
+               **self.metadata}
+        path = os.path.join(directory, GENERATOR_FILE)
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=2)
+        return path

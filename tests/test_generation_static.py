@@ -1,0 +1,144 @@
+"""export_for_generation(cache="static"): one step over a fixed-size cache updated in place (mutable
+buffers on dynamo and ExecuTorch, input/output pairs on ONNX), driven by StaticGenerator, against eager
+``model.generate(do_sample=False)``."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from _backend_params import _backends
+
+from exporters import get_exporter
+from exporters.generation import GenerationError, StaticGenerator
+from exporters.parity import assert_close
+from exporters.pytrees import flatten_outputs
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_CACHE_LEN = 24
+
+
+@pytest.fixture(scope="module")
+def llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _prompt(b, s, seed, pad=True):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 64, (b, s), generator=g)
+    mask = torch.ones(b, s, dtype=torch.long)
+    if pad and b > 1 and s > 2:
+        mask[0, :2] = 0  # left padding
+    return ids, mask
+
+
+_GENERATORS: dict = {}
+
+
+def _generator(llama, backend) -> StaticGenerator:
+    if backend not in _GENERATORS:
+        ids, mask = _prompt(2, 5, 0)
+        _GENERATORS[backend] = get_exporter(backend).export_for_generation(
+            llama, {"input_ids": ids, "attention_mask": mask}, cache="static", max_cache_len=MAX_CACHE_LEN)
+    return _GENERATORS[backend]
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_static_step_generates_like_eager(llama, backend):
+    generator = _generator(llama, backend)
+    assert isinstance(generator, StaticGenerator)
+    assert generator.state == ("inputs" if backend == "onnx" else "buffers")
+    step = generator.components["step"]
+    # only the sequence is dynamic (a prompt, then one token); batch and cache are fixed
+    assert {name: sorted(dims) for name, dims in step.dynamic_dims.items() if dims} == \
+        {"input_ids": [1], "position_ids": [1], "cache_position": [0]}
+    distinct = set()
+    for s, n, seed in ((5, 8, 1), (3, 12, 2), (1, 10, 3), (9, 16, 4)):  # the last fills all 24 slots
+        ids, mask = _prompt(2, s, seed)
+        with torch.no_grad():
+            expected = llama.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False)
+        got = generator.generate(ids, mask, max_new_tokens=n)  # calls reuse the slots without a reset
+        assert torch.equal(got, expected), (s, n, got.tolist(), expected.tolist())
+        distinct |= set(expected[:, s:].flatten().tolist())
+    assert len(distinct) > 8, f"degenerate tiny model: the new tokens are {sorted(distinct)}"
+
+
+def test_onnx_cache_pairs_match_eager_cache(llama):
+    generator = _generator(llama, "onnx")
+    assert generator.cache_shapes == {f"past_{i}_{p}": (2, 2, MAX_CACHE_LEN, 8) for i in range(2) for p in ("key", "value")}
+    ids, mask = _prompt(2, 6, seed=7)
+    with torch.no_grad():
+        eager = llama.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                               return_dict_in_generate=True, output_logits=True)
+    ours = generator.generate(ids, mask, max_new_tokens=8, eos_token_id=[], teacher_tokens=eager.sequences[:, 6:],
+                              return_dict_in_generate=True, output_logits=True)
+    for step, (want, got) in enumerate(zip(eager.logits, ours.logits)):
+        assert_close({f"logits.{step}": want}, {f"logits.{step}": got}, "onnx")
+    want = flatten_outputs({"past_key_values": eager.past_key_values})
+    attended = torch.cat([mask, torch.ones(2, 7, dtype=mask.dtype)], dim=1).bool()
+    for i in range(2):
+        for part in ("key", "value"):
+            got = ours.cache[f"past_{i}_{part}"]
+            assert got.shape == (2, 2, MAX_CACHE_LEN, 8)
+            written = got[:, :, :13]
+            keep = attended[:, None, :, None].expand_as(written)
+            assert_close({part: want[f"past_key_values.{i}.{part}"][keep]}, {part: written[keep]}, "onnx")
+
+
+def test_limits_are_named_before_anything_runs(llama):
+    generator = _generator(llama, "dynamo")
+    ids, mask = _prompt(2, 5, seed=1)
+    with pytest.raises(GenerationError, match=r"needs 28 cache slots; max_cache_len is 24 \(at most 20 new tokens"):
+        generator.generate(ids, mask, max_new_tokens=24)
+    with pytest.raises(GenerationError, match=r"prompt\) is 25, longer than the static cache \(max_cache_len=24\)"):
+        generator.generate(*_prompt(2, 25, seed=1), max_new_tokens=1)
+    with pytest.raises(GenerationError, match=r"dim 0 \(batch\) is 1; this static cache was exported for batch 2"):
+        generator.generate(*_prompt(1, 4, seed=1), max_new_tokens=2)
+    with pytest.raises(GenerationError, match="longer than max_cache_len=4"):
+        get_exporter("dynamo").export_for_generation(llama, {"input_ids": ids}, cache="static", max_cache_len=4)
+
+
+def test_encoder_decoder_is_refused_by_name():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    model = BartForConditionalGeneration(BartConfig(vocab_size=48, d_model=16, encoder_layers=1, decoder_layers=1,
+                                                    encoder_attention_heads=2, decoder_attention_heads=2,
+                                                    encoder_ffn_dim=32, decoder_ffn_dim=32)).eval()
+    ids = torch.randint(3, 48, (1, 4))
+    with pytest.raises(GenerationError, match="BartForConditionalGeneration is an encoder-decoder"):
+        get_exporter("dynamo").export_for_generation(model, {"input_ids": ids}, cache="static")
+
+
+_LOAD = """
+import sys, torch
+from exporters import load_generator
+g = load_generator(sys.argv[1])
+ids = torch.tensor([[5, 9, 17, 30], [7, 7, 40, 41]])
+print(type(g).__name__, g.generate(ids, max_new_tokens=9, eos_token_id=[]).tolist())
+"""
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_saved_static_generator_runs_in_a_fresh_process(llama, backend, tmp_path):
+    generator = _generator(llama, backend)
+    generator.save(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["generator.json", "step"]
+    ids = torch.tensor([[5, 9, 17, 30], [7, 7, 40, 41]])
+    config = copy.deepcopy(llama.generation_config)
+    config.eos_token_id = None  # eos_token_id=[] in the loop: no end token, none suppressed
+    with torch.no_grad():
+        expected = llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=9, do_sample=False,
+                                  eos_token_id=None, generation_config=config)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": _ROOT}
+    done = subprocess.run([sys.executable, "-c", _LOAD, str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == f"StaticGenerator {expected.tolist()}"
