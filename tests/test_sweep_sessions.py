@@ -24,7 +24,7 @@ from sweeps import plugin
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP_ID = re.compile(r"^sweeps/test_export\.py::test_export\[(dynamo|onnx|executorch)-(static|dynamic)-(\w+)\]$")
-GENERATE_ID = re.compile(r"^sweeps/test_generate\.py::test_generate\[(dynamo|onnx|executorch)-(dynamic)-(\w+)\]$")
+GENERATE_ID = re.compile(r"^sweeps/test_generate\.py::test_generate\[(dynamo|onnx|executorch)-(static|dynamic)-(\w+)\]$")
 USAGE_ERROR = 4
 
 PROBE = '''
@@ -280,14 +280,14 @@ def test_full_sweep_collects_every_catalog_class_on_every_backend_and_variant(ru
     ids = run.sweep_ids()
     assert len(ids) == len(set(ids)) == 6 * len(classes)
     assert {c for _, _, c in ids} == classes
-    # test_generate: every generative class, on each backend, in the dynamic variant (the only one built)
+    # test_generate: every generative class, on each backend, in both cache variants
     from sweeps.plugin import generative
 
     generating = {e.class_name for e in catalog() if generative(e)}
     gen = run.generate_ids()
     assert 300 <= len(generating) <= 400
-    assert len(gen) == len(set(gen)) == 3 * len(generating) and {c for _, _, c in gen} == generating
-    assert f"{6 * len(classes) + 3 * len(generating)} tests collected" in run.output
+    assert len(gen) == len(set(gen)) == 6 * len(generating) and {c for _, _, c in gen} == generating
+    assert f"{6 * len(classes) + 6 * len(generating)} tests collected" in run.output
 
 
 def test_full_sweep_collection_imports_no_runtime_and_builds_no_model(runs):
@@ -355,8 +355,9 @@ def test_backend_and_model_select_exactly_those_items_and_deselect_the_unit_test
     nllb = {e.class_name for e in resolve_models(["nllb_moe"])}
     assert "NllbMoeForConditionalGeneration" in nllb
     assert sorted(run.sweep_ids()) == sorted(("executorch", v, c) for c in nllb for v in ("static", "dynamic"))
-    assert run.generate_ids() == [("executorch", "dynamic", "NllbMoeForConditionalGeneration")]  # the one that generates
-    assert len(run.items) == 2 * len(nllb) + 1  # nothing but the sweep items
+    assert sorted(run.generate_ids()) == [("executorch", v, "NllbMoeForConditionalGeneration")  # the one that generates
+                                          for v in ("dynamic", "static")]
+    assert len(run.items) == 2 * len(nllb) + 2  # nothing but the sweep items
     deselected = run.probe["deselected"]
     assert deselected, "the unit tests should be collected, then deselected"
     assert all(d.startswith("tests/") for d in deselected), [d for d in deselected if not d.startswith("tests/")]
@@ -442,7 +443,7 @@ def test_plain_pytest_collects_unit_tests_and_the_smoke_set_only(runs):
     assert {SWEEP_ID.match(i["nodeid"]).group(3) for i in sweep} == set(plugin.SMOKE_CLASSES)
     assert len(sweep) == 6 * len(plugin.SMOKE_CLASSES)
     assert {GENERATE_ID.match(i["nodeid"]).group(3) for i in generate} == set(plugin.SMOKE_GENERATE)
-    assert len(generate) == 3 * len(plugin.SMOKE_GENERATE)
+    assert len(generate) == 6 * len(plugin.SMOKE_GENERATE)
     assert all("smoke" in i["marks"] for i in sweep + generate)
     assert others and all(i["nodeid"].startswith("tests/") for i in others)
     assert not any("smoke" in i["marks"] for i in others)

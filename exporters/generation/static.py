@@ -184,7 +184,7 @@ def step_dynamic_shapes(step: StaticStep, example: Mapping[str, torch.Tensor]) -
     """The sequence length S (1 to max_cache_len) is the one dynamic dim; batch and cache are fixed."""
     seq = torch.export.Dim("S", min=1, max=step.max_cache_len)
     shapes: dict[str, Any] = {}
-    for name, value in example.items():
+    for name in example:
         if name in ("input_ids", "position_ids"):
             shapes[name] = {1: seq}
         elif name == "cache_position":
