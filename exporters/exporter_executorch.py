@@ -38,6 +38,9 @@ class ExecutorchConfig(ExportConfig):
     # where interval arithmetic overshot (exact_share), then, while still past it, exported again with
     # every dim max_dim bounds bounded by half as much, down to the largest traced size (halved_max_dim)
     memory_budget_mb: int = 8192
+    # extra methods of the program that return a constant (name -> int, float, bool or a list of them):
+    # the metadata ExecuTorch's LLM runner reads (get_max_seq_len, use_kv_cache, ...)
+    constant_methods: dict[str, Any] | None = None
 
 
 # ── Stage 1: Backend preparation ─────────────────────────────────────────────
@@ -171,4 +174,4 @@ class ExecutorchExporter(GenerationExport, Exporter):
         again, for a retry that needs a program no lowering has touched."""
         program = self._fixed(program, config, fired)
         context = RetryContext(list(inputs), retrace, lambda p: self._fixed(p, config, fired))
-        return lower_with_retries(Attempt(program, partitioners), et_patches, fired, context)
+        return lower_with_retries(Attempt(program, partitioners, config.constant_methods), et_patches, fired, context)

@@ -132,9 +132,13 @@ def load_generator(directory: str | os.PathLike) -> Generator | StaticGenerator:
     if doc.get("format") not in (FORMAT, STATIC_FORMAT):
         raise LoadError(f"{where}: format {doc.get('format')!r}, this version of exporters reads {FORMAT!r} "
                         f"and {STATIC_FORMAT!r}")
-    components = {name: load_artifact(os.path.join(directory, name)) for name in doc["components"]}
+    dirs = doc.get("component_dirs") or {}
+    for name, where_to in dirs.items():
+        if os.path.isabs(where_to) or ".." in where_to.replace("\\", "/").split("/"):
+            raise LoadError(f"{where}: component {name!r} lies outside the folder ({where_to!r})")
+    components = {name: load_artifact(os.path.join(directory, dirs.get(name, name))) for name in doc["components"]}
     if doc["format"] == STATIC_FORMAT:
-        known = ("format", "backend", "components", "cache", "batch", "max_cache_len", "state", "cache_shapes",
+        known = ("format", "backend", "components", "component_dirs", "cache", "batch", "max_cache_len", "state", "cache_shapes",
                  "takes_positions", "takes_mask", "token_input", "generation")
         return StaticGenerator(components, batch=doc["batch"], max_cache_len=doc["max_cache_len"], state=doc["state"],
                                cache_shapes=doc["cache_shapes"], takes_positions=doc["takes_positions"],

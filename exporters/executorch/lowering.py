@@ -112,14 +112,15 @@ def cpu_conv_heuristics_off():
         torch.backends.nnpack.set_flags(*nnpack)
 
 
-def _lower_program(program, partitioners, et_patches, fired) -> Lowered:
+def _lower_program(program, partitioners, et_patches, fired, constant_methods=None) -> Lowered:
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     # no_grad: a program that still has complex ops fails here with grad on ("view_as_complex_copy
     # does not support automatic differentiation for outputs with complex dtype")
     with apply_patches(et_patches, fired), torch.no_grad(), cpu_conv_heuristics_off():
         edge = to_edge_transform_and_lower(
-            program, partitioner=partitioners, compile_config=EdgeCompileConfig(_check_ir_validity=False)
+            program, partitioner=partitioners, compile_config=EdgeCompileConfig(_check_ir_validity=False),
+            constant_methods=dict(constant_methods) if constant_methods else None,
         )
         buffers_keep_their_values(edge.exported_program())
         lowered = edge.to_executorch()
@@ -148,6 +149,7 @@ class Attempt(NamedTuple):
 
     program: torch.export.ExportedProgram
     partitioners: list
+    constant_methods: Any = None  # ExecutorchConfig.constant_methods: methods returning a constant
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,7 +255,7 @@ def lower_with_retries(attempt: Attempt, et_patches, fired: FiredLog, context: R
     """Lower ``attempt``; on a failure that a retry in LOWERING_RETRIES starts on, lower once more with
     that retry's change. A failure no retry takes, or one whose retry has nothing to change, stands."""
     try:
-        return _lower_program(attempt.program, attempt.partitioners, et_patches, fired)
+        return _lower_program(attempt.program, attempt.partitioners, et_patches, fired, attempt.constant_methods)
     except Exception as exc:
         retry = next((r for r in LOWERING_RETRIES if r.starts_on(exc)), None)
         changed = retry.change(attempt, context) if retry is not None else None
@@ -262,7 +264,7 @@ def lower_with_retries(attempt: Attempt, et_patches, fired: FiredLog, context: R
         attempt, names = changed
     fired.extend(names)
     _forget_pending_unbacked(attempt.program)
-    return _lower_program(attempt.program, attempt.partitioners, et_patches, fired)
+    return _lower_program(attempt.program, attempt.partitioners, et_patches, fired, attempt.constant_methods)
 
 
 def lower_within_budget(export_and_lower: Callable[[Any], tuple[Any, Lowered]], config: ExportConfig,

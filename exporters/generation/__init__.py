@@ -26,6 +26,7 @@ from exporters.generation.capture import GenerationError, capture_generate, enco
 from exporters.generation.component import FlatComponent, flat_call_inputs
 from exporters.generation.generator import GenerateOutput, Generator
 from exporters.generation.processors import check_supported
+from exporters.generation.runners import llm_runner_methods, vocab_size
 from exporters.generation.static import static_step_for, step_dynamic_shapes, step_example
 from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.steps import TOKEN_INPUTS, infer_prefill_rules, infer_rules
@@ -103,22 +104,24 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     state = STATIC_STATE.get(exporter.backend)
     if state is None:
         raise GenerationError(f"no static cache form for backend {exporter.backend!r}; known: {sorted(STATIC_STATE)}")
-    captured_inputs = _padded(inputs)
-    step = static_step_for(model, captured_inputs, max_cache_len, state)
-    example = step_example(step, captured_inputs["input_ids"], captured_inputs.get("attention_mask"))
+    step = static_step_for(model, inputs, max_cache_len, state)
+    example = step_example(step, ids, inputs.get("attention_mask") if step.takes_mask else None)
     config = config if config is not None else exporter.config_class()
     # fixed batch and cache; the sequence (a prompt, then one token) is the only dynamic dim, an explicit
     # Dim(min=1): torch does not specialize it at 1 (no backed_size_oblivious needed, whose stride
     # questions would put the guard S != 1 on the step's reshapes)
     config = dataclasses.replace(config, dynamic=False, dynamic_shapes=step_dynamic_shapes(step, example),
                                  accept_size_one=False)
+    if exporter.backend == "executorch" and step.runner_form:  # the metadata ExecuTorch's LLM runner reads
+        config = dataclasses.replace(config, constant_methods={**llm_runner_methods(model, generation, max_cache_len),
+                                                               **(config.constant_methods or {})})
     artifact = exporter.export(step, example, config)
     artifact.extra_metadata.update({"component": "step", "cache": "static", "max_cache_len": max_cache_len,
                                     "cache_state": state, "cache_layout": step.cache_shapes()})
-    metadata = {"model_class": type(model).__name__, "cache": "static",
+    metadata = {"model_class": type(model).__name__, "cache": "static", "vocab_size": vocab_size(model),
                 "workarounds_fired": {"step": artifact.workarounds_fired}}
     return StaticGenerator({"step": artifact}, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
-                           cache_shapes=step.cache_shapes(), takes_positions=step.takes_positions,
+                           cache_shapes=step.cache_shapes(), takes_positions=step.takes_positions and not step.runner_form,
                            takes_mask=step.takes_mask, generation=generation, metadata=metadata)
 
 

@@ -81,6 +81,10 @@ class StaticStep(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, batch: int, max_cache_len: int, state: str = "buffers",
                  takes_positions: bool = True, takes_mask: bool = True):
+        """``takes_positions``: the model reads ``position_ids``; ``takes_mask``: it reads an attention
+        mask. A step of batch 1 without a mask (``runner_form``) takes only ``input_ids`` and
+        ``cache_position``, and gives the model ``position_ids = cache_position``: the two inputs, in
+        that order, that ExecuTorch's LLM runner passes."""
         super().__init__()
         if state not in STATE_FORMS:
             raise GenerationError(f"state={state!r}: the static step keeps its cache as one of {STATE_FORMS}")
@@ -88,6 +92,7 @@ class StaticStep(torch.nn.Module):
         self.state = state
         self.max_cache_len = max_cache_len
         self.takes_positions, self.takes_mask = takes_positions, takes_mask
+        self.runner_form = batch == 1 and not takes_mask
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self._cache = _static_cache(model, batch, max_cache_len, dtype)
         self.layer_count = len(self._cache.layers)
@@ -115,6 +120,8 @@ class StaticStep(torch.nn.Module):
                 layer.keys, layer.values = cache[f"past_{i}_key"].clone(), cache[f"past_{i}_value"].clone()
             layer.cumulative_length = cache_position[0].clone()  # where this call writes; the mask's offset
         kwargs: dict[str, Any] = {"input_ids": input_ids}
+        if self.runner_form and self.takes_positions:
+            position_ids = cache_position.unsqueeze(0)
         if self.takes_positions and position_ids is not None:
             kwargs["position_ids"] = position_ids
         if self.takes_mask and attention_mask is not None:
@@ -156,8 +163,11 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     if "past_key_values" not in calls[-1].trees:
         raise GenerationError(f"{name}.generate(cache_implementation='static') passes no past_key_values")
     takes_positions = any("position_ids" in c.tensors for c in calls)
-    takes_mask = any("attention_mask" in c.tensors for c in calls)
     batch = batch if batch is not None else int(inputs["input_ids"].shape[0])
+    mask = inputs.get("attention_mask")
+    unpadded = mask is None or bool((mask == 1).all())
+    # a batch of one without padding needs no mask: the causal mask over the written slots is all
+    takes_mask = any("attention_mask" in c.tensors for c in calls) and not (batch == 1 and unpadded)
     step = StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask)
     if not isinstance(step._cache, StaticCache):  # pragma: no cover - _static_cache always builds one
         raise GenerationError(f"{name}: no StaticCache")
@@ -169,7 +179,7 @@ def step_example(step: StaticStep, input_ids: torch.Tensor, attention_mask: torc
     batch, prompt = input_ids.shape
     example = {"input_ids": input_ids, "cache_position": torch.arange(prompt)}
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-    if step.takes_positions:
+    if step.takes_positions and not step.runner_form:
         example["position_ids"] = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
     if step.takes_mask:
         full = torch.zeros(batch, step.max_cache_len, dtype=torch.long)

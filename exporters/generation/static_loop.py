@@ -128,11 +128,25 @@ class StaticGenerator:
         return GenerateOutput(sequences, tuple(step_logits) if output_logits else (), cache, len(new_tokens))
 
     # ── saving ────────────────────────────────────────────────────────────────
-    def save(self, directory: str | os.PathLike) -> str:
+    def save(self, directory: str | os.PathLike, runner: bool = False) -> str:
+        """Every component and ``generator.json``. ``runner=True`` saves the folder a runtime's own LLM
+        runner loads instead: on ExecuTorch ``model.pte`` (the step, its cache inside, the runner's
+        metadata methods) and ``tokenizer.json`` (exporters/generation/runners.py), with
+        ``generator.json`` beside them so that ``load_generator`` reads the folder too. A generator the
+        runner would misread raises a GenerationError naming what it lacks, and nothing is written."""
+        component_dirs = {name: name for name in self.components}
+        if runner:
+            self._check_runner()
+            component_dirs = {"step": "."}
         os.makedirs(directory, exist_ok=True)
         for name, artifact in self.components.items():
-            artifact.save(os.path.join(directory, name))
-        doc = {"format": FORMAT, "backend": self.backend, "components": list(self.components), "cache": "static",
+            artifact.save(os.path.join(directory, component_dirs[name]))
+        if runner:
+            from exporters.generation.runners import word_tokenizer
+
+            word_tokenizer(int(self.metadata["vocab_size"])).save(os.path.join(directory, "tokenizer.json"))
+        doc = {"format": FORMAT, "backend": self.backend, "components": list(self.components),
+               "component_dirs": component_dirs, "cache": "static",
                "batch": self.batch, "max_cache_len": self.max_cache_len, "state": self.state,
                "cache_shapes": self.cache_shapes, "takes_positions": self.takes_positions,
                "takes_mask": self.takes_mask, "token_input": self.token_input, "generation": self.generation,
@@ -141,3 +155,26 @@ class StaticGenerator:
         with open(path, "w") as f:
             json.dump(doc, f, indent=2)
         return path
+
+    def _check_runner(self) -> None:
+        """What ExecuTorch's LLM runner needs of the step (exporters/generation/runners.py)."""
+        if self.backend != "executorch":
+            raise GenerationError(f"save(runner=True) for a {self.backend} static generator: the runner folder is "
+                                  "built for ExecuTorch's LLM runner (export with ExecutorchExporter)")
+        step = self.components["step"]
+        lacking = []
+        if self.batch != 1:
+            lacking.append(f"a batch of 1 (this step was exported for batch {self.batch}; the runner feeds one sequence)")
+        if self.takes_mask:
+            lacking.append("no attention_mask input (the runner passes tokens and cache positions only: export "
+                           "from an unpadded prompt of batch 1)")
+        if list(step.input_names) != ["input_ids", "cache_position"]:
+            lacking.append(f"the inputs (tokens, cache positions), not {list(step.input_names)}")
+        methods = (step.metadata.get("config_values") or {}).get("constant_methods") or {}
+        missing = [m for m in ("get_max_seq_len", "use_kv_cache", "get_vocab_size") if m not in methods]
+        if missing:
+            lacking.append(f"the runner's metadata methods {missing}")
+        if "vocab_size" not in self.metadata:
+            lacking.append("the model's vocabulary size (for the tokenizer)")
+        if lacking:
+            raise GenerationError("ExecuTorch's LLM runner would misread this program; it needs " + "; ".join(lacking))

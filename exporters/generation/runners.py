@@ -1,0 +1,115 @@
+"""What the runtimes' own LLM runners read besides the model: ExecuTorch's LLM runner
+(``executorch.extension.llm.runner.TextLLMRunner``) and a tokenizer for a tiny model.
+
+ExecuTorch's runner (extension/llm/runner: constants.h, text_decoder_runner.cpp, util.h) loads a
+``.pte`` whose ``forward`` takes ``(tokens [1, S] int64, cache positions [S] int64)`` (a second input
+whose largest size is more than 1 is filled with ``start_pos .. start_pos + S - 1``), keeps the KV
+cache inside the program, and reads these constant methods: ``get_max_seq_len``,
+``get_max_context_len``, ``get_vocab_size``, ``get_bos_id``, ``get_eos_ids``, ``use_kv_cache``,
+``use_sdpa_with_kv_cache``, ``enable_dynamic_shape``.
+
+A tiny model has no tokenizer. ``word_tokenizer(vocab_size)`` builds one with the ``tokenizers``
+library that the runners' own tokenizer code loads (ExecuTorch's C++ ``HFTokenizer`` takes a BPE model
+with merges and a ``Split`` pre-tokenizer, and samples over the tokenizer's vocabulary, so the
+vocabulary is exactly the model's): id ``i`` is the ``i``-th word of ``0-9A-Za-z`` strings in length
+order (``0``..``z``, then ``00``..``zz``, ...), each longer word reachable by merges of its parts,
+words separated by spaces. A prompt encodes to exactly the ids it names (``text_from_ids``), and each
+piece a runner streams is one word, so the generated ids are exact (``ids_from_pieces``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import string
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+ALPHABET = string.digits + string.ascii_uppercase + string.ascii_lowercase
+
+
+def llm_runner_methods(model: torch.nn.Module, generation: Mapping[str, Any], max_cache_len: int) -> dict[str, Any]:
+    """The constant methods ExecuTorch's LLM runner reads, for a static step of ``max_cache_len`` slots."""
+    methods: dict[str, Any] = {
+        "get_max_seq_len": max_cache_len,
+        "get_max_context_len": max_cache_len,
+        "get_vocab_size": vocab_size(model),
+        "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": False,
+        "enable_dynamic_shape": True,  # the step takes a whole prompt at once (S from 1 to max_seq_len)
+    }
+    if generation.get("bos_token_id") is not None:
+        methods["get_bos_id"] = int(generation["bos_token_id"])
+    eos = generation.get("eos_token_id")
+    if eos is not None:
+        methods["get_eos_ids"] = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    return methods
+
+
+def vocab_size(model: torch.nn.Module) -> int:
+    embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if embeddings is not None and hasattr(embeddings, "out_features"):
+        return int(embeddings.out_features)
+    return int(model.config.get_text_config(decoder=True).vocab_size)
+
+
+def words(size: int) -> list[str]:
+    """The word of every id below ``size``."""
+    out: list[str] = []
+    for length in itertools.count(1):
+        for letters in itertools.product(ALPHABET, repeat=length):
+            if len(out) == size:
+                return out
+            out.append("".join(letters))
+    return out  # pragma: no cover - the loop returns
+
+
+def word_tokenizer(size: int):
+    """A ``tokenizers.Tokenizer`` whose vocabulary is ``words(size)`` (see the module docstring)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(words(size))}
+    merges = [(w[:k], w[k:]) for w in vocab if len(w) > 1 for k in range(1, len(w))
+              if w[:k] in vocab and w[k:] in vocab]
+    missing = [w for w in vocab if len(w) > 1 and not any(w[:k] in vocab and w[k:] in vocab for k in range(1, len(w)))]
+    if missing:  # pragma: no cover - every prefix of a word in length order is a word
+        raise ValueError(f"word_tokenizer({size}): no merge reaches {missing[:3]}")
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="removed")
+    return tokenizer
+
+
+def text_from_ids(ids: Iterable[int], size: int) -> str:
+    table = words(size)
+    return " ".join(table[int(i)] for i in ids)
+
+
+def ids_from_pieces(pieces: Iterable[str], size: int) -> list[int]:
+    """The ids of the pieces a runner streamed (one word each); a piece that is no word raises."""
+    index = {w: i for i, w in enumerate(words(size))}
+    unknown = [p for p in pieces if p not in index]
+    if unknown:
+        raise ValueError(f"the runner streamed pieces that are no word of the tokenizer: {unknown[:5]}")
+    return [index[p] for p in pieces]
+
+
+def run_executorch_llm(directory: str, prompt_ids: Iterable[int], max_new_tokens: int) -> tuple[list[int], dict[str, Any]]:
+    """Greedy generation by ExecuTorch's own ``TextLLMRunner`` over a folder saved with
+    ``save(runner=True)``: the new token ids (one per streamed piece) and the runner's stats."""
+    import json
+    import os
+
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    with open(os.path.join(directory, "generator.json")) as f:
+        size = int(json.load(f)["vocab_size"])
+    runner = TextLLMRunner(os.path.join(directory, "model.pte"), os.path.join(directory, "tokenizer.json"))
+    pieces: list[str] = []
+    stats: list[Any] = []
+    config = GenerationConfig(echo=False, max_new_tokens=max_new_tokens, temperature=0.0)
+    runner.generate(text_from_ids(prompt_ids, size), config, pieces.append, stats.append)
+    report = {}
+    if stats:
+        report = {k: getattr(stats[-1], k) for k in ("num_prompt_tokens", "num_generated_tokens")}
+    return ids_from_pieces(pieces, size), report
