@@ -88,8 +88,10 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     caller_inputs = [k for k in prefill.tensors if k not in prefill_rules]
     if encoder_call is not None:
         caller_inputs = list(dict.fromkeys([*encoder_call.tensors, *caller_inputs]))
-    return Generator(components, rules, caller_inputs, {k: len(v[0]) for k, v in decode.trees.items()},
-                     generation, metadata, prefill_rules, prefill_trees, token_input)
+    generator = Generator(components, rules, caller_inputs, {k: len(v[0]) for k, v in decode.trees.items()},
+                          generation, metadata, prefill_rules, prefill_trees, token_input)
+    generator.source = (exporter, model, dict(inputs), config)
+    return generator
 
 
 def _export_static(exporter, model, inputs, config, generation, max_cache_len: int) -> StaticGenerator:

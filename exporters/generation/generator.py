@@ -49,6 +49,9 @@ class Generator:
         self.prefill_rules = dict(prefill_rules or {})
         self.prefill_trees = dict(prefill_trees or {})
         self.token_input = token_input
+        # (exporter, model, inputs, config) this generator was exported from, kept in memory only (never
+        # saved): save(runner=True) exports onnxruntime-genai's one-graph form from it
+        self.source: tuple | None = None
 
     @property
     def backend(self) -> str:
@@ -142,6 +145,21 @@ class Generator:
                 nxt[name] = apply_tensor_rule(rule, tensors.get(name), token)
         return nxt, nxt_trees
 
+    def _save_runner(self, directory) -> str:
+        from exporters.generation.genai import export_genai, genai_config, save_genai
+
+        if self.backend != "onnx":
+            raise GenerationError(f"save(runner=True) for a {self.backend} generator with a growing cache: the runner "
+                                  "folder is onnxruntime-genai's (ONNX); ExecuTorch's LLM runner takes "
+                                  "cache='static' (export_for_generation(..., cache='static'))")
+        if self.source is None:
+            raise GenerationError("this generator was loaded from a folder: it has no model to export the "
+                                  "onnxruntime-genai graph from (save(runner=True) right after export_for_generation)")
+        exporter, model, inputs, config = self.source
+        artifact, layout = export_genai(exporter, model, inputs, config)
+        context = int(getattr(config, "max_dim", 1024) or 1024)
+        return save_genai(directory, artifact, genai_config(model, self.generation, layout, context))
+
     @staticmethod
     def _token_ids(value) -> list[int]:
         if value is None:
@@ -149,7 +167,13 @@ class Generator:
         return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
     # ── saving ────────────────────────────────────────────────────────────────
-    def save(self, directory: str | os.PathLike) -> str:
+    def save(self, directory: str | os.PathLike, runner: bool = False) -> str:
+        """Every component and ``generator.json``. ``runner=True`` saves instead the folder
+        onnxruntime-genai loads (exporters/generation/genai.py: one decoder graph from past length 0,
+        ``genai_config.json``, a tokenizer), exported from the model this generator was exported from;
+        a model its config cannot describe raises a GenerationError naming what is missing."""
+        if runner:
+            return self._save_runner(directory)
         os.makedirs(directory, exist_ok=True)
         for name, artifact in self.components.items():
             artifact.save(os.path.join(directory, name))

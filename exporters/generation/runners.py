@@ -65,6 +65,47 @@ def words(size: int) -> list[str]:
     return out  # pragma: no cover - the loop returns
 
 
+def width(size: int) -> int:
+    """The word length of ``fixed_width_tokenizer(size)``: the smallest with 62**width >= size."""
+    length = 1
+    while len(ALPHABET) ** length < size:
+        length += 1
+    return length
+
+
+def fixed_width_tokenizer(size: int):
+    """The tokenizer onnxruntime-genai's tokenizer code (onnxruntime-extensions) reads: it keeps spaces
+    as unknown tokens, so words are not separated; every id's word has the same width and the text is
+    split into words of that width. The shorter strings the merges pass through get ids past ``size``
+    (onnxruntime-genai samples over the model's logits, never over the tokenizer)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    n = width(size)
+    table = ["".join(t) for t in itertools.islice(itertools.product(ALPHABET, repeat=n), size)]
+    vocab = {w: i for i, w in enumerate(table)}
+    for length in range(1, n):
+        for letters in itertools.product(ALPHABET, repeat=length):
+            vocab.setdefault("".join(letters), len(vocab))
+    merges = [(w[:k], w[k:]) for w in vocab if len(w) > 1 for k in range(1, len(w))
+              if w[:k] in vocab and w[k:] in vocab]
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(f"[0-9A-Za-z]{{{n}}}"), behavior="isolated")
+    return tokenizer
+
+
+def fixed_width_text(ids: Iterable[int], size: int) -> str:
+    n = width(size)
+    return "".join("".join(t) for i in ids for t in [_nth(int(i), n)])
+
+
+def _nth(index: int, n: int) -> str:
+    letters = []
+    for _ in range(n):
+        index, digit = divmod(index, len(ALPHABET))
+        letters.append(ALPHABET[digit])
+    return "".join(reversed(letters))
+
+
 def word_tokenizer(size: int):
     """A ``tokenizers.Tokenizer`` whose vocabulary is ``words(size)`` (see the module docstring)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
