@@ -17,6 +17,12 @@ def generate_patches(generate_case):
     yield from _guarded(generate_case)
 
 
+@pytest.fixture
+def runner_patches(runner_case):
+    """The same guard around a runner item (one export for the runner's folder)."""
+    yield from _guarded(runner_case)
+
+
 def _guarded(case):
     import exporters
     from exporters.utils import NOTSET, find_leaked_patches, patch_targets_snapshot, resolve_path

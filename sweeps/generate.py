@@ -70,9 +70,11 @@ def _static_length(needed: int) -> int:
     return (needed // 8 + 1) * 8
 
 
-def _static_cache_pair(eager_cache, static_cache: dict[str, torch.Tensor]):
+def _static_cache_pair(eager_cache, static_cache: dict[str, torch.Tensor], written: int):
     """Eager's cache and the static step's returned one (``present_<i>_key``...), named alike and cut to
-    the slots written (eager's length); ({}, {}) when the static cache lives inside the program."""
+    the ``written`` slots, or to their last ones where eager keeps fewer (a sliding-window layer keeps
+    its window; the static step keeps every slot and masks to the window); ({}, {}) when the static
+    cache lives inside the program."""
     from exporters.pytrees import flatten_outputs
 
     if not static_cache or eager_cache is None:
@@ -83,7 +85,7 @@ def _static_cache_pair(eager_cache, static_cache: dict[str, torch.Tensor]):
         _, index, part = name.split("_")
         key = f"past_key_values.{index}.{part}"
         if key in want:
-            got[key] = tensor[..., : want[key].shape[-2], :]
+            got[key] = tensor[..., written - want[key].shape[-2]: written, :]
     return {k: want[k] for k in got}, got
 
 
@@ -168,7 +170,8 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
         if mask is not None:
             mask = torch.cat([mask, torch.ones(mask.shape[0], len(eager.logits) - 1, dtype=mask.dtype)], dim=1)
         if case.variant == "static":
-            want_cache, got_cache = _static_cache_pair(eager.past_key_values, forced.cache)
+            want_cache, got_cache = _static_cache_pair(eager.past_key_values, forced.cache,
+                                                       prompt + len(eager.logits) - 1)
             record("cache_checked", bool(got_cache))  # False: the cache lives inside the program (buffers)
         else:
             # eager returns the state as past_key_values whatever the model calls it (Mamba: cache_params)

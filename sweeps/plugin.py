@@ -53,6 +53,8 @@ SMOKE_GENERATE = (
     "LlamaForCausalLM", "T5ForConditionalGeneration", "LlavaForConditionalGeneration",
     "WhisperForConditionalGeneration", "MambaForCausalLM", "Qwen3NextForCausalLM",
 )
+# test_runner's smoke set: decoder LMs the runners' contracts describe (plain key/value caches)
+SMOKE_RUNNER = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 GENERATE_VARIANTS = ("static", "dynamic")  # a fixed-size cache updated in place; a growing cache
 # the auto-mapping tasks whose classes generate (collection reads them without importing torch)
 GENERATIVE_TASKS = ("causal_lm", "seq_to_seq_causal_lm", "image_text_to_text", "multimodal_lm", "speech_seq_2_seq")
@@ -126,6 +128,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "smoke: one of the ~20 smoke classes spanning the model families")
     config.addinivalue_line("markers", "slow: takes more than a few seconds (ExecuTorch lowering, big tests)")
     config.addinivalue_line("markers", "generate: a test_generate item (prefill + decode steps from the artifacts alone)")
+    config.addinivalue_line("markers", "runner: a test_runner item (the runtime's own LLM runner over a saved folder)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     _group_by_class_under_xdist(config)
@@ -223,6 +226,8 @@ def _validate_lists():
 
 
 def pytest_generate_tests(metafunc):
+    if "runner_case" in metafunc.fixturenames:
+        return _parametrize(metafunc, "runner_case", "runner")
     if "generate_case" in metafunc.fixturenames:
         return _parametrize(metafunc, "generate_case", "generate")
     if "sweep_case" in metafunc.fixturenames:
@@ -234,10 +239,19 @@ def _parametrize(metafunc, fixture: str, test: str) -> None:
     SMOKE_CLASSES); generate, every generative class in the variants generation export builds (in
     smoke mode, SMOKE_GENERATE). Each item gets its backend, class-group, smoke and slow marks, and a
     strict xfail from its skip entry (``tests`` naming this test) or from a blocked build."""
-    from sweeps.runner import Case
+    from sweeps.runner import RUNTIMES, Case
 
     config = metafunc.config
     _validate_lists()
+    if test == "runner":
+        smoke = set(SMOKE_RUNNER) if _sweep_mode(config) == "smoke" and config._sweep["models"] is None else set()
+        entries = [e for e in _sweep_entries(config, SMOKE_RUNNER) if "causal_lm" in e.tasks]
+        params = [pytest.param(case, id=case.id, marks=_marks(case, test, entry.class_name in smoke))
+                  for entry in entries for backend, variant in RUNTIMES.values()
+                  if backend in config._sweep["backends"]
+                  for case in [Case(backend, variant, entry, test)]]
+        metafunc.parametrize(fixture, params)
+        return
     if test == "generate":
         smoke = set(SMOKE_GENERATE) if _sweep_mode(config) == "smoke" and config._sweep["models"] is None else set()
         entries = [e for e in _sweep_entries(config, SMOKE_GENERATE) if generative(e)]
@@ -248,9 +262,12 @@ def _parametrize(metafunc, fixture: str, test: str) -> None:
     for entry in entries:
         for backend in config._sweep["backends"]:
             for variant in variants:
-                case = Case(backend, variant, entry)
+                case = Case(backend, variant, entry, test)
                 params.append(pytest.param(case, id=case.id, marks=_marks(case, test, entry.class_name in smoke)))
     metafunc.parametrize(fixture, params)
+
+
+_SWEEP_FIXTURES = {"sweep_case", "generate_case", "runner_case"}
 
 
 def _marks(case, test: str, smoke: bool) -> list:
@@ -258,13 +275,16 @@ def _marks(case, test: str, smoke: bool) -> list:
 
     entry = case.entry
     marks = [getattr(pytest.mark, case.backend), pytest.mark.xdist_group(entry.class_name)]
-    if test == "generate":
-        marks.append(pytest.mark.generate)
+    if test in ("generate", "runner"):
+        marks.append(getattr(pytest.mark, test))
     if smoke:
         marks.append(pytest.mark.smoke)
     if case.backend == "executorch":
         marks.append(pytest.mark.slow)
-    skip = find_export_skip(entry.class_name, entry.model_type, case.backend, case.variant, test=test)
+    from sweeps.runner import RUNNER_CACHE
+
+    variant = RUNNER_CACHE.get(case.variant, case.variant)  # a runner's skips are scoped by its cache form
+    skip = find_export_skip(entry.class_name, entry.model_type, case.backend, variant, test=test)
     if skip is not None:
         marks.append(xfail_marker(skip))
     elif entry.blocked_by:
@@ -273,12 +293,18 @@ def _marks(case, test: str, smoke: bool) -> list:
 
 
 def pytest_collection_modifyitems(config, items):
+    # a sweep test with nothing selected (test_runner under --model nllb_moe: no decoder LM) gets
+    # pytest's one "empty parameter set" item: not a sweep item, deselected
+    empty = [i for i in items if _SWEEP_FIXTURES & set(getattr(i, "fixturenames", ())) and i.nodeid.endswith("[NOTSET]")]
+    if empty:
+        config.hook.pytest_deselected(items=empty)
+        items[:] = [i for i in items if i not in empty]
     if not config._sweep["only_sweep"]:
         return
     keep, drop = [], []
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
-        (keep if "sweep_case" in fixtures or "generate_case" in fixtures else drop).append(item)
+        (keep if _SWEEP_FIXTURES & set(fixtures) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

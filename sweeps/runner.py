@@ -18,19 +18,30 @@ VARIANTS = ("static", "dynamic")
 SEED = 0
 
 
+# test_runner's runtimes: the runtime's own LLM runner, the backend whose artifact it loads, and the
+# variant name its items carry (ExecuTorch's runner loads a static cache, onnxruntime-genai a growing one)
+RUNTIMES = {"executorch-llm": ("executorch", "llm"), "ort-genai": ("onnx", "genai")}
+RUNNER_CACHE = {"llm": "static", "genai": "dynamic"}  # the cache form of each runner variant (skip scopes)
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     backend: str
     variant: str
     entry: Any  # sweeps.zoo.CatalogEntry
+    test: str = "export"  # "export", "generate" or "runner"
 
     @property
     def id(self) -> str:
+        if self.test == "runner":
+            runtime = next(k for k, v in RUNTIMES.items() if v == (self.backend, self.variant))
+            return f"{runtime}-{self.entry.class_name}"
         return f"{self.backend}-{self.variant}-{self.entry.class_name}"
 
     @property
     def repro(self) -> str:
-        return f"python -m sweeps.repro {self.id}"
+        prefix = "" if self.test == "export" else f"{self.test}:"
+        return f"python -m sweeps.repro {prefix}{self.id}"
 
 
 @dataclasses.dataclass

@@ -25,6 +25,7 @@ from sweeps import plugin
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP_ID = re.compile(r"^sweeps/test_export\.py::test_export\[(dynamo|onnx|executorch)-(static|dynamic)-(\w+)\]$")
 GENERATE_ID = re.compile(r"^sweeps/test_generate\.py::test_generate\[(dynamo|onnx|executorch)-(static|dynamic)-(\w+)\]$")
+RUNNER_ID = re.compile(r"^sweeps/test_runner\.py::test_runner\[(executorch-llm|ort-genai)-(\w+)\]$")
 USAGE_ERROR = 4
 
 PROBE = '''
@@ -105,6 +106,9 @@ class Run:
 
     def generate_ids(self) -> list[tuple[str, str, str]]:
         return [GENERATE_ID.match(n).groups() for n in self.items if GENERATE_ID.match(n)]
+
+    def runner_ids(self) -> list[tuple[str, str]]:
+        return [RUNNER_ID.match(n).groups() for n in self.items if RUNNER_ID.match(n)]
 
     def outcome(self, nodeid_part: str, when: str) -> dict:
         (report,) = [r for r in self.probe["reports"] if nodeid_part in r["nodeid"] and r["when"] == when]
@@ -275,7 +279,7 @@ def test_full_sweep_collects_every_catalog_class_on_every_backend_and_variant(ru
     assert run.rc == 0, run.output[-3000:]
     classes = {e.class_name for e in catalog()}
     assert 1500 <= len(classes) <= 1600
-    bad = [n for n in run.items if not (SWEEP_ID.match(n) or GENERATE_ID.match(n))]
+    bad = [n for n in run.items if not (SWEEP_ID.match(n) or GENERATE_ID.match(n) or RUNNER_ID.match(n))]
     assert not bad, bad[:5]
     ids = run.sweep_ids()
     assert len(ids) == len(set(ids)) == 6 * len(classes)
@@ -287,7 +291,12 @@ def test_full_sweep_collects_every_catalog_class_on_every_backend_and_variant(ru
     gen = run.generate_ids()
     assert 300 <= len(generating) <= 400
     assert len(gen) == len(set(gen)) == 6 * len(generating) and {c for _, _, c in gen} == generating
-    assert f"{6 * len(classes) + 6 * len(generating)} tests collected" in run.output
+    # test_runner: every class of the causal-LM mapping, on both runners
+    decoders = {e.class_name for e in catalog() if "causal_lm" in e.tasks}
+    runners = run.runner_ids()
+    assert 150 <= len(decoders) <= len(generating)
+    assert len(runners) == len(set(runners)) == 2 * len(decoders) and {c for _, c in runners} == decoders
+    assert f"{6 * len(classes) + 6 * len(generating) + 2 * len(decoders)} tests collected" in run.output
 
 
 def test_full_sweep_collection_imports_no_runtime_and_builds_no_model(runs):
@@ -305,6 +314,12 @@ def test_sweep_items_carry_backend_group_and_slow_markers(runs):
 
     blocked = {e.class_name: e.blocked_by for e in catalog() if e.blocked_by}
     for item in runs["full"].probe["items"]:
+        if RUNNER_ID.match(item["nodeid"]):
+            runtime, class_name = RUNNER_ID.match(item["nodeid"]).groups()
+            backend = {"executorch-llm": "executorch", "ort-genai": "onnx"}[runtime]
+            assert "runner" in item["marks"] and backend in item["marks"], item
+            assert ("slow" in item["marks"]) == (backend == "executorch"), item
+            continue
         if GENERATE_ID.match(item["nodeid"]):
             backend, variant, class_name = GENERATE_ID.match(item["nodeid"]).groups()
             assert "generate" in item["marks"] and backend in item["marks"], item
@@ -360,7 +375,9 @@ def test_backend_and_model_select_exactly_those_items_and_deselect_the_unit_test
     assert len(run.items) == 2 * len(nllb) + 2  # nothing but the sweep items
     deselected = run.probe["deselected"]
     assert deselected, "the unit tests should be collected, then deselected"
-    assert all(d.startswith("tests/") for d in deselected), [d for d in deselected if not d.startswith("tests/")]
+    # and test_runner's "empty parameter set" item (nllb_moe has no decoder LM)
+    stray = [d for d in deselected if not d.startswith("tests/") and d != "sweeps/test_runner.py::test_runner[NOTSET]"]
+    assert not stray, stray
     assert f"({len(deselected)} deselected)" in run.output
 
 
@@ -439,12 +456,15 @@ def test_plain_pytest_collects_unit_tests_and_the_smoke_set_only(runs):
     assert run.rc == 0, run.output[-3000:]
     sweep = [i for i in run.probe["items"] if SWEEP_ID.match(i["nodeid"])]
     generate = [i for i in run.probe["items"] if GENERATE_ID.match(i["nodeid"])]
-    others = [i for i in run.probe["items"] if not SWEEP_ID.match(i["nodeid"]) and not GENERATE_ID.match(i["nodeid"])]
+    runner = [i for i in run.probe["items"] if RUNNER_ID.match(i["nodeid"])]
+    others = [i for i in run.probe["items"] if not any(p.match(i["nodeid"]) for p in (SWEEP_ID, GENERATE_ID, RUNNER_ID))]
     assert {SWEEP_ID.match(i["nodeid"]).group(3) for i in sweep} == set(plugin.SMOKE_CLASSES)
     assert len(sweep) == 6 * len(plugin.SMOKE_CLASSES)
     assert {GENERATE_ID.match(i["nodeid"]).group(3) for i in generate} == set(plugin.SMOKE_GENERATE)
     assert len(generate) == 6 * len(plugin.SMOKE_GENERATE)
-    assert all("smoke" in i["marks"] for i in sweep + generate)
+    assert {RUNNER_ID.match(i["nodeid"]).group(2) for i in runner} == set(plugin.SMOKE_RUNNER)
+    assert len(runner) == 2 * len(plugin.SMOKE_RUNNER)
+    assert all("smoke" in i["marks"] for i in sweep + generate + runner)
     assert others and all(i["nodeid"].startswith("tests/") for i in others)
     assert not any("smoke" in i["marks"] for i in others)
     assert "tests/test_sweep_plugin.py::test_parse_shard_accepts_i_of_n" in run.items

@@ -43,7 +43,7 @@ class GenaiStep(torch.nn.Module):
                 **past: torch.Tensor) -> dict[str, torch.Tensor]:
         from transformers.cache_utils import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache()  # plain layers: a sliding window is applied by the model's mask (see _layout)
         for i in range(self.layers):
             cache.update(past[f"past_{i}_key"], past[f"past_{i}_value"], i)
         kwargs = {"position_ids": position_ids} if self.takes_positions else {}
@@ -70,8 +70,14 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[int, int
     if other:
         raise GenerationError(f"{name} takes {other}, which onnxruntime-genai's decoder inputs have no key for")
     with torch.no_grad():
-        out = model(input_ids=ids[:1], use_cache=True, past_key_values=DynamicCache(config=model.config), return_dict=True)
-    cache = out.past_key_values
+        # plain key/value layers even where the config has sliding-window ones: the model's mask limits a
+        # sliding layer to its window over positions, so a full past computes what eager's window computes
+        out = model(input_ids=ids[:1], use_cache=True, past_key_values=DynamicCache(), return_dict=True)
+    cache = getattr(out, "past_key_values", None)
+    if cache is None:
+        state = sorted(k for k, v in (out.items() if hasattr(out, "items") else []) if k.endswith(("cache", "params")))
+        raise GenerationError(f"{name} returns no past_key_values (its state: {state or 'none'}); genai_config.json "
+                              "describes a key/value cache only")
     layers = list(getattr(cache, "layers", []))
     odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
     if not layers or odd:
@@ -130,7 +136,8 @@ def genai_config(model: torch.nn.Module, generation: Mapping[str, Any], layout: 
     if layout["takes_positions"]:
         inputs["position_ids"] = "position_ids"
     eos = generation.get("eos_token_id")
-    eos = [int(e) for e in eos] if isinstance(eos, (list, tuple)) else (int(eos) if eos is not None else -1)
+    # a list, empty when the model has no end token (onnxruntime-genai then stops at max_length only)
+    eos = [int(e) for e in eos] if isinstance(eos, (list, tuple)) else ([int(eos)] if eos is not None else [])
     pad = generation.get("pad_token_id")
     return {
         "model": {
@@ -139,7 +146,7 @@ def genai_config(model: torch.nn.Module, generation: Mapping[str, Any], layout: 
             "vocab_size": vocab_size(model),
             "bos_token_id": int(generation.get("bos_token_id") or 0),
             "eos_token_id": eos,
-            "pad_token_id": int(pad) if pad is not None else (eos[0] if isinstance(eos, list) and eos else eos),
+            "pad_token_id": int(pad) if pad is not None else (eos[0] if eos else 0),
             "decoder": {
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
                 "filename": "model.onnx",

@@ -20,15 +20,19 @@ position is never read (the causal mask stops at the query's position).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from exporters.generation.capture import GenerationError, _recorded, encoder_of
+from exporters.generation.capture import GenerationError, encoder_of
 
 STATE_FORMS = ("buffers", "inputs")
 STEP_INPUTS = ("input_ids", "cache_position", "position_ids", "attention_mask")
+# flags generate passes to forward that the step sets itself
+STEP_FLAGS = ("past_key_values", "use_cache", "return_dict", "logits_to_keep", "output_attentions",
+              "output_hidden_states")
 
 
 def _step_cache_class():
@@ -59,13 +63,10 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
     cache = _step_cache_class()(config=model.config, max_cache_len=max_cache_len)
     for i, layer in enumerate(cache.layers):
         if type(layer) is StaticSlidingWindowLayer:
-            if layer.max_cache_len < max_cache_len:
-                raise GenerationError(f"{type(model).__name__}: layer {i} keeps a sliding window of {layer.max_cache_len} "
-                                      f"tokens, shorter than max_cache_len={max_cache_len}; its rolling update branches "
-                                      "on a Python count, which a static step cannot carry. Export with "
-                                      f"max_cache_len <= {layer.max_cache_len}")
-            # a window as long as the cache never rolls: the layer is a plain static layer (the mask
-            # still applies the window, from the model's config)
+            # a full-length layer: the model's sliding-window mask (from its config's layer types, over
+            # positions) still limits attention to the window, so the step computes what eager's rolling
+            # window layer computes, keeping max_cache_len slots instead of the window's. The rolling
+            # update itself branches on a Python count, which a traced step cannot carry.
             cache.layers[i] = StaticLayer(max_cache_len=max_cache_len)
         elif type(layer) is not StaticLayer:
             raise GenerationError(f"{type(model).__name__}: static cache layer {i} is a {type(layer).__name__}; the "
@@ -142,36 +143,52 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     if encoder_of(model) is not None:
         raise GenerationError(f"{name} is an encoder-decoder; the static cache form is built for decoder-only "
                               "models (use cache='dynamic')")
-    calls: list = []
-    try:
-        with _recorded(model, calls), torch.no_grad():
-            model.generate(**inputs, max_new_tokens=2, min_new_tokens=2, do_sample=False,
-                           cache_implementation="static")
-    except GenerationError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the model's own generate refuses a static cache
-        raise GenerationError(f"{name}.generate(cache_implementation='static') fails: {type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
-    from transformers.cache_utils import StaticCache
-
+    calls = _forward_arguments(model, inputs)
     for call in calls:
-        other = [k for k in call.tensors if k not in STEP_INPUTS]
-        trees = [k for k in call.trees if k != "past_key_values"]
-        if other or trees:
-            raise GenerationError(f"{name}.generate with a static cache passes {other + trees} to forward; the static "
-                                  f"step takes only {STEP_INPUTS}")
-    if "past_key_values" not in calls[-1].trees:
+        other = sorted(k for k in call if k not in STEP_INPUTS and k not in STEP_FLAGS)
+        if other:
+            raise GenerationError(f"{name}.generate with a static cache passes {other} to forward; the static "
+                                  f"step takes only {STEP_INPUTS} and past_key_values")
+    if not all("past_key_values" in call for call in calls[1:]):
         raise GenerationError(f"{name}.generate(cache_implementation='static') passes no past_key_values")
-    takes_positions = any("position_ids" in c.tensors for c in calls)
+    takes_positions = any("position_ids" in c for c in calls)
     batch = batch if batch is not None else int(inputs["input_ids"].shape[0])
     mask = inputs.get("attention_mask")
     unpadded = mask is None or bool((mask == 1).all())
     # a batch of one without padding needs no mask: the causal mask over the written slots is all
-    takes_mask = any("attention_mask" in c.tensors for c in calls) and not (batch == 1 and unpadded)
-    step = StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask)
-    if not isinstance(step._cache, StaticCache):  # pragma: no cover - _static_cache always builds one
-        raise GenerationError(f"{name}: no StaticCache")
-    return step.eval()
+    takes_mask = any("attention_mask" in c for c in calls) and not (batch == 1 and unpadded)
+    return StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask).eval()
+
+
+def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> list[set[str]]:
+    """The names of the arguments (not None) of each forward call ``generate`` makes with a static cache.
+    Only names: the step builds its own cache and mask, so what generate passes (a per-layer-type mask
+    dict, say) is not traced."""
+    name = type(model).__name__
+    calls: list[set[str]] = []
+    original = model.__dict__.get("forward")
+    bound = original if original is not None else type(model).forward.__get__(model, type(model))
+
+    @functools.wraps(bound)
+    def forward(*args, **kwargs):
+        calls.append({k for k, v in kwargs.items() if v is not None} | ({"<positional>"} if args else set()))
+        return bound(*args, **kwargs)
+
+    model.forward = forward
+    try:
+        with torch.no_grad():
+            model.generate(**inputs, max_new_tokens=2, min_new_tokens=2, do_sample=False, cache_implementation="static")
+    except Exception as exc:  # noqa: BLE001 - the model's own generate refuses a static cache
+        raise GenerationError(f"{name}.generate(cache_implementation='static') fails: {type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    finally:
+        if original is None:
+            del model.forward
+        else:
+            model.forward = original
+    if not calls:
+        raise GenerationError(f"{name}.generate never called forward")
+    return calls
 
 
 def step_example(step: StaticStep, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:

@@ -32,6 +32,8 @@ from sweeps.signature import normalize_message
 OUTCOMES: tuple[str, ...] = ("pass", "xfail", "xpass", "fail", "crash", "skipped")
 KNOWN_BACKENDS = ("dynamo", "onnx", "executorch")
 KNOWN_VARIANTS = ("static", "dynamic")
+# test_runner[<runtime>-<Class>]: the runtime's backend and variant (as sweeps.runner.RUNTIMES)
+RUNTIMES = {"executorch-llm": ("executorch", "llm"), "ort-genai": ("onnx", "genai")}
 _CRASH = re.compile(r"worker '?[\w-]+'? crashed")
 _XPASS_STRICT = "[XPASS(strict)]"
 MAIN_TEST = "test_export"   # the sweep's main test; its items get plain backend/variant columns
@@ -101,12 +103,16 @@ def normalize_error(text: str | None, limit: int = 200) -> str | None:
 def parse_test_id(nodeid: str) -> dict[str, str]:
     """``...::test_export[onnx-dynamic-BertModel]`` (or ``test_generate[...]``) -> backend, variant,
     model_class ({} for any other test, including unit tests whose parameters quote a sweep id)."""
-    if not nodeid.split("::", 1)[-1].startswith(("test_export[", "test_generate[")):
+    test = nodeid.split("::", 1)[-1]
+    if not test.startswith(("test_export[", "test_generate[", "test_runner[")):
         return {}
     match = re.search(r"\[([^\]]*)\]$", nodeid)
     if not match:
         return {}
     parts = match.group(1).split("-")
+    if test.startswith("test_runner[") and len(parts) >= 3 and "-".join(parts[:2]) in RUNTIMES:
+        backend, variant = RUNTIMES["-".join(parts[:2])]
+        return {"backend": backend, "variant": variant, "model_class": "-".join(parts[2:])}
     if len(parts) >= 3 and parts[0] in KNOWN_BACKENDS and parts[1] in KNOWN_VARIANTS:
         return {"backend": parts[0], "variant": parts[1], "model_class": "-".join(parts[2:])}
     return {}

@@ -1,0 +1,109 @@
+"""The runtimes' own LLM runners over folders saved with ``save(runner=True)``: ExecuTorch's
+TextLLMRunner (static cache in the program) and onnxruntime-genai (genai_config.json), against eager."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from exporters import get_exporter, load_generator
+from exporters.generation import GenerationError
+from exporters.generation.runners import (fixed_width_text, fixed_width_tokenizer, ids_from_pieces, text_from_ids,
+                                          word_tokenizer)
+
+PROMPT = [5, 9, 17, 30, 12]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _eager(model, n, eos=True):
+    config = copy.deepcopy(model.generation_config)
+    if not eos:
+        config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(torch.tensor([PROMPT]), max_new_tokens=n, do_sample=False, generation_config=config,
+                             **({} if eos else {"eos_token_id": None}))
+    return out[0, len(PROMPT):].tolist()
+
+
+@pytest.mark.parametrize("size", [64, 99, 3906, 5000])
+def test_tokenizers_hold_exactly_the_ids_they_name(size):
+    ids = [0, 1, 61, 62, size - 1, size // 2]
+    words = word_tokenizer(size)
+    assert words.get_vocab_size() == size  # ExecuTorch's runner samples over the tokenizer's vocabulary
+    assert words.encode(text_from_ids(ids, size)).ids == ids
+    assert ids_from_pieces([words.id_to_token(i) for i in ids], size) == ids
+    assert fixed_width_tokenizer(size).encode(fixed_width_text(ids, size)).ids == ids
+    with pytest.raises(ValueError, match="no word of the tokenizer"):
+        ids_from_pieces(["?!"], size)
+
+
+@pytest.mark.slow
+def test_executorch_llm_runner_generates_like_eager(llama, tmp_path):
+    from exporters.generation.runners import run_executorch_llm
+
+    generator = get_exporter("executorch").export_for_generation(llama, {"input_ids": torch.tensor([PROMPT])},
+                                                                 cache="static", max_cache_len=32)
+    assert generator.components["step"].input_names == ["input_ids", "cache_position"]
+    generator.save(tmp_path, runner=True)
+    assert sorted(os.listdir(tmp_path)) == ["generator.json", "metadata.json", "model.pte", "tokenizer.json"]
+    expected = _eager(llama, 10, eos=False)
+    assert len(set(expected)) > 5, expected
+    ids, stats = run_executorch_llm(str(tmp_path), PROMPT, 10)
+    assert ids == expected
+    assert stats == {"num_prompt_tokens": len(PROMPT), "num_generated_tokens": 9}  # the decode loop's count
+    # the same folder loads as our own generator, which runs the same program
+    assert load_generator(tmp_path).generate(torch.tensor([PROMPT]), max_new_tokens=10, eos_token_id=[])[0, 5:].tolist() \
+        == expected
+
+
+def test_ort_genai_generates_like_eager(llama, tmp_path):
+    from exporters.generation.genai import run_ort_genai
+
+    ids = torch.tensor([PROMPT])
+    generator = get_exporter("onnx").export_for_generation(
+        llama, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, get_exporter("onnx").config_class(dynamic=True))
+    generator.save(tmp_path, runner=True)
+    assert sorted(os.listdir(tmp_path)) == ["genai_config.json", "metadata.json", "model.onnx", "tokenizer.json",
+                                           "tokenizer_config.json"]
+    for n in (3, 12):
+        got, stats = run_ort_genai(str(tmp_path), PROMPT, n)
+        assert got == _eager(llama, n)
+        assert stats == {"sequence_length": len(PROMPT) + len(got), "done": True}
+
+
+def test_runner_folders_refuse_what_the_runner_would_misread(llama, tmp_path):
+    ids = torch.tensor([PROMPT, PROMPT])
+    padded = get_exporter("dynamo").export_for_generation(llama, {"input_ids": ids}, cache="static", max_cache_len=16)
+    with pytest.raises(GenerationError, match="built for ExecuTorch's LLM runner"):
+        padded.save(tmp_path / "a", runner=True)
+    assert not (tmp_path / "a").exists()  # nothing written
+    dynamic = get_exporter("dynamo").export_for_generation(llama, {"input_ids": ids[:1]})
+    with pytest.raises(GenerationError, match="the runner folder is onnxruntime-genai's"):
+        dynamic.save(tmp_path / "b", runner=True)
+    onnx = get_exporter("onnx").export_for_generation(llama, {"input_ids": ids[:1]},
+                                                      get_exporter("onnx").config_class(dynamic=True))
+    onnx.save(tmp_path / "c")
+    with pytest.raises(GenerationError, match="loaded from a folder"):
+        load_generator(tmp_path / "c").save(tmp_path / "d", runner=True)
+
+
+def test_ort_genai_refuses_a_recurrent_state_by_name():
+    from transformers import MambaConfig, MambaForCausalLM
+
+    from exporters.generation.genai import export_genai
+
+    model = MambaForCausalLM(MambaConfig(vocab_size=32, hidden_size=16, state_size=4, num_hidden_layers=1)).eval()
+    with pytest.raises(GenerationError, match=r"no past_key_values \(its state: \['cache_params'\]\)"):
+        export_genai(get_exporter("onnx"), model, {"input_ids": torch.tensor([[3, 4, 5]])})
