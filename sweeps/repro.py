@@ -1,6 +1,8 @@
 """Re-run one sweep item outside pytest, keep its artifacts, print the one-line repro.
 
     python -m sweeps.repro onnx-dynamic-LlamaForCausalLM [--sizes 2=3,7=11] [--keep out/triage]
+    python -m sweeps.repro generate:onnx-static-LlamaForCausalLM     (a test_generate item)
+    python -m sweeps.repro runner:ort-genai-LlamaForCausalLM          (a test_runner item)
 
 Keeps, under ``--keep/<item id>/``: the exported artifact (model.pt2 / model.onnx / model.pte) with
 metadata.json, the ExportedProgram's graph before and after the FX fixes (graph_before.txt,
@@ -15,15 +17,27 @@ import re
 import sys
 import traceback
 
-from sweeps.runner import BACKENDS, VARIANTS, Case, StageFailure, run_case
+from sweeps.runner import BACKENDS, RUNTIMES, VARIANTS, Case, StageFailure, run_case
 
 
 def parse_item(text: str) -> Case:
     from sweeps.zoo import resolve_models
 
+    test = "export"
+    for name in ("generate", "runner"):
+        if text.startswith(f"{name}:") or f"::test_{name}[" in text:
+            test, text = name, text.removeprefix(f"{name}:")
     match = re.search(r"\[([^\[\]]+)\]", text)  # a node id, possibly with an xdist "@group" suffix
-    parts = (match.group(1) if match else text).split("-", 2)
-    if len(parts) != 3 or parts[0] not in BACKENDS or parts[1] not in VARIANTS:
+    item = match.group(1) if match else text
+    if test == "runner":
+        runtime = next((r for r in RUNTIMES if item.startswith(f"{r}-")), None)
+        if runtime is None:
+            raise SystemExit(f"runner item id must look like 'runner:ort-genai-LlamaForCausalLM' (runtime: "
+                             f"{', '.join(RUNTIMES)}), got {text!r}")
+        item = "-".join(RUNTIMES[runtime]) + item[len(runtime):]
+    parts = item.split("-", 2)
+    variants = [v for _, v in RUNTIMES.values()] if test == "runner" else VARIANTS
+    if len(parts) != 3 or parts[0] not in BACKENDS or parts[1] not in variants:
         raise SystemExit(
             f"item id must look like 'onnx-dynamic-LlamaForCausalLM' (backend: {', '.join(BACKENDS)}; "
             f"variant: {', '.join(VARIANTS)}), got {text!r}"
@@ -33,7 +47,7 @@ def parse_item(text: str) -> Case:
     if not matches:
         raise SystemExit(f"{name!r} is a model type or pattern, not a class; classes: "
                          + ", ".join(e.class_name for e in resolve_models([name])))
-    return Case(backend, variant, matches[0])
+    return Case(backend, variant, matches[0], test)
 
 
 def _save_graphs(keep: str) -> None:
@@ -76,7 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     props: dict = {}
     line = case.repro + (f" --sizes {args.sizes}" if args.sizes else "")
     try:
-        run_case(case, props.__setitem__, keep_dir=keep, sizes=parse_sizes(args.sizes) if args.sizes else None)
+        if case.test == "generate":
+            from sweeps.generate import run_generate_case
+
+            run_generate_case(case, props.__setitem__)
+        elif case.test == "runner":
+            from sweeps.llm_runners import run_runner_case
+
+            run_runner_case(case, props.__setitem__)
+        else:
+            run_case(case, props.__setitem__, keep_dir=keep, sizes=parse_sizes(args.sizes) if args.sizes else None)
     except StageFailure as failure:
         cause = root_cause(failure.__cause__)
         with open(os.path.join(keep, "error.txt"), "w") as f:

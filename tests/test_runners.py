@@ -11,8 +11,7 @@ import torch
 
 from exporters import get_exporter, load_generator
 from exporters.generation import GenerationError
-from exporters.generation.runners import (fixed_width_text, fixed_width_tokenizer, ids_from_pieces, text_from_ids,
-                                          word_tokenizer)
+from exporters.generation.runners import fixed_width_text, fixed_width_tokenizer, ids_from_pieces, text_from_ids, word_tokenizer
 
 PROMPT = [5, 9, 17, 30, 12]
 
