@@ -94,3 +94,22 @@ def test_main_rejects_a_bad_item_before_exporting(tmp_path, capsys):
 def test_parse_item_accepts_a_node_id_with_an_xdist_group_suffix():
     case = parse_item("sweeps/test_export.py::test_export[onnx-dynamic-BertModel]@BertModel")
     assert case == Case("onnx", "dynamic", _entry("BertModel"))
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("generate:onnx-static-LlamaForCausalLM", Case("onnx", "static", None, "generate")),
+    ("sweeps/test_generate.py::test_generate[executorch-dynamic-LlamaForCausalLM]",
+     Case("executorch", "dynamic", None, "generate")),
+    ("runner:ort-genai-LlamaForCausalLM", Case("onnx", "genai", None, "runner")),
+    ("sweeps/test_runner.py::test_runner[executorch-llm-LlamaForCausalLM]", Case("executorch", "llm", None, "runner")),
+])
+def test_generate_and_runner_items_parse_back_with_their_test(text, expected):
+    case = parse_item(text)
+    assert (case.backend, case.variant, case.test, case.entry.class_name) == \
+        (expected.backend, expected.variant, expected.test, "LlamaForCausalLM")
+    assert parse_item(case.repro.split()[-1]) == case  # the printed repro line parses back to the item
+
+
+def test_unknown_runtime_names_the_runtimes():
+    with pytest.raises(SystemExit, match="runtime: executorch-llm, ort-genai"):
+        parse_item("runner:tflite-LlamaForCausalLM")
