@@ -41,9 +41,8 @@ class GenaiStep(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None,
                 **past: torch.Tensor) -> dict[str, torch.Tensor]:
-        from transformers.cache_utils import DynamicCache
 
-        cache = DynamicCache()  # plain layers: a sliding window is applied by the model's mask (see _layout)
+        cache = plain_cache(self.model)
         for i in range(self.layers):
             cache.update(past[f"past_{i}_key"], past[f"past_{i}_value"], i)
         kwargs = {"position_ids": position_ids} if self.takes_positions else {}
@@ -55,9 +54,23 @@ class GenaiStep(torch.nn.Module):
         return outputs
 
 
+def plain_cache(model: torch.nn.Module):
+    """The model's DynamicCache with each sliding-window layer made a plain one: the model's mask limits a
+    sliding layer to its window over positions, so a full past computes what eager's window computes
+    (and genai_config.json describes one layout for every layer). Other layer kinds stay, and are
+    refused by ``_layout`` by name."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    cache = DynamicCache(config=model.config)
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is DynamicSlidingWindowLayer:
+            cache.layers[i] = DynamicLayer()
+    return cache
+
+
 def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[int, int, int, bool]:
     """(layers, kv_heads, head_size, takes_positions) read off one eager forward with a DynamicCache."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from transformers.cache_utils import DynamicLayer
 
     name = type(model).__name__
     if encoder_of(model) is not None:
@@ -69,10 +82,13 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[int, int
     other = [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in GENAI_INPUTS]
     if other:
         raise GenerationError(f"{name} takes {other}, which onnxruntime-genai's decoder inputs have no key for")
-    with torch.no_grad():
-        # plain key/value layers even where the config has sliding-window ones: the model's mask limits a
-        # sliding layer to its window over positions, so a full past computes what eager's window computes
-        out = model(input_ids=ids[:1], use_cache=True, past_key_values=DynamicCache(), return_dict=True)
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids[:1], use_cache=True, past_key_values=plain_cache(model), return_dict=True)
+    except Exception as exc:  # noqa: BLE001 - the model refuses the plain cache it would be given
+        raise GenerationError(f"{name} does not run with a plain key/value DynamicCache ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}); genai_config.json describes that "
+                              "cache only") from exc
     cache = getattr(out, "past_key_values", None)
     if cache is None:
         state = sorted(k for k, v in (out.items() if hasattr(out, "items") else []) if k.endswith(("cache", "params")))
