@@ -57,6 +57,10 @@ class ExportConfig:
     # image_sizes): None = every integer input named like exporters.specialize.SPECIALIZED_INPUTS,
     # () = none. The artifact refuses other values, naming the input.
     specialize: tuple[str, ...] | None = None
+    # a quantization recipe (exporters.quantization.int8(calibration=[...])): the model is prepared,
+    # calibrated and converted with PT2E first, and the artifact keeps the converted module as its
+    # ``reference``; None exports the model as it is
+    quantization: Any = None
 
 
 def _plain_json(value: Any) -> bool:
@@ -82,6 +86,7 @@ class Artifact:
 
     backend = ""
     file_name = ""
+    reference = None  # a quantized export: PyTorch's quantized model, called as the artifact (Exporter._with_reference)
 
     def __init__(self, *, input_names, output_names, input_specs, constants, fired, config, extra_metadata=None,
                  guards=None):
@@ -234,6 +239,32 @@ class Artifact:
 class Exporter:
     backend = ""
     config_class: type[ExportConfig] = ExportConfig
+
+    def _quantize(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: ExportConfig):
+        """Stage 0: the model as the backend exports it, and the quantization (None without a recipe)."""
+        if getattr(config, "quantization", None) is None:
+            return model, None
+        from exporters.quantization import quantize
+
+        quantized = run_stage("quantize", self.backend, lambda: quantize(model, inputs, config.quantization, self.backend))
+        return quantized.module, quantized
+
+    @staticmethod
+    def _with_reference(artifact: Artifact, quantized) -> Artifact:
+        """Keep the quantized reference: ``artifact.reference(**inputs)`` runs the converted module in
+        PyTorch and returns its outputs named as the artifact's."""
+        if quantized is not None:
+            module = quantized.module
+
+            def reference(**inputs: Any) -> dict[str, torch.Tensor]:
+                from exporters.pytrees import flatten_outputs
+
+                with torch.no_grad():
+                    return flatten_outputs(module(**inputs))
+
+            artifact.reference = reference
+            artifact.extra_metadata["quantization"] = quantized.metadata
+        return artifact
 
     def __init__(self, registry: Registry | None = None):
         self.registry = registry if registry is not None else DEFAULT_REGISTRY

@@ -92,5 +92,7 @@ class DynamoExporter(GenerationExport, Exporter):
     def export(self, model, inputs, config=None):
         config = config or DynamoConfig()
         fired = FiredLog()
+        model, quantized = self._quantize(model, inputs, config)
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, self.registry.patches("dynamo"), fired), fired)
-        return DynamoArtifact(traced.program, traced.module, **traced.artifact_kwargs(fired, config))
+        return self._with_reference(DynamoArtifact(traced.program, traced.module, **traced.artifact_kwargs(fired, config)),
+                                    quantized)

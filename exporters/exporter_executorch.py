@@ -135,6 +135,7 @@ class ExecutorchExporter(GenerationExport, Exporter):
         if config.backend not in _BACKEND_PREPARE:
             raise ValueError(f"unknown ExecuTorch backend {config.backend!r}; registered: {sorted(_BACKEND_PREPARE)}")
         fired = FiredLog()
+        model, quantized = self._quantize(model, inputs, config)
         model, inputs, partitioners = _BACKEND_PREPARE[config.backend](model, dict(inputs))
         if config.dynamic_shapes is not None:
             config = dataclasses.replace(config, dynamic_shapes=bound_dynamic_shapes(config.dynamic_shapes, config.max_dim))
@@ -153,7 +154,7 @@ class ExecutorchExporter(GenerationExport, Exporter):
             return traced, lowered
 
         traced, lowered, config = lower_within_budget(export_and_lower, config, inputs, fired)
-        return run_stage(
+        return self._with_reference(run_stage(
             "run", self.backend,
             lambda: ExecutorchArtifact(lowered.buffer, mutated_inputs=[traced.input_names[i] for i in lowered.mutated],
                                        planned_bytes=lowered.planned_bytes, **traced.artifact_kwargs(fired, config),
@@ -161,7 +162,7 @@ class ExecutorchExporter(GenerationExport, Exporter):
                                                        "planned_bytes": lowered.planned_bytes,
                                                        "max_dim": config.max_dim}),
             fired,
-        )
+        ), quantized)
 
     def _fixed(self, program, config, fired) -> torch.export.ExportedProgram:
         """Stages 4 and 5: the registry's program fixes, then its node fixes."""

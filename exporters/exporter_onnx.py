@@ -136,16 +136,17 @@ class OnnxExporter(GenerationExport, Exporter):
         torch_patches = [p for p in self.registry.patches("dynamo", "onnx") if not p.path.startswith(_ONNX_INTERNALS)]
         onnx_patches = [p for p in self.registry.patches("onnx") if p.path.startswith(_ONNX_INTERNALS)]
         onnx_patches += shape_arithmetic_patches(torch_patches)  # torch.onnx re-traces the sizes too
+        model, quantized = self._quantize(model, inputs, config)
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
         program = traced.program
         onnx_program = run_stage(
             "lower", self.backend, lambda: self._to_onnx(program, traced, config, onnx_patches, fired), fired
         )
-        return run_stage(
+        return self._with_reference(run_stage(
             "run", self.backend,
             lambda: OnnxArtifact(onnx_program, **traced.artifact_kwargs(fired, config), extra_metadata={"optimize": config.optimize}),
             fired,
-        )
+        ), quantized)
 
     def _to_onnx(self, program, traced, config, onnx_patches, fired):
         apply_fx_node_fixes(self.registry.fixes("onnx", "node"), program.graph_module, fired)
