@@ -73,13 +73,14 @@ def run_runner_case(case, record: Callable[[str, Any], None]) -> None:
                 got, stats = run_executorch_llm(folder, prompt[0].tolist(), NEW_TOKENS)
                 consistent = not got or stats.get("num_generated_tokens") == len(got) - 1
             else:
+                from exporters.generation import _generation_dict
                 from exporters.generation.genai import export_genai, genai_config, run_ort_genai, save_genai
+                from exporters.generation.runners import check_runner_generation
 
+                generation = _generation_dict(model)  # what Generator.save(runner=True) checks and writes
+                check_runner_generation(generation, "onnxruntime-genai")
                 config = exporter.config_class(dynamic=True, max_dim=64)
                 artifact, layout = export_genai(exporter, model, {"input_ids": prompt}, config)
-                generation = {"eos_token_id": _eos(model) or None,
-                              "pad_token_id": getattr(model.generation_config, "pad_token_id", None),
-                              "bos_token_id": getattr(model.generation_config, "bos_token_id", None)}
                 save_genai(folder, artifact, genai_config(model, generation, layout, 64))
                 fired = artifact.workarounds_fired
                 stage = "run"

@@ -155,6 +155,9 @@ class Generator:
         if self.source is None:
             raise GenerationError("this generator was loaded from a folder: it has no model to export the "
                                   "onnxruntime-genai graph from (save(runner=True) right after export_for_generation)")
+        from exporters.generation.runners import check_runner_generation
+
+        check_runner_generation(self.generation, "onnxruntime-genai")
         exporter, model, inputs, config = self.source
         artifact, layout = export_genai(exporter, model, inputs, config)
         context = int(getattr(config, "max_dim", 1024) or 1024)

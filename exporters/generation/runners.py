@@ -154,3 +154,20 @@ def run_executorch_llm(directory: str, prompt_ids: Iterable[int], max_new_tokens
     if stats:
         report = {k: getattr(stats[-1], k) for k in ("num_prompt_tokens", "num_generated_tokens")}
     return ids_from_pieces(pieces, size), report
+
+
+# the processors our loop applies (exporters/generation/processors.py) that the runners' greedy loops
+# have no setting for: a model whose generation config switches one on would generate other tokens there
+RUNNER_UNSUPPORTED = {"forced_bos_token_id": None, "forced_eos_token_id": None, "suppress_tokens": None,
+                      "begin_suppress_tokens": None, "min_new_tokens": 0, "min_length": 0}
+
+
+def check_runner_generation(generation: Mapping[str, Any], runner: str) -> None:
+    """Raise a GenerationError naming the generation-config settings ``runner`` cannot apply."""
+    from exporters.generation.capture import GenerationError
+
+    active = {k: generation.get(k) for k, neutral in RUNNER_UNSUPPORTED.items()
+              if generation.get(k) not in (neutral, None, [], {})}
+    if active:
+        raise GenerationError(f"the model's generation config sets {active}, which {runner}'s greedy loop has no "
+                              "setting for: its tokens would differ from the model's generate")

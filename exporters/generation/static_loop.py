@@ -176,5 +176,8 @@ class StaticGenerator:
             lacking.append(f"the runner's metadata methods {missing}")
         if "vocab_size" not in self.metadata:
             lacking.append("the model's vocabulary size (for the tokenizer)")
+        from exporters.generation.runners import check_runner_generation
+
+        check_runner_generation(self.generation, "ExecuTorch's LLM runner")
         if lacking:
             raise GenerationError("ExecuTorch's LLM runner would misread this program; it needs " + "; ".join(lacking))
