@@ -147,11 +147,11 @@ def test_executorch_partition_cycle_lowers_again_per_op(monkeypatch):
 
     real, seen = lowering._lower_program, []
 
-    def cyclic_unless_per_op(program, partitioners, et_patches, fired):
+    def cyclic_unless_per_op(program, partitioners, et_patches, fired, constant_methods=None):
         seen.append([getattr(p, "per_op_mode", None) for p in partitioners])
         if not all(p.per_op_mode for p in partitioners if isinstance(p, XnnpackPartitioner)):
             raise AssertionError("Invalid partition, found dependency cycles")
-        return real(program, partitioners, et_patches, fired)
+        return real(program, partitioners, et_patches, fired, constant_methods)
 
     monkeypatch.setattr(lowering, "_lower_program", cyclic_unless_per_op)
     inputs = {"input": torch.randn(2, 5)}
