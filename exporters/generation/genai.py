@@ -152,9 +152,12 @@ def genai_config(model: torch.nn.Module, generation: Mapping[str, Any], layout: 
     if layout["takes_positions"]:
         inputs["position_ids"] = "position_ids"
     eos = generation.get("eos_token_id")
-    # a list, empty when the model has no end token (onnxruntime-genai then stops at max_length only)
     eos = [int(e) for e in eos] if isinstance(eos, (list, tuple)) else ([int(eos)] if eos is not None else [])
-    pad = generation.get("pad_token_id")
+    if not eos:
+        # onnxruntime-genai ends a sequence at pad_token_id too (and checks it as an end id): with no end
+        # token of the model's, any pad id would end generation where generate does not
+        raise GenerationError(f"{type(model).__name__} has no end token (eos_token_id); onnxruntime-genai ends "
+                              "generation at its pad_token_id as well, so it would stop where generate does not")
     return {
         "model": {
             "type": "llama",
@@ -162,7 +165,7 @@ def genai_config(model: torch.nn.Module, generation: Mapping[str, Any], layout: 
             "vocab_size": vocab_size(model),
             "bos_token_id": int(generation.get("bos_token_id") or 0),
             "eos_token_id": eos,
-            "pad_token_id": int(pad) if pad is not None else (eos[0] if eos else 0),
+            "pad_token_id": eos[0],  # an end token for onnxruntime-genai: the model's first end token
             "decoder": {
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
                 "filename": "model.onnx",
@@ -200,8 +203,8 @@ def save_genai(directory: str | os.PathLike, artifact, config: Mapping[str, Any]
 
 def run_ort_genai(directory: str, prompt_ids: Iterable[int], max_new_tokens: int) -> tuple[list[int], dict[str, Any]]:
     """Greedy generation by onnxruntime-genai over ``directory``: the prompt goes through the folder's
-    tokenizer (which must give back the ids), then the new ids, the sequence length it reports and
-    whether it says it is done."""
+    tokenizer (which must give back the ids), then the new ids, the sequence length it reports (an end
+    token it generated is not part of its sequence) and whether it says it is done."""
     import numpy as np
     import onnxruntime_genai as og
 
