@@ -25,9 +25,10 @@ __all__ = ["LOWERING_RETRIES", "ExecutorchArtifact", "ExecutorchConfig", "Execut
            "prepare_for_xnnpack"]
 
 # "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering):
-# ExecuTorch's internals, and the torch function its delegation calls once per partition program;
+# ExecuTorch's internals, and the torch functions its lowering calls per partition program or per pass;
 # the others are torch patches (stage 2, installed around torch.export).
-_EXECUTORCH_INTERNALS = ("executorch.", "torch.export.exported_program._convert_guards_to_code")
+_EXECUTORCH_INTERNALS = ("executorch.", "torch.export.exported_program._convert_guards_to_code",
+                         "torch.fx.traceback.NodeSource.__init__")
 
 
 @dataclasses.dataclass
