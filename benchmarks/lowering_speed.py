@@ -32,6 +32,7 @@ from benchmarks.export_overhead import MODELS, bare_export  # noqa: E402
 # the registered speed-only patches: each skips work that does not change the program (see its docstring)
 SPEED_UPS = (
     "patch:executorch:torch.fx.traceback.NodeSource.__init__",
+    "patch:executorch:executorch.backends.xnnpack._passes.XNNPACKPassManager.transform",
 )
 
 
