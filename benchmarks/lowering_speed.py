@@ -33,6 +33,7 @@ from benchmarks.export_overhead import MODELS, bare_export  # noqa: E402
 SPEED_UPS = (
     "patch:executorch:torch.fx.traceback.NodeSource.__init__",
     "patch:executorch:executorch.backends.xnnpack._passes.XNNPACKPassManager.transform",
+    "patch:executorch:executorch.exir.program._program._replace_aten_ops_with_transformed_ops",
 )
 
 
