@@ -12,7 +12,8 @@ the same 257 out, about 0.7 s (cProfile: the three ``run_decompositions`` were 4
 What this changes (during the ExecuTorch lowering only). ``_replace_aten_ops_with_transformed_ops``
 is the step just before that third call, on the same program. After it runs, the program is checked
 with upstream's own test (``contains_any_call_fn_target_op``, the graph and its control-flow
-subgraphs) against the default decomposition table; when no node's op is in it, that program's next
+subgraphs) against the default decomposition table (less ``aten.sym_size.int``, which decomposes into
+itself: ``RETRACED_AS_THEMSELVES``); when no node's op is in it, that program's next
 ``run_decompositions`` returns the program unchanged instead of re-tracing it. Upstream skips the
 same re-trace on the same test in its other branch ("safe to skip when none of those targets occur in
 the graph": the graph was functionalized by the first call and decomposed by the second).
@@ -31,9 +32,16 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from exporters.utils import ActedFlag, register_patch
 
 PATH = "executorch.exir.program._program._replace_aten_ops_with_transformed_ops"
+
+# Ops of the default table whose "decomposition" is the op itself: sym_size.int's CompositeImplicitAutograd
+# kernel reads ``self.sym_size(dim)``, which a re-trace records as a sym_size.int node again (the second
+# call, whose table has it, leaves every sym_size.int of a dynamic program in place).
+RETRACED_AS_THEMSELVES = (torch.ops.aten.sym_size.int,)
 
 
 @register_patch("executorch", PATH)
@@ -49,16 +57,23 @@ def _patch_idle_redecomposition_skipped(original):
 
     acted = ActedFlag()  # set when a re-trace was skipped
 
+    def _table(table=None):
+        """The ops the call would decompose: the table's, less those a re-trace records unchanged."""
+        table = dict(_default_decomposition_table() if table is None else table)
+        for op in RETRACED_AS_THEMSELVES:
+            table.pop(op, None)
+        return table
+
     @functools.wraps(original)
     def replace_aten_ops_with_transformed_ops(name, program, partitioner):
         preserved = original(name, program, partitioner)
-        if preserved is not None and not contains_any_call_fn_target_op(program.graph_module, _default_decomposition_table()):
+        if preserved is not None and not contains_any_call_fn_target_op(program.graph_module, _table()):
             run_decompositions = type(program).run_decompositions
 
             def once(decomp_table=None, **kwargs):
                 # one call only: the one _gen_edge_manager_for_partitioners makes next, on this program
                 del program.__dict__["run_decompositions"]
-                if decomp_table is not None and not contains_any_call_fn_target_op(program.graph_module, decomp_table):
+                if decomp_table is not None and not contains_any_call_fn_target_op(program.graph_module, _table(decomp_table)):
                     return program
                 return run_decompositions(program, decomp_table, **kwargs)
 
