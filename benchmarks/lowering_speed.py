@@ -34,6 +34,8 @@ SPEED_UPS = (
     "patch:executorch:torch.fx.traceback.NodeSource.__init__",
     "patch:executorch:executorch.backends.xnnpack._passes.XNNPACKPassManager.transform",
     "patch:executorch:executorch.exir.program._program._replace_aten_ops_with_transformed_ops",
+    "patch:executorch:executorch.exir.passes.normalize_transpose_pass.NormalizeTransposePass.call",
+    "patch:executorch:executorch.exir.passes.replace_broken_ops_with_function_ops_pass.ReplaceBrokenOpsWithFunctionalOpsPass.call",
 )
 
 
@@ -101,6 +103,8 @@ def main(argv=None):
             for k in ("ours", "off"):
                 if k in row and "bare" in row:
                     row[f"{k}/bare"] = row[k] / row["bare"]
+            fired = set(artifacts["ours"][0].workarounds_fired)
+            row["speed-ups fired"] = sum(name in fired for name in SPEED_UPS)
             if artifacts["off"]:
                 buffers = {bytes(a.buffer) for a in artifacts["ours"] + artifacts["off"]}
                 row["pte"] = "identical" if len(buffers) == 1 else f"{len(buffers)} distinct"
@@ -125,6 +129,7 @@ def _fmt(row):
     for k in ("ours/bare", "off/bare"):
         if k in row:
             cols.append(f"{k} {row[k]:.2f}")
+    cols.append(f"speed-ups fired {row['speed-ups fired']}/{len(SPEED_UPS)}")
     if "pte" in row:
         cols.append(f".pte on/off: {row['pte']}")
     if "outputs" in row:
