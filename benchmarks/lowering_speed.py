@@ -36,6 +36,8 @@ SPEED_UPS = (
     "patch:executorch:executorch.exir.program._program._replace_aten_ops_with_transformed_ops",
     "patch:executorch:executorch.exir.passes.normalize_transpose_pass.NormalizeTransposePass.call",
     "patch:executorch:executorch.exir.passes.replace_broken_ops_with_function_ops_pass.ReplaceBrokenOpsWithFunctionalOpsPass.call",
+    "patch:executorch:executorch.exir.passes.scalar_to_tensor_pass.ScalarToTensorPass.call",
+    "patch:executorch:executorch.exir.passes.sym_to_tensor_pass.SymToTensorPass.call",
 )
 
 

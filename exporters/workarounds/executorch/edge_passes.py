@@ -1,20 +1,25 @@
-"""ExecuTorch speed patch: two of the edge passes are not run on a graph holding none of the ops they rewrite.
+"""ExecuTorch speed patch: four of the edge passes are not run on a graph holding nothing they rewrite.
 
 Cause. Turning the decomposed program into the edge dialect (``_generate_edge_program``,
 executorch/exir/program/_program.py) runs about a dozen ``ExportPass``-es over the whole program, each
-re-interpreting every node with fake tensors (``ExportPass.call``) whatever it finds. Two of them
-rewrite one kind of op and pass every other op through unchanged (``call_operator``):
+re-interpreting every node with fake tensors (``ExportPass.call``) whatever it finds. Four of them
+rewrite one kind of node and pass every other one through unchanged (``call_operator``):
 
 - ``NormalizeTransposePass`` (exir/passes/normalize_transpose_pass.py) rewrites ``aten.t.default``;
 - ``ReplaceBrokenOpsWithFunctionalOpsPass`` (exir/passes/replace_broken_ops_with_function_ops_pass.py)
   rewrites view ops (``op.is_view``) into their ``*_copy`` form; it runs after
-  ``ReplaceViewOpsWithViewCopyOpsPass``, which has already done so for the views it knows.
+  ``ReplaceViewOpsWithViewCopyOpsPass``, which has already done so for the views it knows;
+- ``ScalarToTensorPass`` (exir/passes/scalar_to_tensor_pass.py) wraps a Python float, int or bool
+  passed where the op's schema takes a Tensor;
+- ``SymToTensorPass`` (exir/passes/sym_to_tensor_pass.py) wraps a SymInt/SymFloat/SymBool passed
+  there (the check here is wider: any node whose value is not a tensor).
 
-On a 2-layer tiny Llama the two took 0.34 s of a 5.8 s static export and 0.87 s of a 16.5 s dynamic
-one (each timed around ``PassBase.__call__``), with none of their ops in the graph.
+On a 2-layer tiny Llama the four took 0.92 s of a 5.8 s static export and 1.93 s of a 16.5 s dynamic
+one (each timed around ``PassBase.__call__``); the first two found nothing to rewrite in either.
 
-What this changes (during the ExecuTorch lowering only). The pass's ``call`` first looks for its op in
-the graph and its nested graph modules; when there is none it returns the graph as it is
+What this changes (during the ExecuTorch lowering only). The pass's ``call`` first looks for what it
+rewrites in the graph and its nested graph modules (the same test as the pass's own, on each node's
+schema arguments for the last two); when there is none it returns the graph as it is
 (``PassResult(graph_module, False)``) instead of a re-trace of it.
 
     before: NormalizeTransposePass()(gm)   -> a re-trace of gm, every op passed through
@@ -38,15 +43,42 @@ from exporters.utils import ActedFlag, register_patch
 
 NORMALIZE_TRANSPOSE = "executorch.exir.passes.normalize_transpose_pass.NormalizeTransposePass.call"
 REPLACE_BROKEN_OPS = "executorch.exir.passes.replace_broken_ops_with_function_ops_pass.ReplaceBrokenOpsWithFunctionalOpsPass.call"
+SCALAR_TO_TENSOR = "executorch.exir.passes.scalar_to_tensor_pass.ScalarToTensorPass.call"
+SYM_TO_TENSOR = "executorch.exir.passes.sym_to_tensor_pass.SymToTensorPass.call"
 
 
-def _any_node(graph_module: torch.fx.GraphModule, rewritten: Callable[[object], bool]) -> bool:
-    return any(node.op == "call_function" and rewritten(node.target)
+def _any_node(graph_module: torch.fx.GraphModule, rewritten: Callable[[torch.fx.Node], bool]) -> bool:
+    return any(node.op == "call_function" and rewritten(node)
                for module in graph_module.modules() if isinstance(module, torch.fx.GraphModule)
                for node in module.graph.nodes)
 
 
-def _skipped_when_idle(original, rewritten: Callable[[object], bool]):
+def _tensor_slots(node: torch.fx.Node):
+    """The values ``map_args`` hands a pass for the schema arguments typed ``Tensor`` (exir/pass_base.py)."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return
+    for i, schema in enumerate(node.target._schema.arguments):
+        if not isinstance(schema.type, torch.TensorType):
+            continue
+        if schema.name in node.kwargs:
+            yield node.kwargs[schema.name]
+        elif not schema.kwarg_only and i < len(node.args):
+            yield node.args[i]
+
+
+def python_scalar_in_tensor_slot(node: torch.fx.Node) -> bool:
+    """ScalarToTensorPass's ``try_coerce``: a float, int or bool where the schema takes a Tensor."""
+    return any(isinstance(value, (float, int, bool)) for value in _tensor_slots(node))
+
+
+def non_tensor_node_in_tensor_slot(node: torch.fx.Node) -> bool:
+    """SymToTensorPass's ``is_sym`` (a SymInt/SymFloat/SymBool node where the schema takes a Tensor),
+    widened to any node whose value is not known to be a tensor."""
+    return any(isinstance(value, torch.fx.Node) and not isinstance(value.meta.get("val"), torch.Tensor)
+               for value in _tensor_slots(node))
+
+
+def _skipped_when_idle(original, rewritten: Callable[[torch.fx.Node], bool]):
     from torch.fx.passes.infra.pass_base import PassResult
 
     acted = ActedFlag()  # set when a re-trace was skipped
@@ -68,7 +100,7 @@ def _patch_normalize_transpose_when_present(original):
 
     before: NormalizeTransposePass()(gm) -> re-trace    after: gm, when no aten.t.default
     """
-    return _skipped_when_idle(original, lambda target: target == torch.ops.aten.t.default)
+    return _skipped_when_idle(original, lambda node: node.target == torch.ops.aten.t.default)
 
 
 @register_patch("executorch", REPLACE_BROKEN_OPS)
@@ -78,4 +110,24 @@ def _patch_view_ops_functionalized_when_present(original):
 
     before: ReplaceBrokenOpsWithFunctionalOpsPass()(gm) -> re-trace    after: gm, when no view op
     """
-    return _skipped_when_idle(original, lambda target: bool(getattr(target, "is_view", False)))
+    return _skipped_when_idle(original, lambda node: bool(getattr(node.target, "is_view", False)))
+
+
+@register_patch("executorch", SCALAR_TO_TENSOR)
+def _patch_scalars_to_tensors_when_present(original):
+    """ScalarToTensorPass re-traced the whole program to wrap Python scalars passed where a Tensor is
+    expected: not run when no node has one.
+
+    before: ScalarToTensorPass()(gm) -> re-trace    after: gm, when no scalar sits in a Tensor argument
+    """
+    return _skipped_when_idle(original, python_scalar_in_tensor_slot)
+
+
+@register_patch("executorch", SYM_TO_TENSOR)
+def _patch_syms_to_tensors_when_present(original):
+    """SymToTensorPass re-traced the whole program to wrap symbolic scalars passed where a Tensor is
+    expected: not run when no node has a non-tensor node in a Tensor argument.
+
+    before: SymToTensorPass()(gm) -> re-trace    after: gm, when every Tensor argument is a tensor node
+    """
+    return _skipped_when_idle(original, non_tensor_node_in_tensor_slot)
