@@ -38,6 +38,7 @@ SPEED_UPS = (
     "patch:executorch:executorch.exir.passes.replace_broken_ops_with_function_ops_pass.ReplaceBrokenOpsWithFunctionalOpsPass.call",
     "patch:executorch:executorch.exir.passes.scalar_to_tensor_pass.ScalarToTensorPass.call",
     "patch:executorch:executorch.exir.passes.sym_to_tensor_pass.SymToTensorPass.call",
+    "patch:executorch:executorch.exir.passes.legalize_portable_dim_order_pass.LegalizePortableDimOrderPass.call",
 )
 
 
