@@ -25,8 +25,10 @@ branch per step.
 ONNX: the same decode as one traced step looped by ``torch.scan`` (``decode_scan``), which torch.onnx
 writes as an ONNX ``Scan``: the graph holds one step instead of ``max_text_length + 1`` copies of it.
 SLANeXtForTableRecognition at its default ``max_text_length`` (500) took 555 s to export unrolled
-(static ONNX); with the scan, 20.9 s (``python benchmarks/slanext_decode.py``, beside another
-benchmark on the 2 cores). The other backends keep the unrolled steps.
+(static ONNX); with the scan, 20.9 s and 57.7 s in two runs (``python benchmarks/slanext_decode.py``, beside another
+benchmark on the 2 cores). The other backends, and dynamic ONNX exports (torch.onnx's Scan
+translation fails on a symbolic batch: "'SymInt' object has no attribute 'unsqueeze'"), keep the
+unrolled steps.
 
     before (onnx): 501 unrolled steps            after: scan(step, init, xs of length 501)
 
@@ -43,7 +45,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from exporters.utils import register_patch
+from exporters.utils import ActedFlag, register_patch
 
 HEAD_PATHS: tuple[str, ...] = (
     "transformers.models.slanet.modeling_slanet.SLANetSLAHead.forward",
@@ -104,7 +106,7 @@ def decode_scan(head, hidden_states: torch.Tensor) -> torch.Tensor:
         return (features.clone(), embedding), logits
 
     with torch.no_grad():
-        _, steps = scan(step, (features, embedding), torch.zeros(config.max_text_length + 1, batch, device=hidden_states.device))
+        _, steps = scan(step, (features, embedding), torch.zeros(config.max_text_length + 1, 1, device=hidden_states.device))
     steps = steps.transpose(0, 1)
     count = steps_eager_runs(steps.argmax(dim=2), config.out_channels - 1).item()
     torch._check(count >= 1)
@@ -145,12 +147,18 @@ def _patch_structure_decode_scanned(original):
     after:  scan(step, (features, embedding), xs of length T);  preds[:, :min(T, T - sum(all_ended) + 1)]
     """
 
+    acted = ActedFlag()
+
     @functools.wraps(original)
     def forward(self, hidden_states, targets=None, **kwargs):
-        if _asks_for_step_lists(self, kwargs):
+        # a symbolic batch or length (dynamic export): torch.onnx's Scan translation fails on it ("'SymInt'
+        # object has no attribute 'unsqueeze'"), so the dynamo patch's unrolled steps stay
+        if _asks_for_step_lists(self, kwargs) or any(isinstance(d, torch.SymInt) for d in hidden_states.shape):
             return original(self, hidden_states, targets, **kwargs)
         from transformers.modeling_outputs import BaseModelOutput
 
+        acted.set()
         return BaseModelOutput(last_hidden_state=decode_scan(self, hidden_states))
 
+    forward.acted = acted  # fired only when the scan was used
     return forward
