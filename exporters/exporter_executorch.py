@@ -104,7 +104,9 @@ def bound_dynamic_shapes(spec: Any, max_dim: int) -> Any:
 # Replace ExecuTorch internals that crash on valid dynamic-shape graphs, installed around the lowering:
 # @register_patch("executorch", "executorch.exir...."), paths under _EXECUTORCH_INTERNALS. They live in
 # exporters/workarounds/executorch/: exir_passes.py, xnnpack_partitioner.py, partition_legalize.py,
-# guards_code_cache.py, memory_planning.py; with the torch shape-arithmetic patches (to_edge re-traces).
+# guards_code_cache.py, memory_planning.py; speed only (skipping work that does not change the program):
+# provenance_copy.py, xnnpack_pipeline.py, edge_decompositions.py, edge_passes.py; with the torch
+# shape-arithmetic patches (to_edge re-traces).
 
 
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────
