@@ -25,9 +25,10 @@ __all__ = ["LOWERING_RETRIES", "ExecutorchArtifact", "ExecutorchConfig", "Execut
            "prepare_for_xnnpack"]
 
 # "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering):
-# ExecuTorch's internals, and the torch function its delegation calls once per partition program;
+# ExecuTorch's internals, and the torch functions its lowering calls per partition program or per pass;
 # the others are torch patches (stage 2, installed around torch.export).
-_EXECUTORCH_INTERNALS = ("executorch.", "torch.export.exported_program._convert_guards_to_code")
+_EXECUTORCH_INTERNALS = ("executorch.", "torch.export.exported_program._convert_guards_to_code",
+                         "torch.fx.traceback.NodeSource.__init__")
 
 
 @dataclasses.dataclass
@@ -106,7 +107,9 @@ def bound_dynamic_shapes(spec: Any, max_dim: int) -> Any:
 # Replace ExecuTorch internals that crash on valid dynamic-shape graphs, installed around the lowering:
 # @register_patch("executorch", "executorch.exir...."), paths under _EXECUTORCH_INTERNALS. They live in
 # exporters/workarounds/executorch/: exir_passes.py, xnnpack_partitioner.py, partition_legalize.py,
-# guards_code_cache.py, memory_planning.py; with the torch shape-arithmetic patches (to_edge re-traces).
+# guards_code_cache.py, memory_planning.py; speed only (skipping work that does not change the program):
+# provenance_copy.py, xnnpack_pipeline.py, edge_decompositions.py, edge_passes.py; with the torch
+# shape-arithmetic patches (to_edge re-traces).
 
 
 # ── Stage 4: FX program fixes ────────────────────────────────────────────────

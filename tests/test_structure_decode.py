@@ -79,3 +79,28 @@ def test_step_lists_go_to_the_original(table_model):
     assert patched(head, features, output_attentions=True) == "original"
     assert len(calls) == 2
     assert patched(head, features).last_hidden_state.shape[0] == 2
+
+
+def test_scanned_decode_is_the_unrolled_one(table_model):
+    from exporters.workarounds.models.slanet import decode_fixed_steps, decode_scan
+
+    _, tiny = table_model
+    head = tiny.model.head
+    features = torch.randn(2, 4, head.config.post_conv_out_channels)
+    with torch.no_grad():
+        torch.testing.assert_close(decode_scan(head, features), decode_fixed_steps(head, features), rtol=0, atol=0)
+
+
+def test_onnx_exports_the_decode_as_a_scan(table_model):
+    pytest.importorskip("onnxruntime")
+    from exporters import get_exporter
+
+    name, tiny = table_model
+    exporter = get_exporter("onnx")
+    art = exporter.export(tiny.model, tiny.inputs, exporter.config_class())
+    module = "slanet.modeling_slanet.SLANetSLAHead" if name.startswith("SLANet") else "slanext.modeling_slanext.SLANeXtSLAHead"
+    assert f"patch:onnx:transformers.models.{module}.forward" in art.workarounds_fired
+    assert "Scan" in {node.op_type for node in art.model_proto.graph.node}
+    with torch.no_grad():
+        expected = tiny.model(**tiny.inputs).last_hidden_state
+    torch.testing.assert_close(art(**tiny.inputs)["last_hidden_state"], expected)

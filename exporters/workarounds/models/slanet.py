@@ -22,6 +22,16 @@ branch per step.
     before: for t in range(T): step(); if all_ended(t): break            -> (B, steps, C)
     after:  for t in range(T): step();  n = min(T, T - sum(all_ended) + 1);  preds[:, :n]
 
+ONNX: the same decode as one traced step looped by ``torch.scan`` (``decode_scan``), which torch.onnx
+writes as an ONNX ``Scan``: the graph holds one step instead of ``max_text_length + 1`` copies of it.
+SLANeXtForTableRecognition at its default ``max_text_length`` (500) took 555 s to export unrolled
+(static ONNX); with the scan, 20.9 s and 57.7 s in two runs (``python benchmarks/slanext_decode.py``, beside another
+benchmark on the 2 cores). The other backends, and dynamic ONNX exports (torch.onnx's Scan
+translation fails on a symbolic batch: "'SymInt' object has no attribute 'unsqueeze'"), keep the
+unrolled steps.
+
+    before (onnx): 501 unrolled steps            after: scan(step, init, xs of length 501)
+
 Remove when: ``SLANetSLAHead.forward`` and SLANeXt's copy decode a fixed number of steps with the
 output masked after the end token, instead of a ``break`` on predicted values (transformers'
 modeling_slanet.py, modeling_slanext.py): check with ``python -m sweeps.recheck workarounds --only
@@ -35,7 +45,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from exporters.utils import register_patch
+from exporters.utils import ActedFlag, register_patch
 
 HEAD_PATHS: tuple[str, ...] = (
     "transformers.models.slanet.modeling_slanet.SLANetSLAHead.forward",
@@ -74,6 +84,36 @@ def decode_fixed_steps(head, hidden_states: torch.Tensor) -> torch.Tensor:
     return F.softmax(preds, dim=-1, dtype=torch.float32).to(hidden_states.dtype)
 
 
+def decode_scan(head, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``decode_fixed_steps`` with the steps looped by ``torch.scan`` over one traced step. The carry is
+    the features and the previous prediction as its one-hot embedding (all float: scan's tracing
+    refuses integer outputs under autograd, "outs_to_grad length != tangents length"); each step's
+    prediction is read back from its logits after the loop, the same ``argmax``."""
+    from torch._higher_order_ops.scan import scan
+
+    config = head.config
+    batch = hidden_states.shape[0]
+    memory = hidden_states.float()
+    features = torch.zeros((batch, config.hidden_size), dtype=torch.float32, device=hidden_states.device)
+    first = torch.zeros(size=[batch], dtype=torch.long, device=hidden_states.device)
+    embedding = F.one_hot(first, config.out_channels).float()
+
+    def step(carry, _):
+        features, embedding = carry
+        features, _ = head.structure_attention_cell(features, memory, embedding)
+        logits = head.structure_generator(features)
+        embedding = F.one_hot(logits.argmax(dim=1), config.out_channels).float()
+        return (features.clone(), embedding), logits
+
+    with torch.no_grad():
+        _, steps = scan(step, (features, embedding), torch.zeros(config.max_text_length + 1, 1, device=hidden_states.device))
+    steps = steps.transpose(0, 1)
+    count = steps_eager_runs(steps.argmax(dim=2), config.out_channels - 1).item()
+    torch._check(count >= 1)
+    torch._check(count <= steps.shape[1])
+    return F.softmax(steps[:, :count], dim=-1, dtype=torch.float32).to(hidden_states.dtype)
+
+
 def _asks_for_step_lists(head, kwargs) -> bool:
     return any(kwargs.get(name, getattr(head.config, name, False)) for name in ("output_hidden_states", "output_attentions"))
 
@@ -95,4 +135,30 @@ def _patch_structure_decode_fixed_steps(original):
 
         return BaseModelOutput(last_hidden_state=decode_fixed_steps(self, hidden_states))
 
+    return forward
+
+
+@register_patch("onnx", *HEAD_PATHS)
+def _patch_structure_decode_scanned(original):
+    """ONNX: the table-structure decode as one step looped by ``torch.scan`` (an ONNX Scan) instead of
+    ``max_text_length + 1`` unrolled steps, cut at the step count eager reaches.
+
+    before: 501 unrolled steps (SLANeXt's default: 555 s to export)
+    after:  scan(step, (features, embedding), xs of length T);  preds[:, :min(T, T - sum(all_ended) + 1)]
+    """
+
+    acted = ActedFlag()
+
+    @functools.wraps(original)
+    def forward(self, hidden_states, targets=None, **kwargs):
+        # a symbolic batch or length (dynamic export): torch.onnx's Scan translation fails on it ("'SymInt'
+        # object has no attribute 'unsqueeze'"), so the dynamo patch's unrolled steps stay
+        if _asks_for_step_lists(self, kwargs) or any(isinstance(d, torch.SymInt) for d in hidden_states.shape):
+            return original(self, hidden_states, targets, **kwargs)
+        from transformers.modeling_outputs import BaseModelOutput
+
+        acted.set()
+        return BaseModelOutput(last_hidden_state=decode_scan(self, hidden_states))
+
+    forward.acted = acted  # fired only when the scan was used
     return forward
