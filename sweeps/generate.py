@@ -114,7 +114,7 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
     from exporters import get_exporter
     from exporters.parity import compare
     from exporters.pytrees import flatten_outputs
-    from sweeps.runner import StageFailure, export_config, is_pytest_outcome
+    from sweeps.runner import StageFailure, export_config, passes_through
 
     stage = "build"
     record("stage", stage)
@@ -197,7 +197,7 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
         stage = "done"
         record("stage", stage)
     except BaseException as exc:
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, StageFailure)) or is_pytest_outcome(exc):
+        if passes_through(exc):
             raise
         raise StageFailure(stage, exc) from exc
     finally:

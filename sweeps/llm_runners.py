@@ -35,7 +35,7 @@ def _eos(model) -> list[int]:
 def run_runner_case(case, record: Callable[[str, Any], None]) -> None:
     """Run one runner item; raise ``sweeps.runner.StageFailure`` naming the stage."""
     from exporters import get_exporter
-    from sweeps.runner import StageFailure, is_pytest_outcome
+    from sweeps.runner import StageFailure, passes_through
 
     stage = "build"
     record("stage", stage)
@@ -84,14 +84,11 @@ def run_runner_case(case, record: Callable[[str, Any], None]) -> None:
                 consistent = not got or stats.get("num_generated_tokens") == len(got) - 1
             else:
                 from exporters.generation import _generation_dict
-                from exporters.generation.genai import export_genai, genai_config, run_ort_genai, save_genai
-                from exporters.generation.runners import check_runner_generation
+                from exporters.generation.genai import export_genai_folder, run_ort_genai
 
-                generation = _generation_dict(model)  # what Generator.save(runner=True) checks and writes
-                check_runner_generation(generation, "onnxruntime-genai")
-                config = exporter.config_class(dynamic=True, max_dim=64)
-                artifact, layout = export_genai(exporter, model, {"input_ids": prompt}, config)
-                save_genai(folder, artifact, genai_config(model, generation, layout, 64))
+                # what Generator.save(runner=True) checks and writes, without exporting prefill and decode first
+                artifact = export_genai_folder(folder, exporter, model, {"input_ids": prompt},
+                                               exporter.config_class(dynamic=True, max_dim=64), _generation_dict(model))
                 fired = artifact.workarounds_fired
                 stage = "run"
                 record("stage", stage)
@@ -117,7 +114,7 @@ def run_runner_case(case, record: Callable[[str, Any], None]) -> None:
         stage = "done"
         record("stage", stage)
     except BaseException as exc:
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, StageFailure)) or is_pytest_outcome(exc):
+        if passes_through(exc):
             raise
         raise StageFailure(stage, exc) from exc
     finally:

@@ -219,7 +219,7 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
         record("stage", stage)
         return artifact
     except BaseException as exc:
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, StageFailure)) or is_pytest_outcome(exc):
+        if passes_through(exc):
             if getattr(exc, "export_stage", None):  # a timeout inside the exporter: which of its stages
                 record("stage", exc.export_stage)
             raise
@@ -265,6 +265,12 @@ def _rss_mb() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def passes_through(exc: BaseException) -> bool:
+    """An exception an item re-raises as it is instead of wrapping it in a StageFailure: an interrupt,
+    a StageFailure already, or a pytest outcome (skip, xfail, a timeout)."""
+    return isinstance(exc, (KeyboardInterrupt, SystemExit, StageFailure)) or is_pytest_outcome(exc)
 
 
 def is_pytest_outcome(exc: BaseException) -> bool:

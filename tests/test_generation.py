@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 from _backend_params import _backends
+from _tiny_llama import tiny_llama
 
 from exporters import get_exporter
 from exporters.generation import GenerationError
@@ -28,12 +29,7 @@ _CASES = [(2, 5, 8), (1, 3, 10), (3, 7, 6), (1, 1, 8)]  # batch, prompt length, 
 
 @pytest.fixture(scope="module")
 def llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama()
 
 
 def _prompt(b, s, seed):

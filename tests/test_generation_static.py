@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 from _backend_params import _backends
+from _tiny_llama import tiny_llama
 
 from exporters import get_exporter
 from exporters.generation import GenerationError, StaticGenerator
@@ -24,12 +25,7 @@ MAX_CACHE_LEN = 24
 
 @pytest.fixture(scope="module")
 def llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama()
 
 
 def _prompt(b, s, seed, pad=True):

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from _tiny_llama import tiny_llama
 
 from exporters import get_exporter, load_generator
 from exporters.generation import GenerationError
@@ -18,12 +19,7 @@ PROMPT = [5, 9, 17, 30, 12]
 
 @pytest.fixture(scope="module")
 def llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama()
 
 
 def _eager(model, n, eos=True):

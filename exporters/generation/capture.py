@@ -77,22 +77,15 @@ def _whole(outputs: Any) -> dict[str, tuple[list[torch.Tensor], Any]]:
 
 
 @contextlib.contextmanager
-def _recorded(module: torch.nn.Module, calls: list[Call], outputs_of=_trees_of):
-    """Within the block, every call of ``module.forward`` is appended to ``calls``."""
+def forward_wrapped(module: torch.nn.Module, around):
+    """Within the block, ``module.forward(*args, **kwargs)`` is ``around(forward, args, kwargs)``, the
+    original forward's signature kept (generate reads it: whether it takes position_ids, ...)."""
     original = module.__dict__.get("forward")
     bound = original if original is not None else type(module).forward.__get__(module, type(module))
 
-    # generate reads forward's signature (whether it takes position_ids, ...): the recorder keeps it
     @functools.wraps(bound)
     def forward(*args, **kwargs):
-        if args:
-            raise GenerationError(f"generate calls {type(module).__name__}.forward with positional arguments; "
-                                  "generation export takes keyword calls only")
-        call = _split(kwargs)
-        out = bound(**kwargs)
-        call.output_trees = outputs_of(out)
-        calls.append(call)
-        return out
+        return around(bound, args, kwargs)
 
     module.forward = forward
     try:
@@ -102,6 +95,22 @@ def _recorded(module: torch.nn.Module, calls: list[Call], outputs_of=_trees_of):
             del module.forward
         else:
             module.forward = original
+
+
+def _recorded(module: torch.nn.Module, calls: list[Call], outputs_of=_trees_of):
+    """Within the block, every call of ``module.forward`` is appended to ``calls``."""
+
+    def record(forward, args, kwargs):
+        if args:
+            raise GenerationError(f"generate calls {type(module).__name__}.forward with positional arguments; "
+                                  "generation export takes keyword calls only")
+        call = _split(kwargs)
+        out = forward(**kwargs)
+        call.output_trees = outputs_of(out)
+        calls.append(call)
+        return out
+
+    return forward_wrapped(module, record)
 
 
 def encoder_of(model: torch.nn.Module) -> torch.nn.Module | None:

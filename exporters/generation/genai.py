@@ -201,6 +201,19 @@ def save_genai(directory: str | os.PathLike, artifact, config: Mapping[str, Any]
     return path
 
 
+def export_genai_folder(directory: str | os.PathLike, exporter, model: torch.nn.Module, inputs: Mapping[str, Any],
+                        config, generation: Mapping[str, Any]):
+    """The whole runner save: refuse settings onnxruntime-genai cannot apply, export the decoder graph,
+    write the folder (context length: the config's ``max_dim``). Returns the artifact."""
+    from exporters.generation.runners import check_runner_generation
+
+    check_runner_generation(generation, "onnxruntime-genai")
+    artifact, layout = export_genai(exporter, model, inputs, config)
+    context = int(getattr(config, "max_dim", 1024) or 1024)
+    save_genai(directory, artifact, genai_config(model, generation, layout, context))
+    return artifact
+
+
 def run_ort_genai(directory: str, prompt_ids: Iterable[int], max_new_tokens: int) -> tuple[list[int], dict[str, Any]]:
     """Greedy generation by onnxruntime-genai over ``directory``: the prompt goes through the folder's
     tokenizer (which must give back the ids), then the new ids, the sequence length it reports (an end

@@ -13,7 +13,7 @@ import torch
 
 from exporters.generation.capture import GenerationError
 from exporters.generation.component import flat_inputs
-from exporters.generation.processors import process
+from exporters.generation.processors import end_and_pad, greedy_token
 from exporters.generation.steps import apply_tensor_rule, derive_prefill_input, tree_output_names
 
 GENERATOR_FILE = "generator.json"
@@ -69,10 +69,7 @@ class Generator:
         max_new_tokens = max_new_tokens if max_new_tokens is not None else self.generation.get("max_new_tokens") or 20
         if max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-        eos = self._token_ids(eos_token_id if eos_token_id is not None else self.generation.get("eos_token_id"))
-        pad = pad_token_id if pad_token_id is not None else self.generation.get("pad_token_id")
-        if pad is None and eos:
-            pad = eos[0]
+        eos, pad = end_and_pad(self.generation, eos_token_id, pad_token_id)
         given = self._checked_inputs({"input_ids": input_ids, "attention_mask": attention_mask, **other})
         prefill = self.components["prefill"]
         trees: dict[str, list[torch.Tensor]] = {}
@@ -92,15 +89,11 @@ class Generator:
         names = prefill.output_names
         for step in range(max_new_tokens):
             logits = outputs["logits"][:, -1, :] if outputs["logits"].dim() == 3 else outputs["logits"]
-            length = prompt.shape[1] + step
-            scores = process(self.generation, logits, length, prompt.shape[1], prompt.shape[1] + max_new_tokens)
-            token = scores.argmax(-1) if teacher_tokens is None else teacher_tokens[:, step]
-            if pad is not None and eos:
-                token = torch.where(unfinished, token, torch.full_like(token, pad))
+            token = greedy_token(self.generation, logits, length=prompt.shape[1] + step, prompt_length=prompt.shape[1],
+                                 max_length=prompt.shape[1] + max_new_tokens, eos=eos, pad=pad, unfinished=unfinished,
+                                 teacher=None if teacher_tokens is None else teacher_tokens[:, step])
             new_tokens.append(token)
             step_logits.append(logits)
-            if eos:
-                unfinished &= ~torch.isin(token, torch.tensor(eos))
             if step == max_new_tokens - 1 or not unfinished.any():
                 break
             tensors, trees = self._next_inputs(tensors, trees, outputs, names, token)
@@ -146,7 +139,7 @@ class Generator:
         return nxt, nxt_trees
 
     def _save_runner(self, directory) -> str:
-        from exporters.generation.genai import export_genai, genai_config, save_genai
+        from exporters.generation.genai import CONFIG_FILE, export_genai_folder
 
         if self.backend != "onnx":
             raise GenerationError(f"save(runner=True) for a {self.backend} generator with a growing cache: the runner "
@@ -155,19 +148,9 @@ class Generator:
         if self.source is None:
             raise GenerationError("this generator was loaded from a folder: it has no model to export the "
                                   "onnxruntime-genai graph from (save(runner=True) right after export_for_generation)")
-        from exporters.generation.runners import check_runner_generation
-
-        check_runner_generation(self.generation, "onnxruntime-genai")
         exporter, model, inputs, config = self.source
-        artifact, layout = export_genai(exporter, model, inputs, config)
-        context = int(getattr(config, "max_dim", 1024) or 1024)
-        return save_genai(directory, artifact, genai_config(model, self.generation, layout, context))
-
-    @staticmethod
-    def _token_ids(value) -> list[int]:
-        if value is None:
-            return []
-        return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+        export_genai_folder(directory, exporter, model, inputs, config, self.generation)
+        return os.path.join(directory, CONFIG_FILE)
 
     # ── saving ────────────────────────────────────────────────────────────────
     def save(self, directory: str | os.PathLike, runner: bool = False) -> str:

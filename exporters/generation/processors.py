@@ -59,3 +59,24 @@ def process(generation: Mapping[str, Any], scores: torch.Tensor, length: int, pr
         scores[:] = neg
         scores[:, forced_eos] = 0
     return scores
+
+
+def end_and_pad(generation: Mapping[str, Any], eos_token_id=None, pad_token_id=None) -> tuple[list[int], int | None]:
+    """The end ids and the pad id a loop uses: the call's, else the generation config's; the pad falls
+    back to the first end id (as ``generate`` does)."""
+    eos = _ids(eos_token_id if eos_token_id is not None else generation.get("eos_token_id"))
+    pad = pad_token_id if pad_token_id is not None else generation.get("pad_token_id")
+    return eos, (eos[0] if pad is None and eos else pad)
+
+
+def greedy_token(generation: Mapping[str, Any], logits: torch.Tensor, *, length: int, prompt_length: int,
+                 max_length: int, eos: list[int], pad: int | None, unfinished: torch.Tensor,
+                 teacher: torch.Tensor | None = None) -> torch.Tensor:
+    """The token of one greedy step: the argmax of the processed ``logits`` (or ``teacher``'s token),
+    ``pad`` for sequences already finished; marks in ``unfinished`` (in place) those that end here."""
+    token = process(generation, logits, length, prompt_length, max_length).argmax(-1) if teacher is None else teacher
+    if pad is not None and eos:
+        token = torch.where(unfinished, token, torch.full_like(token, pad))
+    if eos:
+        unfinished &= ~torch.isin(token, torch.tensor(eos))
+    return token

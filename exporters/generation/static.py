@@ -20,13 +20,12 @@ position is never read (the causal mask stops at the query's position).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from exporters.generation.capture import GenerationError, encoder_of
+from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped
 
 STATE_FORMS = ("buffers", "inputs")
 STEP_INPUTS = ("input_ids", "cache_position", "position_ids", "attention_mask")
@@ -166,26 +165,17 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> lis
     dict, say) is not traced."""
     name = type(model).__name__
     calls: list[set[str]] = []
-    original = model.__dict__.get("forward")
-    bound = original if original is not None else type(model).forward.__get__(model, type(model))
 
-    @functools.wraps(bound)
-    def forward(*args, **kwargs):
+    def names(forward, args, kwargs):
         calls.append({k for k, v in kwargs.items() if v is not None} | ({"<positional>"} if args else set()))
-        return bound(*args, **kwargs)
+        return forward(*args, **kwargs)
 
-    model.forward = forward
     try:
-        with torch.no_grad():
+        with forward_wrapped(model, names), torch.no_grad():
             model.generate(**inputs, max_new_tokens=2, min_new_tokens=2, do_sample=False, cache_implementation="static")
     except Exception as exc:  # noqa: BLE001 - the model's own generate refuses a static cache
         raise GenerationError(f"{name}.generate(cache_implementation='static') fails: {type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
-    finally:
-        if original is None:
-            del model.forward
-        else:
-            model.forward = original
     if not calls:
         raise GenerationError(f"{name}.generate never called forward")
     return calls

@@ -12,7 +12,7 @@ import torch
 
 from exporters.generation.capture import GenerationError
 from exporters.generation.generator import GENERATOR_FILE, GenerateOutput
-from exporters.generation.processors import process
+from exporters.generation.processors import end_and_pad, greedy_token
 
 FORMAT = "exporters.static-generator/1"
 
@@ -78,14 +78,9 @@ class StaticGenerator:
                  return_dict_in_generate: bool = False, output_logits: bool = False,
                  **other: torch.Tensor) -> torch.Tensor | GenerateOutput:
         """Greedy generation through the step artifact; arguments as ``Generator.generate``."""
-        from exporters.generation.generator import Generator
-
         max_new_tokens = max_new_tokens if max_new_tokens is not None else self.generation.get("max_new_tokens") or 20
         self._check(input_ids, attention_mask, max_new_tokens, other)
-        eos = Generator._token_ids(eos_token_id if eos_token_id is not None else self.generation.get("eos_token_id"))
-        pad = pad_token_id if pad_token_id is not None else self.generation.get("pad_token_id")
-        if pad is None and eos:
-            pad = eos[0]
+        eos, pad = end_and_pad(self.generation, eos_token_id, pad_token_id)
         batch, prompt = input_ids.shape
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         full = torch.zeros(batch, self.max_cache_len, dtype=torch.long)
@@ -105,14 +100,11 @@ class StaticGenerator:
             if self.state == "inputs":
                 cache = {k: outputs["present" + k.removeprefix("past")] for k in self.cache_shapes}
             logits = outputs["logits"]
-            scores = process(self.generation, logits, prompt + i, prompt, prompt + max_new_tokens)
-            token = scores.argmax(-1) if teacher_tokens is None else teacher_tokens[:, i]
-            if pad is not None and eos:
-                token = torch.where(unfinished, token, torch.full_like(token, pad))
+            token = greedy_token(self.generation, logits, length=prompt + i, prompt_length=prompt,
+                                 max_length=prompt + max_new_tokens, eos=eos, pad=pad, unfinished=unfinished,
+                                 teacher=None if teacher_tokens is None else teacher_tokens[:, i])
             new_tokens.append(token)
             step_logits.append(logits)
-            if eos:
-                unfinished &= ~torch.isin(token, torch.tensor(eos))
             if i == max_new_tokens - 1 or not unfinished.any():
                 break
             slot = prompt + i

@@ -27,13 +27,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from sweeps.runner import RUNTIMES
 from sweeps.signature import normalize_message
 
 OUTCOMES: tuple[str, ...] = ("pass", "xfail", "xpass", "fail", "crash", "skipped")
 KNOWN_BACKENDS = ("dynamo", "onnx", "executorch")
 KNOWN_VARIANTS = ("static", "dynamic")
-# test_runner[<runtime>-<Class>]: the runtime's backend and variant (as sweeps.runner.RUNTIMES)
-RUNTIMES = {"executorch-llm": ("executorch", "llm"), "ort-genai": ("onnx", "genai")}
 _CRASH = re.compile(r"worker '?[\w-]+'? crashed")
 _XPASS_STRICT = "[XPASS(strict)]"
 MAIN_TEST = "test_export"   # the sweep's main test; its items get plain backend/variant columns
@@ -111,7 +110,7 @@ def parse_test_id(nodeid: str) -> dict[str, str]:
         return {}
     parts = match.group(1).split("-")
     if test.startswith("test_runner[") and len(parts) >= 3 and "-".join(parts[:2]) in RUNTIMES:
-        backend, variant = RUNTIMES["-".join(parts[:2])]
+        backend, variant = RUNTIMES["-".join(parts[:2])]  # test_runner[<runtime>-<Class>]
         return {"backend": backend, "variant": variant, "model_class": "-".join(parts[2:])}
     if len(parts) >= 3 and parts[0] in KNOWN_BACKENDS and parts[1] in KNOWN_VARIANTS:
         return {"backend": parts[0], "variant": parts[1], "model_class": "-".join(parts[2:])}
