@@ -240,13 +240,17 @@ class Exporter:
     backend = ""
     config_class: type[ExportConfig] = ExportConfig
 
-    def _quantize(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: ExportConfig):
-        """Stage 0: the model as the backend exports it, and the quantization (None without a recipe)."""
+    def _quantize(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: ExportConfig,
+                  trace_program: Callable | None = None, fired: Any = None):
+        """Stage 0: the model as the backend exports it, and the quantization (None without a recipe).
+        PT2E prepares the program ``trace_program`` makes: the backend's own trace, its torch-level
+        workarounds installed, under the export's shapes (``exporters.tracing.quantization_trace``)."""
         if getattr(config, "quantization", None) is None:
             return model, None
         from exporters.quantization import quantize
 
-        quantized = run_stage("quantize", self.backend, lambda: quantize(model, inputs, config.quantization, self.backend))
+        quantized = run_stage("quantize", self.backend,
+                              lambda: quantize(model, inputs, config.quantization, self.backend, trace_program), fired)
         return quantized.module, quantized
 
     @staticmethod

@@ -16,7 +16,7 @@ from .base import Artifact, ExportConfig, Exporter, run_stage
 from .generation import GenerationExport
 from .model_state import _STATEFUL_CACHE_ATTRS
 from .pytrees import _flatten_to_context, _unflatten_from_context
-from .tracing import trace
+from .tracing import quantization_trace, trace
 from .utils import FiredLog
 
 __all__ = ["DynamoArtifact", "DynamoConfig", "DynamoExporter", "_STATEFUL_CACHE_ATTRS", "_flatten_to_context",
@@ -92,7 +92,8 @@ class DynamoExporter(GenerationExport, Exporter):
     def export(self, model, inputs, config=None):
         config = config or DynamoConfig()
         fired = FiredLog()
-        model, quantized = self._quantize(model, inputs, config)
-        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, self.registry.patches("dynamo"), fired), fired)
+        patches = self.registry.patches("dynamo")
+        model, quantized = self._quantize(model, inputs, config, quantization_trace(config, patches, fired), fired)
+        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, patches, fired), fired)
         return self._with_reference(DynamoArtifact(traced.program, traced.module, **traced.artifact_kwargs(fired, config)),
                                     quantized)

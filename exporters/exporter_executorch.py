@@ -17,7 +17,7 @@ from .base import ExportConfig, Exporter, run_stage
 from .executorch.artifact import ExecutorchArtifact, PlannedShapeError
 from .executorch.lowering import LOWERING_RETRIES, Attempt, Lowered, RetryContext, halved_max_dim, lower_with_retries, lower_within_budget
 from .generation import GenerationExport
-from .tracing import _finite, shape_arithmetic_patches, trace
+from .tracing import _finite, quantization_trace, shape_arithmetic_patches, trace
 from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes
 
 __all__ = ["LOWERING_RETRIES", "ExecutorchArtifact", "ExecutorchConfig", "ExecutorchExporter", "PlannedShapeError",
@@ -138,14 +138,14 @@ class ExecutorchExporter(GenerationExport, Exporter):
         if config.backend not in _BACKEND_PREPARE:
             raise ValueError(f"unknown ExecuTorch backend {config.backend!r}; registered: {sorted(_BACKEND_PREPARE)}")
         fired = FiredLog()
-        model, quantized = self._quantize(model, inputs, config)
-        model, inputs, partitioners = _BACKEND_PREPARE[config.backend](model, dict(inputs))
         if config.dynamic_shapes is not None:
             config = dataclasses.replace(config, dynamic_shapes=bound_dynamic_shapes(config.dynamic_shapes, config.max_dim))
         patches = self.registry.patches("dynamo", "executorch")
         torch_patches = [p for p in patches if not p.path.startswith(_EXECUTORCH_INTERNALS)]
         et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
         et_patches += shape_arithmetic_patches(torch_patches)  # to_edge re-traces the sizes too
+        model, quantized = self._quantize(model, inputs, config, quantization_trace(config, torch_patches, fired), fired)
+        model, inputs, partitioners = _BACKEND_PREPARE[config.backend](model, dict(inputs))
 
         def export_and_lower(config):
             traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)

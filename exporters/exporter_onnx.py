@@ -14,7 +14,7 @@ import torch
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .generation import GenerationExport
-from .tracing import shape_arithmetic_patches, trace
+from .tracing import quantization_trace, shape_arithmetic_patches, trace
 from .utils import FiredLog, apply_fx_node_fixes, apply_patches
 from .workarounds.onnx.ir_fixes import _IR_FIXES
 from .workarounds.onnx.refix_after_decompositions import _CURRENT
@@ -136,7 +136,7 @@ class OnnxExporter(GenerationExport, Exporter):
         torch_patches = [p for p in self.registry.patches("dynamo", "onnx") if not p.path.startswith(_ONNX_INTERNALS)]
         onnx_patches = [p for p in self.registry.patches("onnx") if p.path.startswith(_ONNX_INTERNALS)]
         onnx_patches += shape_arithmetic_patches(torch_patches)  # torch.onnx re-traces the sizes too
-        model, quantized = self._quantize(model, inputs, config)
+        model, quantized = self._quantize(model, inputs, config, quantization_trace(config, torch_patches, fired), fired)
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
         program = traced.program
         onnx_program = run_stage(

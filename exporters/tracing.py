@@ -251,3 +251,15 @@ def trace(
     module = module_with_guards(program) if any(d for _, _, d in specs.values()) else None
     guards = getattr(module, "_guards_fn", None)
     return Traced(program, names, output_names, specs, constants, guards, module)
+
+
+def quantization_trace(config: ExportConfig, patches: list[PatchEntry], fired: FiredLog):
+    """Stage 0's trace (``Exporter._quantize``): ``trace`` with the backend's patches, the config's shapes
+    and no recipe; returns the program PT2E prepares and its tensor inputs' names."""
+    plain = dataclasses.replace(config, quantization=None)
+
+    def trace_program(model: torch.nn.Module, inputs: Mapping[str, Any]):
+        traced = trace(model, inputs, plain, patches, fired)
+        return traced.program, traced.input_names
+
+    return trace_program

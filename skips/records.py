@@ -21,7 +21,7 @@ VARIANTS: tuple[str, ...] = ("static", "dynamic")
 # The sweep's tests: test_export (one forward), test_generate (prefill + decode steps) and test_runner
 # (the runtimes' own LLM runners; its entries are scoped by cache form: static for ExecuTorch's runner,
 # dynamic for onnxruntime-genai).
-TESTS: tuple[str, ...] = ("export", "generate", "runner")
+TESTS: tuple[str, ...] = ("export", "generate", "runner", "quantized")
 # Where a sweep item can stop; "done" is not a failure stage and is not allowed here.
 STAGES: tuple[str, ...] = ("build", "eager", "export", "lower", "run", "compare", "shapes")
 ALL = "all"

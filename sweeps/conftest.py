@@ -23,6 +23,12 @@ def runner_patches(runner_case):
     yield from _guarded(runner_case)
 
 
+@pytest.fixture
+def quantized_patches(quantized_case):
+    """The same guard around a quantized item (stage 0's trace and the backend's export)."""
+    yield from _guarded(quantized_case)
+
+
 def _guarded(case):
     import exporters
     from exporters.utils import NOTSET, find_leaked_patches, patch_targets_snapshot, resolve_path

@@ -55,6 +55,9 @@ SMOKE_GENERATE = (
 )
 # test_runner's smoke set: decoder LMs the runners' contracts describe (plain key/value caches)
 SMOKE_RUNNER = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+# test_quantized's smoke set: a decoder LM, encoders, an encoder-decoder, a convnet, a speech encoder
+SMOKE_QUANTIZED = ("LlamaForCausalLM", "BertForSequenceClassification", "DistilBertModel",
+                   "T5ForConditionalGeneration", "ConvNextForImageClassification", "Wav2Vec2ForCTC")
 GENERATE_VARIANTS = ("static", "dynamic")  # a fixed-size cache updated in place; a growing cache
 # the auto-mapping tasks whose classes generate (collection reads them without importing torch)
 GENERATIVE_TASKS = ("causal_lm", "seq_to_seq_causal_lm", "image_text_to_text", "multimodal_lm", "speech_seq_2_seq")
@@ -129,6 +132,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds (ExecuTorch lowering, big tests)")
     config.addinivalue_line("markers", "generate: a test_generate item (prefill + decode steps from the artifacts alone)")
     config.addinivalue_line("markers", "runner: a test_runner item (the runtime's own LLM runner over a saved folder)")
+    config.addinivalue_line("markers", "quantized: a test_quantized item (int8 PT2E export against PyTorch's quantized reference)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     _group_by_class_under_xdist(config)
@@ -228,6 +232,8 @@ def _validate_lists():
 def pytest_generate_tests(metafunc):
     if "runner_case" in metafunc.fixturenames:
         return _parametrize(metafunc, "runner_case", "runner")
+    if "quantized_case" in metafunc.fixturenames:
+        return _parametrize(metafunc, "quantized_case", "quantized")
     if "generate_case" in metafunc.fixturenames:
         return _parametrize(metafunc, "generate_case", "generate")
     if "sweep_case" in metafunc.fixturenames:
@@ -252,6 +258,17 @@ def _parametrize(metafunc, fixture: str, test: str) -> None:
                   for case in [Case(backend, variant, entry, test)]]
         metafunc.parametrize(fixture, params)
         return
+    if test == "quantized":
+        # static shapes only: the items run when the static variant is selected; a recipe is their variant
+        from sweeps.runner import QUANTIZED_BACKENDS, RECIPES
+
+        smoke = set(SMOKE_QUANTIZED) if _sweep_mode(config) == "smoke" and config._sweep["models"] is None else set()
+        entries = _sweep_entries(config, SMOKE_QUANTIZED) if "static" in config._sweep["variants"] else []
+        params = [pytest.param(case, id=case.id, marks=_marks(case, test, entry.class_name in smoke))
+                  for entry in entries for backend in config._sweep["backends"] if backend in QUANTIZED_BACKENDS
+                  for recipe in RECIPES for case in [Case(backend, recipe, entry, test)]]
+        metafunc.parametrize(fixture, params)
+        return
     if test == "generate":
         smoke = set(SMOKE_GENERATE) if _sweep_mode(config) == "smoke" and config._sweep["models"] is None else set()
         entries = [e for e in _sweep_entries(config, SMOKE_GENERATE) if generative(e)]
@@ -267,7 +284,7 @@ def _parametrize(metafunc, fixture: str, test: str) -> None:
     metafunc.parametrize(fixture, params)
 
 
-_SWEEP_FIXTURES = {"sweep_case", "generate_case", "runner_case"}
+_SWEEP_FIXTURES = {"sweep_case", "generate_case", "runner_case", "quantized_case"}
 
 
 def _marks(case, test: str, smoke: bool) -> list:
@@ -275,7 +292,7 @@ def _marks(case, test: str, smoke: bool) -> list:
 
     entry = case.entry
     marks = [getattr(pytest.mark, case.backend), pytest.mark.xdist_group(entry.class_name)]
-    if test in ("generate", "runner"):
+    if test in ("generate", "runner", "quantized"):
         marks.append(getattr(pytest.mark, test))
     if smoke:
         marks.append(pytest.mark.smoke)
@@ -284,6 +301,8 @@ def _marks(case, test: str, smoke: bool) -> list:
     from sweeps.runner import RUNNER_CACHE
 
     variant = RUNNER_CACHE.get(case.variant, case.variant)  # a runner's skips are scoped by its cache form
+    if test == "quantized":
+        variant = "static"  # quantized items export static shapes; their variant names the recipe
     skip = find_export_skip(entry.class_name, entry.model_type, case.backend, variant, test=test)
     if skip is not None:
         marks.append(xfail_marker(skip))

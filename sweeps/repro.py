@@ -3,6 +3,7 @@
     python -m sweeps.repro onnx-dynamic-LlamaForCausalLM [--sizes 2=3,7=11] [--keep out/triage]
     python -m sweeps.repro generate:onnx-static-LlamaForCausalLM     (a test_generate item)
     python -m sweeps.repro runner:ort-genai-LlamaForCausalLM          (a test_runner item)
+    python -m sweeps.repro quantized:onnx-int8-LlamaForCausalLM       (a test_quantized item)
 
 Keeps, under ``--keep/<item id>/``: the exported artifact (model.pt2 / model.onnx / model.pte) with
 metadata.json, the ExportedProgram's graph before and after the FX fixes (graph_before.txt,
@@ -17,14 +18,14 @@ import re
 import sys
 import traceback
 
-from sweeps.runner import BACKENDS, RUNTIMES, VARIANTS, Case, StageFailure, run_case
+from sweeps.runner import BACKENDS, RECIPES, RUNTIMES, VARIANTS, Case, StageFailure, run_case
 
 
 def parse_item(text: str) -> Case:
     from sweeps.zoo import resolve_models
 
     test = "export"
-    for name in ("generate", "runner"):
+    for name in ("generate", "runner", "quantized"):
         if text.startswith(f"{name}:") or f"::test_{name}[" in text:
             test, text = name, text.removeprefix(f"{name}:")
     match = re.search(r"\[([^\[\]]+)\]", text)  # a node id, possibly with an xdist "@group" suffix
@@ -36,11 +37,12 @@ def parse_item(text: str) -> Case:
                              f"{', '.join(RUNTIMES)}), got {text!r}")
         item = "-".join(RUNTIMES[runtime]) + item[len(runtime):]
     parts = item.split("-", 2)
-    variants = [v for _, v in RUNTIMES.values()] if test == "runner" else VARIANTS
+    variants = {"runner": [v for _, v in RUNTIMES.values()], "quantized": RECIPES}.get(test, VARIANTS)
     if len(parts) != 3 or parts[0] not in BACKENDS or parts[1] not in variants:
+        example = "quantized:onnx-int8-LlamaForCausalLM" if test == "quantized" else "onnx-dynamic-LlamaForCausalLM"
         raise SystemExit(
-            f"item id must look like 'onnx-dynamic-LlamaForCausalLM' (backend: {', '.join(BACKENDS)}; "
-            f"variant: {', '.join(VARIANTS)}), got {text!r}"
+            f"item id must look like {example!r} (backend: {', '.join(BACKENDS)}; "
+            f"{'recipe' if test == 'quantized' else 'variant'}: {', '.join(variants)}), got {text!r}"
         )
     backend, variant, name = parts
     matches = [e for e in resolve_models([name]) if e.class_name == name]
@@ -94,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             from sweeps.generate import run_generate_case
 
             run_generate_case(case, props.__setitem__)
+        elif case.test == "quantized":
+            from sweeps.quantized import run_quantized_case
+
+            run_quantized_case(case, props.__setitem__).save(keep)  # the quantized artifact, as export items keep theirs
         elif case.test == "runner":
             from sweeps.llm_runners import run_runner_case
 

@@ -22,6 +22,10 @@ SEED = 0
 # variant name its items carry (ExecuTorch's runner loads a static cache, onnxruntime-genai a growing one)
 RUNTIMES = {"executorch-llm": ("executorch", "llm"), "ort-genai": ("onnx", "genai")}
 RUNNER_CACHE = {"llm": "static", "genai": "dynamic"}  # the cache form of each runner variant (skip scopes)
+# test_quantized: its recipes (an item's variant) and backends (dynamo runs the quantized reference
+# itself: a unit test there, tests/test_quantization.py)
+RECIPES = ("int8",)
+QUANTIZED_BACKENDS = ("onnx", "executorch")
 
 
 @dataclasses.dataclass(frozen=True)

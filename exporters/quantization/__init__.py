@@ -5,18 +5,29 @@ quantized model (after ``convert_pt2e``) kept as the artifact's reference.
     artifact(**inputs)            # int8 kernels in the backend's runtime
     artifact.reference(**inputs)  # the same quantized arithmetic, run by PyTorch
 
-Stage 0 of every exporter (``Exporter._quantize``): ``torch.export`` the model, ``prepare_pt2e`` with the
-recipe's quantizer, run every calibration input, ``convert_pt2e``; the converted module is what the
-backend exports. Quantizers: XNNPACK's (symmetric int8, per-channel weights) for every backend: its
-quantize/dequantize pairs are what ExecuTorch lowers to int8 XNNPACK kernels and what torch.onnx writes
-as QuantizeLinear/DequantizeLinear, which ONNX Runtime runs. A custom PT2E ``Quantizer`` object is
-accepted as ``int8(..., quantizer=q)``.
+Stage 0 of every exporter (``Exporter._quantize``): trace the model as the backend does (its patches
+installed), ``prepare_pt2e`` with the recipe's quantizer, run every calibration input, ``convert_pt2e``;
+the converted module is what the backend exports. The quantizer is XNNPACK's (int8 activations,
+symmetric per-channel int8 weights) on every backend: its quantize/dequantize pairs are what ExecuTorch
+lowers to int8 XNNPACK kernels and what torch.onnx writes as QuantizeLinear/DequantizeLinear, which ONNX
+Runtime fuses into integer kernels. A custom PT2E ``Quantizer`` object is accepted as
+``int8(..., quantizer=q)``.
+
+ONNX gets 7-bit weights (``reduce_range``, [-63, 63]). ONNX Runtime turns int8 activations into uint8
+(``QDQS8ToU8Transformer``) and runs u8 x s8 matrix products; on x86 CPUs without VNNI, its AVX2 kernel
+adds pairs of those products in int16 with saturation (255 x 127 x 2 > 32767). With full 8-bit weights
+the artifact then differed from the quantized reference by up to 32 output steps on the zoo's tiny Llama,
+75 on BERT and 255 on CLIP (this machine: AVX2, no VNNI); with 7-bit weights (255 x 63 x 2 < 32767) all
+three were equal to it, element for element, at ONNX Runtime's default optimization level. ONNX Runtime's
+own quantization tool documents the same choice (``reduce_range`` for non-VNNI CPUs). An artifact must
+compute what its reference computes on any CPU it is shipped to, so the recipe does not depend on the
+exporting machine. ExecuTorch's XNNPACK kernels accumulate in int32: full 8-bit weights there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -37,21 +48,31 @@ class Recipe:
     export config's metadata (``dataclasses.asdict``) keeps its repr, not copies of the calibration
     tensors."""
 
-    def __init__(self, name: str, calibration: tuple, dynamic: bool = False, quantizer: Any = None):
+    def __init__(self, name: str, calibration: tuple, dynamic: bool = False, quantizer: Any = None,
+                 reduce_range: bool | None = None):
         self.name, self.calibration, self.dynamic, self.quantizer = name, tuple(calibration), dynamic, quantizer
+        self.reduce_range = reduce_range
 
     def __repr__(self) -> str:  # a config repr in metadata: no tensors
-        return f"Recipe(name={self.name!r}, calibration=<{len(self.calibration)} inputs>, dynamic={self.dynamic})"
+        return (f"Recipe(name={self.name!r}, calibration=<{len(self.calibration)} inputs>, dynamic={self.dynamic}, "
+                f"reduce_range={self.reduce_range})")
+
+    def weight_range(self, backend: str) -> tuple[int, int]:
+        """The int8 weights' [min, max]: 7-bit on ONNX unless ``reduce_range=False`` (the module docstring)."""
+        reduce = self.reduce_range if self.reduce_range is not None else backend == "onnx"
+        return (-63, 63) if reduce else (-127, 127)
 
 
-def int8(calibration: Sequence[Mapping[str, Any]], dynamic: bool = False, quantizer: Any = None) -> Recipe:
+def int8(calibration: Sequence[Mapping[str, Any]], dynamic: bool = False, quantizer: Any = None,
+         reduce_range: bool | None = None) -> Recipe:
     """Static int8 (activations calibrated on ``calibration``), or with ``dynamic=True`` int8 weights and
-    activations quantized per call; symmetric, per-channel weights."""
+    activations quantized per call; symmetric, per-channel weights. ``reduce_range``: 7-bit weights;
+    None: on ONNX only (the module docstring says why)."""
     calibration = tuple(calibration)
     if not calibration:
         raise QuantizationError("int8(calibration=[]): the recipe needs at least one calibration input (the "
                                 "model's inputs, as export takes them)")
-    return Recipe("int8-dynamic" if dynamic else "int8", calibration, dynamic, quantizer)
+    return Recipe("int8-dynamic" if dynamic else "int8", calibration, dynamic, quantizer, reduce_range)
 
 
 def quantizer_for(recipe: Recipe, backend: str):
@@ -63,21 +84,42 @@ def quantizer_for(recipe: Recipe, backend: str):
 
     from exporters.quantization.xnnpack import IntegerSafeXNNPACKQuantizer
 
-    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=recipe.dynamic)
+    low, high = recipe.weight_range(backend)
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=recipe.dynamic, weight_qmin=low, weight_qmax=high)
     return IntegerSafeXNNPACKQuantizer().set_global(config)
 
 
 @dataclasses.dataclass
 class Quantized:
-    module: torch.nn.Module  # the converted module: PyTorch's quantized reference
+    module: torch.nn.Module  # the converted module: PyTorch's quantized reference (QuantizedModel)
     metadata: dict[str, Any]
+
+
+class QuantizedModel(torch.nn.Module):
+    """The module ``convert_pt2e`` returned, called like the model: by the traced tensor inputs' names.
+    The non-tensor inputs (flags, ints) were baked in when stage 0 traced the model; the artifact checks
+    a later call's values against them, so here they are dropped."""
+
+    def __init__(self, converted: torch.nn.Module, tensor_names: Sequence[str]):
+        super().__init__()
+        self.converted = converted
+        self.tensor_names = tuple(tensor_names)
+
+    def forward(self, **inputs: Any):
+        return self.converted(**{k: inputs[k] for k in self.tensor_names})
 
 
 QUANT_OPS = ("quantize_per_tensor", "quantize_per_channel", "choose_qparams")
 
 
-def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, backend: str) -> Quantized:
-    """Stage 0: prepare, calibrate and convert ``model`` with ``recipe``'s quantizer for ``backend``."""
+def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, backend: str,
+             trace_program: Callable[[torch.nn.Module, Mapping[str, Any]], tuple[Any, list[str]]] | None = None) -> Quantized:
+    """Stage 0: prepare, calibrate and convert ``model`` with ``recipe``'s quantizer for ``backend``.
+
+    ``trace_program(model, inputs)`` is the backend's own trace (its patches installed), returning the
+    ``ExportedProgram`` whose module PT2E prepares and the names of its tensor inputs; without it, a plain ``torch.export.export``. A model
+    with no op the quantizer annotates is converted unchanged and recorded (``quantize_ops: 0``), not
+    refused: it is a fact about the model, and its export is the fp32 one."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     if not isinstance(recipe, Recipe):
@@ -85,16 +127,25 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
     quantizer = quantizer_for(recipe, backend)
     tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     with torch.no_grad():
-        module = torch.export.export(model.eval(), (), tensors, strict=False).module()
-        prepared = prepare_pt2e(module, quantizer)
+        if trace_program is None:
+            program, tensor_names = torch.export.export(model.eval(), (), tensors, strict=False), list(tensors)
+        else:
+            program, tensor_names = trace_program(model.eval(), inputs)
+        prepared = prepare_pt2e(program.module(), quantizer)
         for i, sample in enumerate(recipe.calibration):
+            missing = [k for k in tensor_names if not isinstance(sample.get(k), torch.Tensor)]
+            if missing:
+                raise QuantizationError(f"calibration input {i} lacks the tensor inputs {missing} that the model "
+                                        f"was traced with ({tensor_names})")
             try:
-                prepared(**{k: v for k, v in sample.items() if isinstance(v, torch.Tensor)})
+                prepared(**{k: sample[k] for k in tensor_names})
             except Exception as exc:
                 raise QuantizationError(f"calibration input {i} does not run through the prepared model: "
                                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
         converted = convert_pt2e(prepared)
     ops = sum(1 for n in converted.graph.nodes if n.op == "call_function" and any(q in str(n.target) for q in QUANT_OPS))
     metadata = {"recipe": recipe.name, "dynamic": recipe.dynamic, "calibration_count": len(recipe.calibration),
-                "quantizer": type(quantizer).__name__, "quantize_ops": ops}
-    return Quantized(converted, metadata)
+                "quantizer": type(quantizer).__name__, "quantize_ops": ops,
+                "weight_range": None if recipe.quantizer is not None else list(recipe.weight_range(backend))}
+    return Quantized(QuantizedModel(converted, tensor_names), metadata)
+

@@ -1,0 +1,101 @@
+"""One quantized item: quantize a class's tiny model with a named recipe (PT2E, calibrated on the
+item's inputs), export it statically, run it in the backend's runtime, and compare with PyTorch's own
+quantized model (the artifact's ``reference``), by the rule in ``exporters.parity.compare_quantized``.
+
+Stages: ``build``, ``eager``, ``quantize`` (prepare, calibrate, convert), ``export``, ``lower``, ``run``,
+``compare``. Properties:
+- ``quantize_ops``: quantize nodes in the converted model; ``quantizable`` is False when there are none
+  (nothing the quantizer annotates: the export is the fp32 one, a fact recorded, not a failure);
+- ``sqnr_db``: the quantization error itself, the reference's SQNR against fp32 eager on the first
+  floating output eager and the reference share (``sqnr_by_output`` for every one); below
+  ``SQNR_FLOOR_DB`` the quantized reference is ``useless``, and the report says so;
+- ``steps_off``: the artifact's largest distance from the reference, in quantization steps;
+- ``weight_range``, ``recipe``, ``workarounds_fired``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from sweeps.runner import RECIPES
+
+# Below this the quantized model's noise is a third of its signal's amplitude or more: a tiny random
+# model whose outputs are that far from fp32 says nothing about a real checkpoint's accuracy (ViT's
+# tiny classifier: 7.7 dB, its logits an order of magnitude below the hidden states' noise).
+SQNR_FLOOR_DB = 10.0
+
+
+def recipe_for(name: str, inputs: dict[str, Any]):
+    from exporters.quantization import int8
+
+    if name == "int8":
+        return int8(calibration=[inputs])
+    raise ValueError(f"unknown recipe {name!r}; known: {RECIPES}")
+
+
+def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
+    """Run one quantized item; raise ``sweeps.runner.StageFailure`` naming the stage."""
+    from exporters import ExportStageError, get_exporter
+    from exporters.parity import assert_close_quantized, sqnr_db, steps_off
+    from exporters.pytrees import flatten_outputs
+    from sweeps.runner import StageFailure, passes_through, reference
+
+    stage = "build"
+    record("stage", stage)
+    record("recipe", case.variant)
+    start = time.perf_counter()
+    try:
+        ref = reference(case.entry.class_name)
+        model, inputs = ref.tiny.model, ref.tiny.inputs
+        stage = "quantize"
+        record("stage", stage)
+        exporter = get_exporter(case.backend)
+        config = exporter.config_class(dynamic=False, quantization=recipe_for(case.variant, inputs))
+        try:
+            artifact = exporter.export(model, inputs, config)
+        except ExportStageError as exc:
+            stage = exc.stage
+            record("workarounds_fired", exc.workarounds_fired)
+            raise
+        record("workarounds_fired", artifact.workarounds_fired)
+        meta = artifact.extra_metadata["quantization"]
+        record("quantize_ops", meta["quantize_ops"])
+        record("quantizable", meta["quantize_ops"] > 0)
+        record("weight_range", meta["weight_range"])
+        stage = "run"
+        record("stage", stage)
+        actual = artifact(**inputs)
+        expected = artifact.reference(**inputs)
+        sqnr = {k: round(sqnr_db(ref.expected[k], v), 2) for k, v in expected.items()
+                if isinstance(v, torch.Tensor) and v.is_floating_point() and k in ref.expected
+                and ref.expected[k].shape == v.shape}
+        if sqnr:
+            first = next(iter(sqnr.values()))
+            record("sqnr_db", first if math.isfinite(first) else None)
+            record("sqnr_by_output", {k: (v if math.isfinite(v) else None) for k, v in sqnr.items()})
+            record("useless", bool(first < SQNR_FLOOR_DB))
+        steps = [steps_off(v, actual[k]) for k, v in expected.items()
+                 if isinstance(v, torch.Tensor) and v.is_floating_point() and k in actual
+                 and tuple(torch.as_tensor(actual[k]).shape) == tuple(v.shape)]
+        if steps:
+            record("steps_off", round(max(steps), 4) if math.isfinite(max(steps)) else None)
+        stage = "compare"
+        record("stage", stage)
+        assert_close_quantized(expected, {k: torch.as_tensor(v) for k, v in flatten_outputs(actual).items()},
+                               case.backend)
+        stage = "done"
+        record("stage", stage)
+        return artifact
+    except BaseException as exc:
+        if passes_through(exc):
+            if getattr(exc, "export_stage", None):
+                record("stage", exc.export_stage)
+            raise
+        raise StageFailure(stage, exc) from exc
+    finally:
+        record("duration_s", round(time.perf_counter() - start, 3))
