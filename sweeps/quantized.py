@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from sweeps.runner import RECIPES
 
 # Below this the quantized model's noise is a third of its signal's amplitude or more: a tiny random
@@ -40,6 +38,8 @@ def recipe_for(name: str, inputs: dict[str, Any]):
 
 def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
     """Run one quantized item; raise ``sweeps.runner.StageFailure`` naming the stage."""
+    import torch
+
     from exporters import ExportStageError, get_exporter
     from exporters.parity import assert_close_quantized, sqnr_db, steps_off
     from exporters.pytrees import flatten_outputs

@@ -488,3 +488,29 @@ def test_peer_file_that_is_not_a_comparison_is_refused(logs, tmp_path):
         main(["merge", str(logs["log"]), "--out", str(tmp_path / "o"), "--peer", str(bad)])
     with pytest.raises(SystemExit, match=r"--peer .*missing.json: cannot read it as JSON"):
         main(["merge", str(logs["log"]), "--out", str(tmp_path / "o"), "--peer", str(tmp_path / "missing.json")])
+
+
+def test_runner_and_quantized_sections():
+    """The runner and quantized sweeps get their own tables (pass rate of built, top causes) and the
+    quantized items' SQNR distribution, the classes below the floor and those with nothing quantized."""
+    assert parse_test_id("s/test_quantized.py::test_quantized[onnx-int8-BertModel]") == {
+        "backend": "onnx", "variant": "int8", "model_class": "BertModel"}
+    q = "sweeps/test_quantized.py::test_quantized"
+    results = [
+        Result(nodeid=f"{q}[onnx-int8-A]", outcome="pass", model_class="A", backend="onnx", variant="int8",
+               extra={"sqnr_db": 31.5, "steps_off": 2.0, "quantizable": True, "useless": False}),
+        Result(nodeid=f"{q}[onnx-int8-B]", outcome="pass", model_class="B", backend="onnx", variant="int8",
+               extra={"sqnr_db": 7.7, "steps_off": 0.0, "quantizable": True, "useless": True}),
+        Result(nodeid=f"{q}[onnx-int8-C]", outcome="pass", model_class="C", backend="onnx", variant="int8",
+               extra={"quantize_ops": 0, "quantizable": False}),
+        Result(nodeid=f"{q}[onnx-int8-D]", outcome="fail", model_class="D", backend="onnx", variant="int8",
+               stage="compare", error="ParityError: y: 40 quantization steps"),
+        Result(nodeid="s/test_runner.py::test_runner[ort-genai-E]", outcome="fail", model_class="E",
+               backend="onnx", variant="genai", stage="export", error="GenerationError: no cache"),
+    ]
+    md = Report(results, date="D", versions={}).markdown()
+    assert "| test_quantized onnx/int8 | 3 | 4 | 75.0% | 1x `ParityError: y: 40 quantization steps` |" in md
+    assert "| test_runner onnx/genai | 0 | 1 | 0.0% | 1x `GenerationError: no cache` |" in md
+    # two SQNRs measured: min 7.7, max 31.5; one in the < 10 bin, one in 30-40; worst passing 2 steps
+    assert "| test_quantized onnx/int8 | 2 | 7.7 |" in md and "| 1 | 0 | 0 | 1 | 0 | 2.0 | C |" in md
+    assert "test_quantized onnx/int8, below 10 dB: B" in md

@@ -27,7 +27,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from sweeps.runner import RUNTIMES
+from sweeps.runner import RECIPES, RUNTIMES
 from sweeps.signature import normalize_message
 
 OUTCOMES: tuple[str, ...] = ("pass", "xfail", "xpass", "fail", "crash", "skipped")
@@ -103,7 +103,7 @@ def parse_test_id(nodeid: str) -> dict[str, str]:
     """``...::test_export[onnx-dynamic-BertModel]`` (or ``test_generate[...]``) -> backend, variant,
     model_class ({} for any other test, including unit tests whose parameters quote a sweep id)."""
     test = nodeid.split("::", 1)[-1]
-    if not test.startswith(("test_export[", "test_generate[", "test_runner[")):
+    if not test.startswith(("test_export[", "test_generate[", "test_runner[", "test_quantized[")):
         return {}
     match = re.search(r"\[([^\]]*)\]$", nodeid)
     if not match:
@@ -112,6 +112,8 @@ def parse_test_id(nodeid: str) -> dict[str, str]:
     if test.startswith("test_runner[") and len(parts) >= 3 and "-".join(parts[:2]) in RUNTIMES:
         backend, variant = RUNTIMES["-".join(parts[:2])]  # test_runner[<runtime>-<Class>]
         return {"backend": backend, "variant": variant, "model_class": "-".join(parts[2:])}
+    if test.startswith("test_quantized[") and len(parts) >= 3 and parts[0] in KNOWN_BACKENDS and parts[1] in RECIPES:
+        return {"backend": parts[0], "variant": parts[1], "model_class": "-".join(parts[2:])}  # <backend>-<recipe>-<Class>
     if len(parts) >= 3 and parts[0] in KNOWN_BACKENDS and parts[1] in KNOWN_VARIANTS:
         return {"backend": parts[0], "variant": parts[1], "model_class": "-".join(parts[2:])}
     return {}

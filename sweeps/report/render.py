@@ -41,6 +41,9 @@ class Report:
         self.onnx_disabled = S.onnx_optimize_disabled(results)
         self.skips = skips_report()  # the current EXPORT_SKIPS with their age from git
         self.peer = S.peer_rows(peer or [], results)
+        self.runners = S.test_rows(results, "test_runner")
+        self.quantized = S.test_rows(results, "test_quantized")
+        self.quantization = S.quantization_rows(results)
 
     # ── Markdown ──
 
@@ -64,7 +67,8 @@ class Report:
         out += ["", "pass % counts passes over items whose tiny model builds (not skipped, not "
                 "failing at stage `build`). `xpass`: an EXPORT_SKIPS entry whose model now passes; "
                 "remove the entry.", ""]
-        out += self._md_peer() + self._md_signatures() + self._md_workarounds() + self._md_skips() + self._md_onnx() + self._md_matrix()
+        out += self._md_peer() + self._md_tests() + self._md_quantization() + self._md_signatures()
+        out += self._md_workarounds() + self._md_skips() + self._md_onnx() + self._md_matrix()
         return "\n".join(out) + "\n"
 
     def _md_peer(self) -> list[str]:
@@ -84,6 +88,43 @@ class Report:
                     out += [f"- {_md(c)}: `{_md(row.errors.get((c, side), '?'))}`" for c in row.buckets[bucket]]
                     out.append("")
         return out
+
+    def _md_tests(self) -> list[str]:
+        out = []
+        for title, rows in (("Runners: the runtimes' own LLM runners", self.runners),
+                            ("Quantized exports against PyTorch's quantized reference", self.quantized)):
+            if not rows:
+                continue
+            out += [f"## {title}", "", "| where | passed | built | pass % of built | top causes for the rest |",
+                    "|---|---:|---:|---:|---|"]
+            for row in rows:
+                causes = "; ".join(f"{sig.count}x `{_md(sig.error[:140])}`" for sig in row.causes) or "–"
+                out.append(f"| {row.column} | {row.counts['pass']} | {row.built} | {_pct(row.pass_pct)} | {causes} |")
+            out.append("")
+        return out
+
+    def _md_quantization(self) -> list[str]:
+        if not self.quantization:
+            return []
+        from sweeps.quantized import SQNR_FLOOR_DB
+
+        out = ["## Quantization error (SQNR of the quantized reference against fp32 eager, dB)", "",
+               f"The quantized reference is PyTorch's own int8 model; its SQNR measures the recipe, not the backend. "
+               f"Below {SQNR_FLOOR_DB:g} dB it is reported as useless. `worst steps`: the largest distance of a "
+               "passing artifact from its reference, in quantization steps.", "",
+               "| where | measured | min | p10 | median | p90 | max | " + " | ".join(b for b, _ in self.quantization[0].histogram)
+               + " | worst steps | not quantizable |",
+               "|---|" + "---:|" * (7 + len(self.quantization[0].histogram)) + "---|"]
+        for row in self.quantization:
+            quantiles = " | ".join(str(row.quantiles.get(k, "–")) for k in ("min", "p10", "median", "p90", "max"))
+            worst = "–" if row.worst_steps is None else round(row.worst_steps, 2)
+            out.append(f"| {row.column} | {row.measured} | {quantiles} | " + " | ".join(str(n) for _, n in row.histogram)
+                       + f" | {worst} | {_md(', '.join(row.not_quantizable) or '–')} |")
+        out.append("")
+        for row in self.quantization:
+            if row.useless:
+                out.append(f"{row.column}, below {SQNR_FLOOR_DB:g} dB: {_md(', '.join(row.useless))}")
+        return out + [""]
 
     def _md_signatures(self) -> list[str]:
         shown = self.signatures[: self.top]

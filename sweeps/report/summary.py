@@ -263,3 +263,75 @@ def peer_rows(comparisons: Iterable[dict], results: Iterable[Result] = ()) -> li
                 row.errors[cls, "ours"] = ours_error or "?"
         rows.update(tables)
     return [rows[k] for k in sorted(rows)]
+
+
+# ── the runner and quantized sweeps' own sections ──
+
+
+@dataclasses.dataclass
+class TestRow:
+    column: str                    # "test_runner onnx/genai", "test_quantized executorch/int8"
+    counts: dict[str, int]
+    built: int
+    causes: list[Signature]        # the top failure signatures of this column's items
+
+    @property
+    def pass_pct(self) -> float | None:
+        return None if not self.built else 100.0 * self.counts["pass"] / self.built
+
+
+def test_rows(results: list[Result], test: str, top: int = 5) -> list[TestRow]:
+    """One row per column of ``test`` (``test_runner``, ``test_quantized``): its counts, the built
+    classes' pass rate, and the top causes for the rest."""
+    rows = []
+    for column in columns(r for r in results if r.test == test):
+        items = [r for r in results if r.column == column]
+        counts = Counter(r.outcome for r in items)
+        rows.append(TestRow(column, {o: counts.get(o, 0) for o in OUTCOMES}, sum(builds(r) for r in items),
+                            failure_signatures(items, top)))
+    return rows
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+
+@dataclasses.dataclass
+class QuantizationRow:
+    column: str
+    measured: int                                  # items with an SQNR recorded
+    quantiles: dict[str, float]                    # min, p10, median, p90, max of sqnr_db
+    histogram: list[tuple[str, int]]               # SQNR bins, dB
+    useless: list[str]                             # classes below the floor (sweeps.quantized.SQNR_FLOOR_DB)
+    not_quantizable: list[str]                     # classes with no op the quantizer annotates
+    worst_steps: float | None                      # largest steps_off among passing items
+
+
+SQNR_BINS = ((None, 10), (10, 20), (20, 30), (30, 40), (40, None))
+
+
+def quantization_rows(results: list[Result]) -> list[QuantizationRow]:
+    """Per test_quantized column, the quantization error itself: the quantized reference's SQNR against
+    fp32 eager (distribution and bins), the classes below the floor, and those with nothing quantized."""
+    rows = []
+    for column in columns(r for r in results if r.test == "test_quantized"):
+        items = [r for r in results if r.column == column]
+        sqnr = [(r.model_class, float(r.extra["sqnr_db"])) for r in items
+                if isinstance(r.extra.get("sqnr_db"), (int, float))]
+        values = [v for _, v in sqnr]
+        bins = []
+        for low, high in SQNR_BINS:
+            label = f"< {high}" if low is None else (f">= {low}" if high is None else f"{low}-{high}")
+            bins.append((label, sum(1 for v in values if (low is None or v >= low) and (high is None or v < high))))
+        steps = [float(r.extra["steps_off"]) for r in items
+                 if r.outcome == "pass" and isinstance(r.extra.get("steps_off"), (int, float))]
+        rows.append(QuantizationRow(
+            column, len(values),
+            {q: round(_quantile(values, p), 1) for q, p in (("min", 0), ("p10", .1), ("median", .5), ("p90", .9), ("max", 1))}
+            if values else {},
+            bins,
+            sorted(r.model_class for r in items if r.extra.get("useless") is True),
+            sorted(r.model_class for r in items if r.extra.get("quantizable") is False),
+            max(steps) if steps else None))
+    return rows
