@@ -99,3 +99,32 @@ def test_onnx_artifact_equals_its_reference_with_seven_bit_weights(bert):
     assert compare_quantized(artifact.reference(**inputs), artifact(**inputs), "onnx") == []
     assert int8(calibration=[inputs], reduce_range=False).weight_range("onnx") == (-127, 127)
     assert int8(calibration=[inputs]).weight_range("executorch") == (-127, 127)
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch"])
+def test_dynamic_int8_runs_on_every_backend_and_matches_its_reference(bert, backend):
+    """int8(dynamic=True): activations quantized per call (choose_qparams in the graph). ONNX needs the
+    translations of choose_qparams.tensor and the tensor-scale quantize/dequantize (workarounds/onnx)."""
+    from exporters.parity import compare_quantized
+
+    model, inputs = bert
+    exporter = get_exporter(backend)
+    artifact = exporter.export(model, inputs, exporter.config_class(
+        dynamic=False, quantization=int8(calibration=[inputs], dynamic=True)))
+    meta = artifact.extra_metadata["quantization"]
+    assert meta["recipe"] == "int8-dynamic" and meta["quantize_ops"] > 0
+    assert meta["dynamic_quantize_ops"] > 0  # scale and zero point computed per call
+    assert compare_quantized(artifact.reference(**inputs), artifact(**inputs), backend) == []
+
+
+def test_a_model_with_nothing_to_quantize_is_recorded_not_refused():
+    class Norm(torch.nn.Module):  # no op XNNPACK's quantizer annotates (it takes linear, conv, add, mul...)
+        def forward(self, x):
+            return torch.nn.functional.layer_norm(x, (4,)).cumsum(-1)
+
+    inputs = {"x": torch.randn(2, 4)}
+    dynamo = get_exporter("dynamo")
+    artifact = dynamo.export(Norm(), inputs, dynamo.config_class(quantization=int8(calibration=[inputs])))
+    assert artifact.extra_metadata["quantization"]["quantize_ops"] == 0
+    (out,) = artifact(**inputs).values()
+    assert torch.equal(out, Norm()(inputs["x"]))  # the fp32 model, exported as it is

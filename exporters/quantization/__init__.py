@@ -144,8 +144,9 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
                                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
         converted = convert_pt2e(prepared)
     ops = sum(1 for n in converted.graph.nodes if n.op == "call_function" and any(q in str(n.target) for q in QUANT_OPS))
+    dynamic_ops = sum(1 for n in converted.graph.nodes if n.op == "call_function" and "choose_qparams" in str(n.target))
     metadata = {"recipe": recipe.name, "dynamic": recipe.dynamic, "calibration_count": len(recipe.calibration),
-                "quantizer": type(quantizer).__name__, "quantize_ops": ops,
+                "quantizer": type(quantizer).__name__, "quantize_ops": ops, "dynamic_quantize_ops": dynamic_ops,
                 "weight_range": None if recipe.quantizer is not None else list(recipe.weight_range(backend))}
     return Quantized(QuantizedModel(converted, tensor_names), metadata)
 

@@ -158,6 +158,56 @@ def _aten_scatter_reduce(self, dim: int, index, src, reduce: str, include_self: 
     return op.Div(total, op.Max(count, one))
 
 
+def _choose_qparams_tensor(self, quant_min: int, quant_max: int, eps: float, dtype: int):
+    """Dynamic int8 activations (``int8(dynamic=True)``): PT2E computes each call's scale and zero point
+    with ``quantized_decomposed.choose_qparams.tensor``, which has no ONNX function ("No ONNX function
+    found for quantized_decomposed.choose_qparams.tensor"). torch's arithmetic (``determine_qparams``,
+    per-tensor affine), in ONNX ops: the range widened to include 0, scale = range / (qmax - qmin) but at
+    least ``eps``, zero point = qmin - round(min / scale) clamped to [qmin, qmax] (Round is half to
+    even in both). Returned as torch does: a [1] double scale and a [1] int64 zero point.
+
+    before: choose_qparams.tensor(x, -128, 127, eps, int8)
+    after:  (Cast(Max((max(x,0) - min(x,0)) / 255, eps), double), Cast(Clip(-128 - Round(min / scale)), int64))
+    """
+    from onnxscript import opset18 as op
+
+    zero = op.CastLike(op.Constant(value_float=0.0), self)
+    low = op.Min(op.ReduceMin(self, keepdims=0), zero)
+    high = op.Max(op.ReduceMax(self, keepdims=0), zero)
+    scale = op.Max(op.Div(op.Sub(high, low), op.CastLike(op.Constant(value_float=float(quant_max - quant_min)), self)),
+                   op.CastLike(op.Constant(value_float=eps), self))
+    qmin, qmax = op.CastLike(op.Constant(value_float=float(quant_min)), self), op.CastLike(op.Constant(value_float=float(quant_max)), self)
+    zero_point = op.Clip(op.Sub(qmin, op.Round(op.Div(low, scale))), qmin, qmax)
+    one = op.Constant(value_ints=[1])
+    return op.Reshape(op.Cast(scale, to=11), one), op.Reshape(op.Cast(zero_point, to=7), one)  # double, int64
+
+
+def _quantize_per_tensor_tensor(self, scale, zero_point, quant_min: int, quant_max: int, dtype: int):
+    """``quantize_per_tensor.tensor``: a per-tensor quantize whose scale and zero point are tensors
+    computed in the graph (dynamic activations). torchlib's translation makes the zero point a constant
+    of the traced value, which a tensor computed per call is not: QuantizeLinear with the [1] double
+    scale and int64 zero point cast to a scalar float and a scalar of the quantized type.
+
+    before: quantize_per_tensor.tensor(x, s, z, -128, 127, int8)    after: QuantizeLinear(x, float(s[0]), int8(z[0]))
+    """
+    from onnxscript import opset18 as op
+
+    scalar = op.Constant(value_ints=[])
+    return op.QuantizeLinear(self, op.Reshape(op.CastLike(scale, self), scalar), op.Reshape(op.Cast(zero_point, to=dtype), scalar))
+
+
+def _dequantize_per_tensor_tensor(self, scale, zero_point, quant_min: int, quant_max: int, dtype: int, out_dtype: int = -1):
+    """``dequantize_per_tensor.tensor``, the inverse of ``_quantize_per_tensor_tensor`` (the same reason).
+
+    before: dequantize_per_tensor.tensor(q, s, z, -128, 127, int8)    after: DequantizeLinear(q, float(s[0]), int8(z[0]))
+    """
+    from onnxscript import opset18 as op
+
+    scalar = op.Constant(value_ints=[])
+    value = op.DequantizeLinear(self, op.Reshape(op.Cast(scale, to=1), scalar), op.Reshape(op.Cast(zero_point, to=dtype), scalar))
+    return value if out_dtype in (-1, None) else op.Cast(value, to=out_dtype)
+
+
 _ONNX_TRANSLATION_TABLE: dict[Any, Any] = {
     torch.ops.aten._is_all_true.default: _aten_is_all_true,
     torch.ops.aten.scatter_reduce.two: _aten_scatter_reduce,
@@ -166,6 +216,23 @@ _ONNX_TRANSLATION_TABLE: dict[Any, Any] = {
     torch.ops.aten.cummax.default: _aten_cummax,
     torch.ops.aten.cummin.default: _aten_cummin,
 }
+
+
+def _quantized_translations() -> dict[Any, Any]:
+    """The dynamic int8 translations, keyed by ops that exist once torchao's quantized_decomposed
+    library is loaded (it is, whenever a quantized program is exported)."""
+    try:
+        import torch.ao.quantization.fx._decomposed  # noqa: F401 - defines torch.ops.quantized_decomposed
+
+        ops = torch.ops.quantized_decomposed
+        return {ops.choose_qparams.tensor: _choose_qparams_tensor,
+                ops.quantize_per_tensor.tensor: _quantize_per_tensor_tensor,
+                ops.dequantize_per_tensor.tensor: _dequantize_per_tensor_tensor}
+    except (ImportError, AttributeError, RuntimeError):
+        return {}
+
+
+_ONNX_TRANSLATION_TABLE.update(_quantized_translations())
 
 
 def _aten_unsqueeze_complex(self, dim: int):
