@@ -128,3 +128,14 @@ def test_a_model_with_nothing_to_quantize_is_recorded_not_refused():
     assert artifact.extra_metadata["quantization"]["quantize_ops"] == 0
     (out,) = artifact(**inputs).values()
     assert torch.equal(out, Norm()(inputs["x"]))  # the fp32 model, exported as it is
+
+
+def test_generation_export_refuses_a_recipe_it_cannot_apply():
+    from exporters.generation import GenerationError
+    from tests._tiny_llama import tiny_llama
+
+    model = tiny_llama()
+    inputs = {"input_ids": torch.tensor([[3, 5, 7]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)}
+    onnx = get_exporter("onnx")
+    with pytest.raises(GenerationError, match="export_for_generation does not quantize yet"):
+        onnx.export_for_generation(model, inputs, onnx.config_class(quantization=int8(calibration=[inputs])))

@@ -48,6 +48,12 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         raise GenerationError(f"cache={cache!r} is not a cache form; choose one of {CACHE_FORMS}")
     if max_cache_len is not None and cache != "static":
         raise GenerationError(f"max_cache_len={max_cache_len} sizes a static cache; cache={cache!r} grows as it goes")
+    if getattr(config, "quantization", None) is not None:
+        # a recipe's calibration inputs are the model's, not each component's (the prefill, the decode step
+        # with its cache): per-component recipes need per-component calibration captures, not built yet
+        raise GenerationError(f"quantization={config.quantization!r}: export_for_generation does not quantize yet "
+                              "(per-component recipes and their calibration are not built); export the forward "
+                              "with exporter.export(model, inputs, config) to quantize it")
     generation = _generation_dict(model)
     check_supported(generation, type(model).__name__)
     if cache == "static":
