@@ -72,13 +72,35 @@ class DynamoArtifact(Artifact):
     def __init__(self, program: torch.export.ExportedProgram, module: torch.nn.Module | None = None, **kwargs):
         super().__init__(**kwargs)
         self.program = program
-        self._module = module if module is not None else program.module()
+        self._module = module
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The program as a module (``module_with_guards``), built at the first call, not at export:
+        unlifting is a recompile, about a tenth of a tiny model's trace, that an export which is only
+        saved never needs. Its guard function becomes the artifact's."""
+        if self._module is None:
+            from exporters.tracing import module_with_guards
+
+            self._module = module_with_guards(self.program)
+        return self._module
+
+    @property
+    def guards(self):
+        """The traced program's guard function: the module's, built on first use when there are dynamic dims."""
+        if self._guards is None and self.dynamic_dims:
+            self._guards = getattr(self.module, "_guards_fn", None)
+        return self._guards
+
+    @guards.setter
+    def guards(self, value) -> None:
+        self._guards = value
 
     def _run(self, ordered):
         # inference, as in the other runtimes: a loaded program's buffers may be updated in place (a static
         # cache), which autograd refuses on views of its leaves
         with torch.no_grad():
-            out = self._module(**dict(zip(self.input_names, ordered)))
+            out = self.module(**dict(zip(self.input_names, ordered)))
         return [v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)]
 
     def _save_model(self, path):
@@ -94,6 +116,6 @@ class DynamoExporter(GenerationExport, Exporter):
         fired = FiredLog()
         patches = self.registry.patches("dynamo")
         model, quantized = self._quantize(model, inputs, config, quantization_trace(config, patches, fired), fired)
-        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, patches, fired), fired)
+        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, patches, fired, build_module=False), fired)
         return self._with_reference(DynamoArtifact(traced.program, traced.module, **traced.artifact_kwargs(fired, config)),
                                     quantized)

@@ -211,8 +211,11 @@ def trace(
     config: ExportConfig,
     patches: list[PatchEntry],
     fired: FiredLog,
+    build_module: bool = True,
 ) -> Traced:
-    """Stages 1-5: torch.export ``model(**inputs)`` with ``patches`` installed."""
+    """Stages 1-5: torch.export ``model(**inputs)`` with ``patches`` installed. With dynamic dims, the
+    program's module and its guard function are built here (``build_module``), before a backend's fixes
+    change the graph; the dynamo artifact builds them itself when first called (``DynamoArtifact``)."""
     baked = set(specialized_inputs(inputs, config.specialize))
     tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in baked}
     constants = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor) or k in baked}
@@ -248,7 +251,7 @@ def trace(
     program = drop_constant_outputs(program)
     # the guards live on program.module(): build it only when there are dynamic dims to guard (the
     # ONNX and ExecuTorch exporters need no module otherwise); the dynamo artifact reuses it
-    module = module_with_guards(program) if any(d for _, _, d in specs.values()) else None
+    module = module_with_guards(program) if build_module and any(d for _, _, d in specs.values()) else None
     guards = getattr(module, "_guards_fn", None)
     return Traced(program, names, output_names, specs, constants, guards, module)
 
