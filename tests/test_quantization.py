@@ -139,3 +139,38 @@ def test_generation_export_refuses_a_recipe_it_cannot_apply():
     onnx = get_exporter("onnx")
     with pytest.raises(GenerationError, match="export_for_generation does not quantize yet"):
         onnx.export_for_generation(model, inputs, onnx.config_class(quantization=int8(calibration=[inputs])))
+
+
+def test_selection_ops_are_named():
+    from exporters.quantization import selection_ops
+
+    class Pick(torch.nn.Module):
+        def forward(self, x):
+            return x.topk(2).indices, x.argmax(-1), x.max(-1).values
+
+    graph = torch.export.export(Pick(), (torch.randn(3, 4),)).graph
+    assert selection_ops(graph) == ["aten.argmax.default", "aten.topk.default"]  # max's values are not a choice
+
+
+def test_float64_nodes_stay_unquantized(monkeypatch):
+    """PT2E's quantize ops take float32: a float64 computation keeps its precision, unannotated (DEIMv2)."""
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            anchors = torch.cat([x.double(), x.double() * 2])  # DEIMv2's anchors: a cat of float64 grids
+            return self.proj(x) + anchors.float()[:2]
+
+    inputs = {"x": torch.randn(2, 4)}
+    dynamo = get_exporter("dynamo")
+    artifact = dynamo.export(Mixed().eval(), inputs, dynamo.config_class(quantization=int8(calibration=[inputs])))
+    assert artifact.extra_metadata["quantization"]["quantize_ops"] > 0  # the linear is still quantized
+    (out,) = artifact(**inputs).values()
+    assert torch.isfinite(out).all()
+    from exporters.quantization import xnnpack
+
+    monkeypatch.setattr(xnnpack, "float32_annotations_only", lambda model: 0)  # upstream's behaviour
+    with pytest.raises(Exception, match="Expecting input to have dtype torch.float32, but got dtype: torch.float64"):
+        dynamo.export(Mixed().eval(), inputs, dynamo.config_class(quantization=int8(calibration=[inputs])))

@@ -110,6 +110,21 @@ class QuantizedModel(torch.nn.Module):
 
 
 QUANT_OPS = ("quantize_per_tensor", "quantize_per_channel", "choose_qparams")
+# ops whose result is a choice (an index, an order), not a value: on int8-grid inputs, exact ties are common
+# and a one-step difference elsewhere flips the choice, moving whole rows of the output at once
+# (max.dim / min.dim are left out: models use their values, which are continuous in the input)
+SELECTION_OPS = ("topk", "sort", "argsort", "argmax", "argmin", "kthvalue", "mode")
+
+
+def selection_ops(graph: torch.fx.Graph) -> list[str]:
+    """The selection ops (SELECTION_OPS) a graph calls, as ``aten.topk.default``..., sorted."""
+    found = set()
+    for node in graph.nodes:
+        if node.op == "call_function":
+            name = str(node.target)
+            if name.startswith("aten.") and any(f".{op}." in f"{name}." or name.endswith(f".{op}") for op in SELECTION_OPS):
+                found.add(name)
+    return sorted(found)
 
 
 def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, backend: str,
@@ -147,6 +162,7 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
     dynamic_ops = sum(1 for n in converted.graph.nodes if n.op == "call_function" and "choose_qparams" in str(n.target))
     metadata = {"recipe": recipe.name, "dynamic": recipe.dynamic, "calibration_count": len(recipe.calibration),
                 "quantizer": type(quantizer).__name__, "quantize_ops": ops, "dynamic_quantize_ops": dynamic_ops,
+                "selection_ops": selection_ops(converted.graph),
                 "weight_range": None if recipe.quantizer is not None else list(recipe.weight_range(backend))}
     return Quantized(QuantizedModel(converted, tensor_names), metadata)
 

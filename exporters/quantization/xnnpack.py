@@ -48,8 +48,35 @@ def floating_scalars_to_attrs(model: torch.fx.GraphModule) -> torch.fx.GraphModu
     return model
 
 
+def _tensor_dtypes(node: torch.fx.Node) -> set[torch.dtype]:
+    values = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    return {v.dtype for v in values if isinstance(v, torch.Tensor)}
+
+
+def float32_annotations_only(model: torch.fx.GraphModule) -> int:
+    """Drop the annotations of nodes that compute in another floating type than float32, and return
+    how many. PT2E's quantize ops take float32 (or half) only: DEIMv2's anchor arithmetic runs in float64,
+    XNNPACK's quantizer annotated its adds, and the converted model failed ("Expecting input to have dtype
+    torch.float32, but got dtype: torch.float64"). Those nodes stay in their own precision, unquantized,
+    as an int8 kernel could not run them anyway."""
+    from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
+
+    dropped = 0
+    for node in model.graph.nodes:
+        if Q_ANNOTATION_KEY in node.meta and _tensor_dtypes(node) & {torch.float64}:
+            del node.meta[Q_ANNOTATION_KEY]
+            dropped += 1
+    return dropped
+
+
 class IntegerSafeXNNPACKQuantizer(XNNPACKQuantizer):
-    """XNNPACKQuantizer whose scalar conversion leaves integer nodes alone (see the module docstring)."""
+    """XNNPACKQuantizer whose scalar conversion leaves integer nodes alone (see the module docstring),
+    and which leaves float64 nodes unannotated (``float32_annotations_only``)."""
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         return floating_scalars_to_attrs(model)
+
+    def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        model = super().annotate(model)
+        float32_annotations_only(model)
+        return model
