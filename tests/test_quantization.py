@@ -174,3 +174,24 @@ def test_float64_nodes_stay_unquantized(monkeypatch):
     monkeypatch.setattr(xnnpack, "float32_annotations_only", lambda model: 0)  # upstream's behaviour
     with pytest.raises(Exception, match="Expecting input to have dtype torch.float32, but got dtype: torch.float64"):
         dynamo.export(Mixed().eval(), inputs, dynamo.config_class(quantization=int8(calibration=[inputs])))
+
+
+def test_the_scores_a_selection_chooses_from_stay_float():
+    """A router's gate (linear -> softmax -> topk) stays float: on int8-grid scores ties are common and
+    one step flips the choice. The expert's own linear is still quantized."""
+    class Routed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.expert = torch.nn.Linear(8, 4), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            weights, chosen = self.gate(x).softmax(-1).topk(2)
+            return self.expert(x) * weights.sum(-1, keepdim=True) + chosen.float().sum(-1, keepdim=True)
+
+    inputs = {"x": torch.randn(6, 8)}
+    dynamo = get_exporter("dynamo")
+    artifact = dynamo.export(Routed().eval(), inputs, dynamo.config_class(quantization=int8(calibration=[inputs])))
+    meta = artifact.extra_metadata["quantization"]
+    assert meta["selection_ops"] == ["aten.topk.default"]
+    assert meta["float_for_selection"] == ["linear"]  # the gate: the first linear traced
+    assert meta["quantize_ops"] > 0  # the expert

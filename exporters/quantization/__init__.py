@@ -163,6 +163,7 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
     metadata = {"recipe": recipe.name, "dynamic": recipe.dynamic, "calibration_count": len(recipe.calibration),
                 "quantizer": type(quantizer).__name__, "quantize_ops": ops, "dynamic_quantize_ops": dynamic_ops,
                 "selection_ops": selection_ops(converted.graph),
+                "float_for_selection": list(getattr(quantizer, "float_for_selection", [])),
                 "weight_range": None if recipe.quantizer is not None else list(recipe.weight_range(backend))}
     return Quantized(QuantizedModel(converted, tensor_names), metadata)
 

@@ -69,9 +69,54 @@ def float32_annotations_only(model: torch.fx.GraphModule) -> int:
     return dropped
 
 
+# ops whose result is a choice (an index, an order); exporters.quantization.selection_ops names them in a graph
+_SELECTION_TARGETS = ("topk", "sort", "argsort", "argmax", "argmin", "kthvalue", "mode")
+_SELECTION_DEPTH = 8  # producers walked back from a selection's input, through unannotated ops
+
+
+def _is_selection(node: torch.fx.Node) -> bool:
+    name = str(node.target)
+    return node.op == "call_function" and name.startswith("aten.") and name.split(".")[1] in _SELECTION_TARGETS
+
+
+def float_selection_inputs(model: torch.fx.GraphModule) -> list[str]:
+    """Drop the annotation of the first quantized producer on every path into a selection op (top-k, sort,
+    argmax...), walking back through unannotated ops (softmax, sigmoid, views...); return their names.
+
+    Cause. Quantized values lie on a grid: exact ties are common, and a one-step difference between the
+    backend's integer kernel and the reference's float arithmetic flips the choice, which then moves whole
+    rows of the output (an expert routed elsewhere, another query selected). Measured before this rule:
+    GlmMoeDsa's ONNX logits 10 steps off, all at one token, already at ONNX Runtime's basic optimization
+    level; DEIMv2's query selection 172 steps off on 60 of 512 elements. MoE quantization recipes keep the
+    router in float for the same reason. Choices then come from float scores, as in the fp32 model."""
+    from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
+
+    kept: list[str] = []
+    for node in model.graph.nodes:
+        if not _is_selection(node):
+            continue
+        frontier, seen = list(node.all_input_nodes), set()
+        for _ in range(_SELECTION_DEPTH):
+            upstream = []
+            for producer in frontier:
+                if producer in seen:
+                    continue
+                seen.add(producer)
+                if Q_ANNOTATION_KEY in producer.meta:
+                    del producer.meta[Q_ANNOTATION_KEY]
+                    kept.append(producer.name)
+                else:
+                    upstream.extend(producer.all_input_nodes)
+            frontier = upstream
+    return kept
+
+
 class IntegerSafeXNNPACKQuantizer(XNNPACKQuantizer):
     """XNNPACKQuantizer whose scalar conversion leaves integer nodes alone (see the module docstring),
-    and which leaves float64 nodes unannotated (``float32_annotations_only``)."""
+    which leaves float64 nodes unannotated (``float32_annotations_only``) and keeps the scores a selection
+    op chooses from in float (``float_selection_inputs``; their producers in ``float_for_selection``)."""
+
+    float_for_selection: list[str] = []
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         return floating_scalars_to_attrs(model)
@@ -79,4 +124,5 @@ class IntegerSafeXNNPACKQuantizer(XNNPACKQuantizer):
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         model = super().annotate(model)
         float32_annotations_only(model)
+        self.float_for_selection = float_selection_inputs(model)
         return model
