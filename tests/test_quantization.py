@@ -195,3 +195,18 @@ def test_the_scores_a_selection_chooses_from_stay_float():
     assert meta["selection_ops"] == ["aten.topk.default"]
     assert meta["float_for_selection"] == ["linear"]  # the gate: the first linear traced
     assert meta["quantize_ops"] > 0  # the expert
+
+
+def test_a_custom_pt2e_quantizer_is_used_as_given():
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
+    inputs = {"input": torch.randn(3, 8)}
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=False))
+    onnx = get_exporter("onnx")
+    artifact = onnx.export(model, inputs, onnx.config_class(dynamic=False, quantization=int8(calibration=[inputs], quantizer=quantizer)))
+    meta = artifact.extra_metadata["quantization"]
+    assert meta["quantizer"] == "XNNPACKQuantizer" and meta["weight_range"] is None and meta["quantize_ops"] > 0
+    from exporters.parity import compare_quantized
+
+    assert compare_quantized(artifact.reference(**inputs), artifact(**inputs), "onnx") == []
