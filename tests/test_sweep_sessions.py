@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEP_ID = re.compile(r"^sweeps/test_export\.py::test_export\[(dynamo|onnx|executorch)-(static|dynamic)-(\w+)\]$")
 GENERATE_ID = re.compile(r"^sweeps/test_generate\.py::test_generate\[(dynamo|onnx|executorch)-(static|dynamic)-(\w+)\]$")
 RUNNER_ID = re.compile(r"^sweeps/test_runner\.py::test_runner\[(executorch-llm|ort-genai)-(\w+)\]$")
+QUANTIZED_ID = re.compile(r"^sweeps/test_quantized\.py::test_quantized\[(onnx|executorch)-(int8)-(\w+)\]$")
+ALL_IDS = (SWEEP_ID, GENERATE_ID, RUNNER_ID, QUANTIZED_ID)
 USAGE_ERROR = 4
 
 PROBE = '''
@@ -109,6 +111,9 @@ class Run:
 
     def runner_ids(self) -> list[tuple[str, str]]:
         return [RUNNER_ID.match(n).groups() for n in self.items if RUNNER_ID.match(n)]
+
+    def quantized_ids(self) -> list[tuple[str, str, str]]:
+        return [QUANTIZED_ID.match(n).groups() for n in self.items if QUANTIZED_ID.match(n)]
 
     def outcome(self, nodeid_part: str, when: str) -> dict:
         (report,) = [r for r in self.probe["reports"] if nodeid_part in r["nodeid"] and r["when"] == when]
@@ -279,7 +284,7 @@ def test_full_sweep_collects_every_catalog_class_on_every_backend_and_variant(ru
     assert run.rc == 0, run.output[-3000:]
     classes = {e.class_name for e in catalog()}
     assert 1500 <= len(classes) <= 1600
-    bad = [n for n in run.items if not (SWEEP_ID.match(n) or GENERATE_ID.match(n) or RUNNER_ID.match(n))]
+    bad = [n for n in run.items if not any(p.match(n) for p in ALL_IDS)]
     assert not bad, bad[:5]
     ids = run.sweep_ids()
     assert len(ids) == len(set(ids)) == 6 * len(classes)
@@ -296,7 +301,15 @@ def test_full_sweep_collects_every_catalog_class_on_every_backend_and_variant(ru
     runners = run.runner_ids()
     assert 150 <= len(decoders) <= len(generating)
     assert len(runners) == len(set(runners)) == 2 * len(decoders) and {c for _, c in runners} == decoders
-    assert f"{6 * len(classes) + 6 * len(generating) + 2 * len(decoders)} tests collected" in run.output
+    # test_quantized: every class, on onnx and executorch, with each recipe (static shapes)
+    from sweeps.runner import QUANTIZED_BACKENDS, RECIPES
+
+    quantized = run.quantized_ids()
+    assert sorted({b for b, _, _ in quantized}) == sorted(QUANTIZED_BACKENDS) and {r for _, r, _ in quantized} == set(RECIPES)
+    assert len(quantized) == len(set(quantized)) == len(QUANTIZED_BACKENDS) * len(RECIPES) * len(classes)
+    assert {c for _, _, c in quantized} == classes
+    total = 6 * len(classes) + 6 * len(generating) + 2 * len(decoders) + len(quantized)
+    assert f"{total} tests collected" in run.output
 
 
 def test_full_sweep_collection_imports_no_runtime_and_builds_no_model(runs):
@@ -314,6 +327,18 @@ def test_sweep_items_carry_backend_group_and_slow_markers(runs):
 
     blocked = {e.class_name: e.blocked_by for e in catalog() if e.blocked_by}
     for item in runs["full"].probe["items"]:
+        if QUANTIZED_ID.match(item["nodeid"]):
+            backend, _, class_name = QUANTIZED_ID.match(item["nodeid"]).groups()
+            assert "quantized" in item["marks"] and backend in item["marks"], item
+            assert ("slow" in item["marks"]) == (backend == "executorch"), item
+            entry = find_export_skip(class_name, None, backend, "static", test="quantized")
+            if entry is not None:
+                assert item["xfail"] == [{"reason": marker_reason(entry), "strict": True}], item
+            elif class_name in blocked:
+                assert item["xfail"] == [{"reason": f"build: {blocked[class_name]}", "strict": True}]
+            else:
+                assert item["xfail"] == [], item
+            continue
         if RUNNER_ID.match(item["nodeid"]):
             runtime, class_name = RUNNER_ID.match(item["nodeid"]).groups()
             backend = {"executorch-llm": "executorch", "ort-genai": "onnx"}[runtime]
@@ -372,7 +397,8 @@ def test_backend_and_model_select_exactly_those_items_and_deselect_the_unit_test
     assert sorted(run.sweep_ids()) == sorted(("executorch", v, c) for c in nllb for v in ("static", "dynamic"))
     assert sorted(run.generate_ids()) == [("executorch", v, "NllbMoeForConditionalGeneration")  # the one that generates
                                           for v in ("dynamic", "static")]
-    assert len(run.items) == 2 * len(nllb) + 2  # nothing but the sweep items
+    assert sorted(run.quantized_ids()) == sorted(("executorch", "int8", c) for c in nllb)
+    assert len(run.items) == 2 * len(nllb) + 2 + len(nllb)  # nothing but the sweep items
     deselected = run.probe["deselected"]
     assert deselected, "the unit tests should be collected, then deselected"
     # and test_runner's "empty parameter set" item (nllb_moe has no decoder LM)
@@ -457,14 +483,17 @@ def test_plain_pytest_collects_unit_tests_and_the_smoke_set_only(runs):
     sweep = [i for i in run.probe["items"] if SWEEP_ID.match(i["nodeid"])]
     generate = [i for i in run.probe["items"] if GENERATE_ID.match(i["nodeid"])]
     runner = [i for i in run.probe["items"] if RUNNER_ID.match(i["nodeid"])]
-    others = [i for i in run.probe["items"] if not any(p.match(i["nodeid"]) for p in (SWEEP_ID, GENERATE_ID, RUNNER_ID))]
+    quantized = [i for i in run.probe["items"] if QUANTIZED_ID.match(i["nodeid"])]
+    others = [i for i in run.probe["items"] if not any(p.match(i["nodeid"]) for p in ALL_IDS)]
     assert {SWEEP_ID.match(i["nodeid"]).group(3) for i in sweep} == set(plugin.SMOKE_CLASSES)
     assert len(sweep) == 6 * len(plugin.SMOKE_CLASSES)
     assert {GENERATE_ID.match(i["nodeid"]).group(3) for i in generate} == set(plugin.SMOKE_GENERATE)
     assert len(generate) == 6 * len(plugin.SMOKE_GENERATE)
     assert {RUNNER_ID.match(i["nodeid"]).group(2) for i in runner} == set(plugin.SMOKE_RUNNER)
     assert len(runner) == 2 * len(plugin.SMOKE_RUNNER)
-    assert all("smoke" in i["marks"] for i in sweep + generate + runner)
+    assert {QUANTIZED_ID.match(i["nodeid"]).group(3) for i in quantized} == set(plugin.SMOKE_QUANTIZED)
+    assert len(quantized) == 2 * len(plugin.SMOKE_QUANTIZED)  # onnx and executorch, int8
+    assert all("smoke" in i["marks"] for i in sweep + generate + runner + quantized)
     assert others and all(i["nodeid"].startswith("tests/") for i in others)
     assert not any("smoke" in i["marks"] for i in others)
     assert "tests/test_sweep_plugin.py::test_parse_shard_accepts_i_of_n" in run.items

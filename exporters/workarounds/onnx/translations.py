@@ -158,7 +158,7 @@ def _aten_scatter_reduce(self, dim: int, index, src, reduce: str, include_self: 
     return op.Div(total, op.Max(count, one))
 
 
-def _choose_qparams_tensor(self, quant_min: int, quant_max: int, eps: float, dtype: int):
+def _aten_choose_qparams_tensor(self, quant_min: int, quant_max: int, eps: float, dtype: int):
     """Dynamic int8 activations (``int8(dynamic=True)``): PT2E computes each call's scale and zero point
     with ``quantized_decomposed.choose_qparams.tensor``, which has no ONNX function ("No ONNX function
     found for quantized_decomposed.choose_qparams.tensor"). torch's arithmetic (``determine_qparams``,
@@ -182,7 +182,7 @@ def _choose_qparams_tensor(self, quant_min: int, quant_max: int, eps: float, dty
     return op.Reshape(op.Cast(scale, to=11), one), op.Reshape(op.Cast(zero_point, to=7), one)  # double, int64
 
 
-def _quantize_per_tensor_tensor(self, scale, zero_point, quant_min: int, quant_max: int, dtype: int):
+def _aten_quantize_per_tensor_tensor(self, scale, zero_point, quant_min: int, quant_max: int, dtype: int):
     """``quantize_per_tensor.tensor``: a per-tensor quantize whose scale and zero point are tensors
     computed in the graph (dynamic activations). torchlib's translation makes the zero point a constant
     of the traced value, which a tensor computed per call is not: QuantizeLinear with the [1] double
@@ -196,8 +196,8 @@ def _quantize_per_tensor_tensor(self, scale, zero_point, quant_min: int, quant_m
     return op.QuantizeLinear(self, op.Reshape(op.CastLike(scale, self), scalar), op.Reshape(op.Cast(zero_point, to=dtype), scalar))
 
 
-def _dequantize_per_tensor_tensor(self, scale, zero_point, quant_min: int, quant_max: int, dtype: int, out_dtype: int = -1):
-    """``dequantize_per_tensor.tensor``, the inverse of ``_quantize_per_tensor_tensor`` (the same reason).
+def _aten_dequantize_per_tensor_tensor(self, scale, zero_point, quant_min: int, quant_max: int, dtype: int, out_dtype: int = -1):
+    """``dequantize_per_tensor.tensor``, the inverse of ``_aten_quantize_per_tensor_tensor`` (the same reason).
 
     before: dequantize_per_tensor.tensor(q, s, z, -128, 127, int8)    after: DequantizeLinear(q, float(s[0]), int8(z[0]))
     """
@@ -220,14 +220,15 @@ _ONNX_TRANSLATION_TABLE: dict[Any, Any] = {
 
 def _quantized_translations() -> dict[Any, Any]:
     """The dynamic int8 translations, keyed by ops that exist once torchao's quantized_decomposed
-    library is loaded (it is, whenever a quantized program is exported)."""
+    library is loaded (it is, whenever a quantized program is exported). Named ``_aten_*`` like every
+    translation, though the ops are quantized_decomposed ones: the spec's grep lists the table by that prefix."""
     try:
         import torch.ao.quantization.fx._decomposed  # noqa: F401 - defines torch.ops.quantized_decomposed
 
         ops = torch.ops.quantized_decomposed
-        return {ops.choose_qparams.tensor: _choose_qparams_tensor,
-                ops.quantize_per_tensor.tensor: _quantize_per_tensor_tensor,
-                ops.dequantize_per_tensor.tensor: _dequantize_per_tensor_tensor}
+        return {ops.choose_qparams.tensor: _aten_choose_qparams_tensor,
+                ops.quantize_per_tensor.tensor: _aten_quantize_per_tensor_tensor,
+                ops.dequantize_per_tensor.tensor: _aten_dequantize_per_tensor_tensor}
     except (ImportError, AttributeError, RuntimeError):
         return {}
 
