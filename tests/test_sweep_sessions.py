@@ -321,8 +321,19 @@ def test_full_sweep_collection_imports_no_runtime_and_builds_no_model(runs):
     assert run.probe["modules_built_at_collection"] == 0
 
 
-def test_sweep_items_carry_backend_group_and_slow_markers(runs):
+def _expected_xfail(class_name: str, backend: str, variant: str, test: str, blocked: dict[str, str]) -> list[dict]:
+    """The strict xfail an item should carry: its skip entry's (which wins) or its blocked build's, or none."""
     from skips import find_export_skip, marker_reason
+
+    entry = find_export_skip(class_name, None, backend, variant, test=test)
+    if entry is not None:
+        return [{"reason": marker_reason(entry), "strict": True}]
+    if class_name in blocked:
+        return [{"reason": f"build: {blocked[class_name]}", "strict": True}]
+    return []
+
+
+def test_sweep_items_carry_backend_group_and_slow_markers(runs):
     from sweeps.zoo import catalog
 
     blocked = {e.class_name: e.blocked_by for e in catalog() if e.blocked_by}
@@ -331,13 +342,7 @@ def test_sweep_items_carry_backend_group_and_slow_markers(runs):
             backend, _, class_name = QUANTIZED_ID.match(item["nodeid"]).groups()
             assert "quantized" in item["marks"] and backend in item["marks"], item
             assert ("slow" in item["marks"]) == (backend == "executorch"), item
-            entry = find_export_skip(class_name, None, backend, "static", test="quantized")
-            if entry is not None:
-                assert item["xfail"] == [{"reason": marker_reason(entry), "strict": True}], item
-            elif class_name in blocked:
-                assert item["xfail"] == [{"reason": f"build: {blocked[class_name]}", "strict": True}]
-            else:
-                assert item["xfail"] == [], item
+            assert item["xfail"] == _expected_xfail(class_name, backend, "static", "quantized", blocked), item
             continue
         if RUNNER_ID.match(item["nodeid"]):
             runtime, class_name = RUNNER_ID.match(item["nodeid"]).groups()
@@ -349,13 +354,7 @@ def test_sweep_items_carry_backend_group_and_slow_markers(runs):
             backend, variant, class_name = GENERATE_ID.match(item["nodeid"]).groups()
             assert "generate" in item["marks"] and backend in item["marks"], item
             assert ("slow" in item["marks"]) == (backend == "executorch"), item
-            entry = find_export_skip(class_name, None, backend, variant, test="generate")
-            if entry is not None:
-                assert item["xfail"] == [{"reason": marker_reason(entry), "strict": True}], item
-            elif class_name in blocked:
-                assert item["xfail"] == [{"reason": f"build: {blocked[class_name]}", "strict": True}]
-            else:
-                assert item["xfail"] == [], item
+            assert item["xfail"] == _expected_xfail(class_name, backend, variant, "generate", blocked), item
             continue
         backend, variant, class_name = SWEEP_ID.match(item["nodeid"]).groups()
         marks = set(item["marks"])
@@ -363,13 +362,7 @@ def test_sweep_items_carry_backend_group_and_slow_markers(runs):
         assert "xdist_group" in marks
         assert ("slow" in marks) == (backend == "executorch"), item
         assert ("smoke" in marks) == (class_name in plugin.SMOKE_CLASSES), item
-        entry = find_export_skip(class_name, None, backend, variant)
-        if entry is not None:  # an EXPORT_SKIPS entry wins, carrying its reason
-            assert item["xfail"] == [{"reason": marker_reason(entry), "strict": True}], item
-        elif class_name in blocked:
-            assert item["xfail"] == [{"reason": f"build: {blocked[class_name]}", "strict": True}]
-        else:
-            assert item["xfail"] == [], item
+        assert item["xfail"] == _expected_xfail(class_name, backend, variant, "export", blocked), item
 
 
 def test_items_are_ordered_class_by_class(runs):
