@@ -89,6 +89,30 @@ def _static_cache_pair(eager_cache, static_cache: dict[str, torch.Tensor], writt
     return {k: want[k] for k in got}, got
 
 
+def _dynamic_cache_pair(tree: str, eager_cache, got: dict[str, torch.Tensor]):
+    """Eager's cache (``<tree>.<i>.key``...) and the artifact's, the latter cut to the last
+    positions where eager keeps fewer: a sliding-window layer keeps its window, the generation export
+    a plain layer with every position (``exporters.generation.capture.plain_sliding_layers``). The
+    sliding layer's window size scalar (``_sliding_window_tensor``, a constant of the layer) is not
+    state: it is dropped from eager's side where the artifact's layer has none."""
+    from exporters.pytrees import flatten_outputs
+
+    want = flatten_outputs({tree: eager_cache})
+    sliding = {f"{tree}.{i}" for i, layer in enumerate(getattr(eager_cache, "layers", None) or [])
+               if type(layer).__name__ == "DynamicSlidingWindowLayer"}
+    pair_want, pair_got = {}, dict(got)
+    for name, tensor in want.items():
+        layer, _, leaf = name.rpartition(".")
+        if layer in sliding and leaf == "_sliding_window_tensor" and name not in got:
+            continue
+        pair_want[name] = tensor
+        mine = got.get(name)
+        if layer in sliding and mine is not None and mine.dim() >= 2 and tensor.dim() == mine.dim() \
+                and mine.shape[-2] > tensor.shape[-2]:
+            pair_got[name] = mine[..., mine.shape[-2] - tensor.shape[-2]:, :]
+    return pair_want, pair_got
+
+
 class GenerateMismatch(AssertionError):
     """The artifact loop does not reproduce eager generation (message: which check, step and output)."""
 
@@ -113,7 +137,6 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
     """Run one generate item; raise ``sweeps.runner.StageFailure`` naming the stage."""
     from exporters import get_exporter
     from exporters.parity import compare
-    from exporters.pytrees import flatten_outputs
     from sweeps.runner import StageFailure, export_config, passes_through
 
     stage = "build"
@@ -180,8 +203,10 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
                 raise GenerateMismatch(f"cache: the decode step carries {len(state)} trees from step to step "
                                        f"({state}); eager returns one past_key_values to compare them with")
             (tree,) = state
-            want_cache = flatten_outputs({tree: eager.past_key_values}) if eager.past_key_values is not None else {}
-            got_cache = forced.cache
+            if eager.past_key_values is None:
+                want_cache, got_cache = {}, forced.cache
+            else:
+                want_cache, got_cache = _dynamic_cache_pair(tree, eager.past_key_values, forced.cache)
         problems = compare(_attended(want_cache, mask), _attended(got_cache, mask), case.backend)
         if problems:
             raise GenerateMismatch(f"cache after the last step: {problems[0]}")

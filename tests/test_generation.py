@@ -184,6 +184,29 @@ def test_encoder_decoder_generates_like_eager(backend, tmp_path):
     assert torch.equal(load_generator(tmp_path).generate(**inputs, max_new_tokens=7), expected)
 
 
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_sliding_window_decode_runs_past_the_window(backend):
+    """A sliding-window model (window 4) generates 12 tokens after a 5-token prompt: the decode component
+    keeps one structure although eager's DynamicSlidingWindowLayer counts positions in a Python int and
+    cuts its cache to the window. The export's plain layers keep every position; the model's own
+    sliding mask limits each query to its window, so tokens equal eager's well past the window."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, max_position_embeddings=64, sliding_window=4, initializer_range=0.2)
+    model = MistralForCausalLM(cfg).eval()
+    ids, mask = _prompt(2, 5, 3)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    exporter = get_exporter(backend)
+    generator = exporter.export_for_generation(model, inputs, exporter.config_class(dynamic=True, max_dim=64))
+    assert generator.rules["past_key_values"] == "outputs"
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    assert len(set(expected[:, 5:].flatten().tolist())) >= 3
+    assert torch.equal(generator.generate(**inputs, max_new_tokens=12), expected)
+
+
 def test_a_processor_the_loop_does_not_apply_is_refused_at_export(llama):
     import copy
 

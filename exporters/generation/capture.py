@@ -97,13 +97,41 @@ def forward_wrapped(module: torch.nn.Module, around):
             module.forward = original
 
 
+def plain_sliding_layers(cache: Any) -> int:
+    """Make each sliding-window layer of ``cache`` that holds nothing yet a plain ``DynamicLayer``; returns
+    how many. A ``DynamicSlidingWindowLayer`` keeps its last ``window - 1`` positions and a Python count of
+    the positions seen (``cumulative_length``): the count would be a constant of the decode component,
+    baked at its first value (a decode step whose structure changes every step), and the cut to the
+    window a branch on it. A plain layer keeps every position; the model's sliding-window mask (chosen
+    per layer from its config's layer types, over absolute positions) still limits each query to its
+    window, so the logits are eager's up to float summation order. The cost is a cache that grows with
+    the whole sequence instead of stopping at the window."""
+    try:
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return 0
+    caches = [cache, *(getattr(cache, k, None) for k in ("self_attention_cache", "cross_attention_cache"))]
+    swapped = 0
+    for each in caches:
+        layers = getattr(each, "layers", None)
+        if not isinstance(layers, list):
+            continue
+        for i, layer in enumerate(layers):
+            if type(layer) is DynamicSlidingWindowLayer and not layer.is_initialized:
+                layers[i] = DynamicLayer()
+                swapped += 1
+    return swapped
+
+
 def _recorded(module: torch.nn.Module, calls: list[Call], outputs_of=_trees_of):
-    """Within the block, every call of ``module.forward`` is appended to ``calls``."""
+    """Within the block, every call of ``module.forward`` is appended to ``calls``; a cache it is given
+    has its empty sliding-window layers made plain first (``plain_sliding_layers``)."""
 
     def record(forward, args, kwargs):
         if args:
             raise GenerationError(f"generate calls {type(module).__name__}.forward with positional arguments; "
                                   "generation export takes keyword calls only")
+        plain_sliding_layers(kwargs.get("past_key_values"))
         call = _split(kwargs)
         out = forward(**kwargs)
         call.output_trees = outputs_of(out)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from exporters.generation.capture import GenerationError, encoder_of
+from exporters.generation.capture import GenerationError, encoder_of, plain_sliding_layers
 from exporters.generation.runners import fixed_width_tokenizer, vocab_size
 
 CONFIG_FILE = "genai_config.json"
@@ -55,16 +55,13 @@ class GenaiStep(torch.nn.Module):
 
 
 def plain_cache(model: torch.nn.Module):
-    """The model's DynamicCache with each sliding-window layer made a plain one: the model's mask limits a
-    sliding layer to its window over positions, so a full past computes what eager's window computes
-    (and genai_config.json describes one layout for every layer). Other layer kinds stay, and are
-    refused by ``_layout`` by name."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+    """The model's DynamicCache with each sliding-window layer made a plain one
+    (``capture.plain_sliding_layers``): genai_config.json then describes one layout for every layer.
+    Other layer kinds stay, and are refused by ``_layout`` by name."""
+    from transformers.cache_utils import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    for i, layer in enumerate(cache.layers):
-        if type(layer) is DynamicSlidingWindowLayer:
-            cache.layers[i] = DynamicLayer()
+    plain_sliding_layers(cache)
     return cache
 
 
