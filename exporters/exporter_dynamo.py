@@ -15,7 +15,7 @@ from torch.utils import _pytree as pytree
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .generation import GenerationExport
 from .model_state import _STATEFUL_CACHE_ATTRS
-from .pytrees import _flatten_to_context, _unflatten_from_context
+from .pytrees import _flatten_to_context, _unflatten_from_context, flatten_outputs
 from .tracing import quantization_trace, trace
 from .utils import FiredLog
 
@@ -101,6 +101,11 @@ class DynamoArtifact(Artifact):
         # cache), which autograd refuses on views of its leaves
         with torch.no_grad():
             out = self.module(**dict(zip(self.input_names, ordered)))
+        # by name, in the program's order (output_names): the module rebuilds a ModelOutput with its fields
+        # in the dataclass's order, which re-flattening would follow instead
+        named = flatten_outputs(out)
+        if all(n in named for n in self.output_names):
+            return [named[n] for n in self.output_names]
         return [v for v in pytree.tree_leaves(out) if isinstance(v, torch.Tensor)]
 
     def _save_model(self, path):

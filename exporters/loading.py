@@ -146,7 +146,7 @@ def load_generator(directory: str | os.PathLike) -> Generator | StaticGenerator:
                                metadata={k: v for k, v in doc.items() if k not in known},
                                token_input=doc.get("token_input", "input_ids"))
     known = ("format", "backend", "components", "rules", "prefill_inputs", "prefill_rules", "prefill_trees",
-             "token_input", "trees", "generation")
+             "token_input", "trees", "generation", "encoder_outputs")
     return Generator(components, doc["rules"], doc["prefill_inputs"], doc["trees"], doc["generation"],
                      {k: v for k, v in doc.items() if k not in known}, doc.get("prefill_rules", {}),
-                     doc.get("prefill_trees", {}), doc.get("token_input", "input_ids"))
+                     doc.get("prefill_trees", {}), doc.get("token_input", "input_ids"), doc.get("encoder_outputs"))

@@ -58,7 +58,7 @@ def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], cons
         # class (ReformerModel.forward) is installed after this wrapper and must apply to the top call too
         bound_forward = original if original is not None else type(model).forward.__get__(model, type(model))
         with ConcreteValues(tensors) if tensors else contextlib.nullcontext():
-            return bound_forward(**kwargs, **baked)
+            return in_field_order(bound_forward(**kwargs, **baked))
 
     forward.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in tensor_names]
@@ -72,6 +72,26 @@ def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], cons
         else:
             model.forward = original
 
+
+
+def in_field_order(out: Any) -> Any:
+    """``out`` with a ModelOutput's keys in its dataclass's field order. A field set after construction
+    (LlavaOnevision's ``pooler_output``) comes last in the keys; the traced program lists its outputs in
+    key order, but anything that rebuilds the ModelOutput from the program's output spec (the dynamo
+    module, torch.onnx) sets them in field order, and would list its leaves in another order than the
+    program's flat outputs. One order for all: rebuilt here, values unchanged."""
+    try:
+        from transformers.utils import ModelOutput
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return out
+    if not isinstance(out, ModelOutput):
+        return out
+    keys = list(out.keys())
+    order = [f.name for f in dataclasses.fields(out) if f.name in keys]
+    if keys == order or sorted(keys) != sorted(order):
+        return out
+    rebuilt = type(out)(**{k: out[k] for k in order})
+    return rebuilt if list(rebuilt.keys()) == order else out
 
 
 SHAPE_ARITHMETIC_PATHS = ("sympy.", "torch.fx.experimental.symbolic_shapes.", "torch.utils._sympy.")
@@ -157,7 +177,11 @@ def output_names_of(program: torch.export.ExportedProgram) -> list[str]:
     else:
         placeholders = [torch.empty(0) for _ in range(out_spec.num_leaves)]
     tree = pytree.tree_unflatten(placeholders, out_spec)
-    return [name for name, v in leaf_names_and_values(tree) if isinstance(v, torch.Tensor)]
+    # named by identity, listed in the program's order: rebuilding a ModelOutput sets its fields in the
+    # dataclass's order, which is not always the order its keys were set in (a field assigned after
+    # construction: LlavaOnevision's pooler_output), so re-flattening may list the leaves in another order
+    names = {id(v): name for name, v in leaf_names_and_values(tree) if isinstance(v, torch.Tensor)}
+    return [names[id(p)] for p in placeholders if isinstance(p, torch.Tensor) and id(p) in names]
 
 
 def drop_constant_outputs(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:

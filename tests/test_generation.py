@@ -207,6 +207,30 @@ def test_sliding_window_decode_runs_past_the_window(backend):
     assert torch.equal(generator.generate(**inputs, max_new_tokens=12), expected)
 
 
+def test_multimodal_image_encoder_is_a_component_of_its_own(tmp_path):
+    """A vision-language model's generate runs get_image_features before the first forward and passes
+    the result as mm_encoder_outputs: that call is exported as the image_encoder component, and the
+    loop feeds its outputs to the prefill (LlavaOnevision: a ModelOutput with a field set after
+    construction and None leaves in hidden_states)."""
+    from sweeps.generate import generate_inputs
+    from sweeps.runner import reference
+
+    tiny = reference("LlavaOnevisionForConditionalGeneration", init_range=0.2).tiny
+    inputs = generate_inputs(tiny.inputs)
+    exporter = get_exporter("dynamo")
+    generator = exporter.export_for_generation(tiny.model, inputs, exporter.config_class(dynamic=True))
+    assert list(generator.components) == ["image_encoder", "prefill", "decode"]
+    assert generator.prefill_trees == {"mm_encoder_outputs": "encoder"}
+    assert "pixel_values" in generator.prefill_inputs
+    with torch.no_grad():
+        expected = tiny.model.generate(**inputs, max_new_tokens=6, do_sample=False)
+    assert torch.equal(generator.generate(**inputs, max_new_tokens=6), expected)
+    generator.save(tmp_path)
+    from exporters import load_generator
+
+    assert torch.equal(load_generator(tmp_path).generate(**inputs, max_new_tokens=6), expected)
+
+
 def test_a_processor_the_loop_does_not_apply_is_refused_at_export(llama):
     import copy
 

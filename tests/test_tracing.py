@@ -210,3 +210,27 @@ def test_failed_dynamic_export_leaves_inputs_unmarked():
     assert not [a for a in vars(x) if a.startswith("_dynamo_")]
     art = dyn.DynamoExporter().export(torch.nn.Linear(4, 2), {"input": x})
     assert art.dynamic_dims == {"input": {}} or not any(art.dynamic_dims.values())
+
+
+class _LateField(torch.nn.Module):
+    """Returns a ModelOutput whose pooler_output is set after construction (as LlavaOnevision's
+    get_image_features does): its keys are in set order, not the dataclass's field order."""
+
+    def forward(self, x):
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        out = BaseModelOutputWithPooling(last_hidden_state=x, hidden_states=(x * 2,))
+        out.pooler_output = x.sum(-1)
+        return out
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch"])
+def test_output_names_follow_the_program_order_not_the_dataclass_order(backend):
+    from exporters import get_exporter
+
+    x = torch.randn(2, 3)
+    artifact = get_exporter(backend).export(_LateField(), {"x": x})
+    out = artifact(x=x)
+    assert out["hidden_states.0"].shape == (2, 3) and out["pooler_output"].shape == (2,)
+    torch.testing.assert_close(out["hidden_states.0"], x * 2)
+    torch.testing.assert_close(out["pooler_output"], x.sum(-1))

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from exporters.generation.capture import GenerationError, capture_generate, encoder_of
-from exporters.generation.component import FlatComponent, flat_call_inputs
+from exporters.generation.capture import GenerationError, capture_generate, encoders_of
+from exporters.generation.component import FlatComponent, component_module, flat_call_inputs
 from exporters.generation.generator import GenerateOutput, Generator
 from exporters.generation.processors import check_supported
 from exporters.generation.runners import llm_runner_methods, vocab_size
@@ -63,7 +63,7 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     calls, encoder_calls, sequences = capture_generate(model, captured_inputs, CAPTURED_STEPS)
     prefill, decode = calls[0], calls[1]
     given = {k: v for k, v in captured_inputs.items() if isinstance(v, torch.Tensor)}
-    encoder_call = _encoder_call(model, encoder_calls, given)
+    encoder_call = _encoder_calls(model, encoder_calls, given)
     token_input = next((k for k in TOKEN_INPUTS[::-1] if k in prefill.tensors), None)
     if token_input is None:
         raise GenerationError(f"the first forward call of {type(model).__name__}.generate takes no token ids "
@@ -80,7 +80,8 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
             raise GenerationError(f"the decode step carries {name!r} from the prefill, which does not say where it "
                                   "comes from")
     config = config if config is not None else exporter.config_class()
-    parts = ([("encoder", encoder_of(model), encoder_call)] if encoder_call is not None else []) \
+    encoders = encoders_of(model)
+    parts = [(label, component_module(*encoders[label]), call) for label, call in encoder_call.items()] \
         + [("prefill", model, prefill), ("decode", model, decode)]
     components = {}
     for label, module, call in parts:
@@ -92,10 +93,11 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     metadata = {"model_class": type(model).__name__, "cache": cache,
                 "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
     caller_inputs = [k for k in prefill.tensors if k not in prefill_rules]
-    if encoder_call is not None:
-        caller_inputs = list(dict.fromkeys([*encoder_call.tensors, *caller_inputs]))
+    if encoder_call:
+        caller_inputs = list(dict.fromkeys([*(k for c in encoder_call.values() for k in c.tensors), *caller_inputs]))
     generator = Generator(components, rules, caller_inputs, {k: len(v[0]) for k, v in decode.trees.items()},
-                          generation, metadata, prefill_rules, prefill_trees, token_input)
+                          generation, metadata, prefill_rules, prefill_trees, token_input,
+                          {label: call.output_names for label, call in encoder_call.items()})
     generator.source = (exporter, model, dict(inputs), config)
     return generator
 
@@ -142,24 +144,30 @@ def _generation_dict(model) -> dict[str, Any]:
     return {k: v for k, v in generation.items() if isinstance(v, (int, float, str, bool, list, type(None)))}
 
 
-def _encoder_call(model, encoder_calls, given):
-    if encoder_of(model) is None:
-        return None
-    if len(encoder_calls) != 1:
-        raise GenerationError(f"{type(model).__name__}.generate called its encoder {len(encoder_calls)} times; "
-                              "generation export takes one encoder call before the decoder steps")
-    call = encoder_calls[0]
-    missing = [k for k in call.tensors if k not in given]
-    if missing or call.trees:
-        raise GenerationError(f"{type(model).__name__}'s encoder takes {missing + list(call.trees)}, which the caller "
-                              "does not give")
-    return call
+def _encoder_calls(model, encoder_calls: dict, given) -> dict:
+    """The one call of each encoder that ran (an encoder-decoder's encoder; a multimodal model's image and
+    video encoders, those its inputs use), checked to take only what the caller gives."""
+    chosen = {}
+    for label, calls in encoder_calls.items():
+        if not calls and label != "encoder":
+            continue  # a modality the inputs do not have (no video)
+        if len(calls) != 1:
+            raise GenerationError(f"{type(model).__name__}.generate called its {label} {len(calls)} times; "
+                                  "generation export takes one call of each encoder before the decoder steps")
+        (call,) = calls
+        missing = [k for k in call.tensors if k not in given]
+        if missing or call.trees:
+            raise GenerationError(f"{type(model).__name__}'s {label} takes {missing + list(call.trees)}, which the "
+                                  "caller does not give")
+        chosen[label] = call
+    return chosen
 
 
-def _prefill_tree_rules(model, prefill, encoder_call) -> dict[str, str]:
+def _prefill_tree_rules(model, prefill, encoder_calls: dict) -> dict[str, str]:
     """Where each tree the prefill takes comes from: "empty" (a cache with no tensor yet, rebuilt inside
     the component), "initial" (a fresh cache holding only scalars, the same for every prompt: baked into
-    the prefill component) or "encoder" (the encoder component's outputs, checked leaf by leaf)."""
+    the prefill component) or "encoder" (the encoder components' outputs, in component order: an
+    encoder-decoder's encoder_outputs, a multimodal model's mm_encoder_outputs; checked leaf by leaf)."""
     rules = {}
     for name, (leaves, _) in prefill.trees.items():
         if not leaves:
@@ -168,13 +176,13 @@ def _prefill_tree_rules(model, prefill, encoder_call) -> dict[str, str]:
         if all(leaf.dim() == 0 for leaf in leaves):  # a fresh cache's scalars (a sliding layer's window, count 0)
             rules[name] = "initial"
             continue
-        encoded = encoder_call.output_trees[""][0] if encoder_call is not None else []
+        encoded = [leaf for call in encoder_calls.values() for leaf in call.output_trees[""][0]]
         if len(encoded) == len(leaves) and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(encoded, leaves)):
             rules[name] = "encoder"
             continue
         raise GenerationError(f"the prefill call of {type(model).__name__}.generate takes {name!r}, filled before the "
-                              "first forward by something other than the encoder, which generation export does not "
-                              "capture (a vision or audio tower run inside generate)")
+                              f"first forward by something other than its encoders ({sorted(encoder_calls)}), which "
+                              "generation export does not capture")
     return {k: v for k, v in rules.items() if v != "empty"}  # "initial" trees are baked into the prefill
 
 

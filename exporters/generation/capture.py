@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from exporters.pytrees import register_pytree_nodes
+from exporters.pytrees import leaf_names_and_values, register_pytree_nodes
 
 
 class GenerationError(ValueError):
@@ -30,10 +30,44 @@ class Call:
     # the trees among the call's outputs (the cache it returns), flattened and cloned when it returned:
     # generate updates one cache object in place, so a later look would see a later step
     output_trees: dict[str, tuple[list[torch.Tensor], Any]] = dataclasses.field(default_factory=dict)
+    # the names of the tensor leaves of what it returned, in flattening order, as an artifact names its
+    # outputs (an artifact may list them in another order: a ModelOutput's fields, not its set keys)
+    output_names: list[str] = dataclasses.field(default_factory=list)
 
     def query_length(self) -> int | None:
         ids = self.tensors.get("input_ids", self.tensors.get("decoder_input_ids"))
         return None if ids is None else ids.shape[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeLayout:
+    """A tree's pytree spec and where its ``None`` leaves sit (an encoder output with an absent field in a
+    list): the tensors are the component's inputs, the Nones are rebuilt as they were."""
+
+    spec: Any
+    nones: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.spec}" + (f" (None at leaves {list(self.nones)})" if self.nones else "")
+
+
+def flatten_tree(name: str, value: Any) -> tuple[list[torch.Tensor], TreeLayout]:
+    """The tensor leaves of ``value`` and its layout; any leaf other than a tensor or None is refused."""
+    register_pytree_nodes(value)
+    leaves, spec = pytree.tree_flatten(value)
+    odd = sorted({type(v).__name__ for v in leaves if v is not None and not isinstance(v, torch.Tensor)})
+    if odd:
+        raise GenerationError(f"generate passes {name!r} ({type(value).__name__}) holding non-tensor leaves "
+                              f"{odd}: it cannot be an input of an exported component")
+    nones = tuple(i for i, v in enumerate(leaves) if v is None)
+    return [v for v in leaves if v is not None], TreeLayout(spec, nones)
+
+
+def unflatten_tree(tensors: list[torch.Tensor], layout: TreeLayout) -> Any:
+    it = iter(tensors)
+    nones = set(layout.nones)
+    leaves = [None if i in nones else next(it) for i in range(len(tensors) + len(nones))]
+    return pytree.tree_unflatten(leaves, layout.spec)
 
 
 def _split(kwargs: Mapping[str, Any]) -> Call:
@@ -46,13 +80,8 @@ def _split(kwargs: Mapping[str, Any]) -> Call:
         elif isinstance(value, (bool, int, float, str)):
             constants[name] = value
         else:
-            register_pytree_nodes(value)
-            leaves, spec = pytree.tree_flatten(value)
-            if not all(isinstance(v, torch.Tensor) for v in leaves):
-                kinds = sorted({type(v).__name__ for v in leaves if not isinstance(v, torch.Tensor)})
-                raise GenerationError(f"generate passes {name!r} ({type(value).__name__}) holding non-tensor leaves "
-                                      f"{kinds}: it cannot be an input of an exported component")
-            trees[name] = ([v.detach().clone() for v in leaves], spec)
+            leaves, layout = flatten_tree(name, value)
+            trees[name] = ([v.detach().clone() for v in leaves], layout)
     return Call(tensors, trees, constants)
 
 
@@ -62,10 +91,12 @@ def _trees_of(outputs: Any) -> dict[str, tuple[list[torch.Tensor], Any]]:
     for name, value in items:
         if value is None or isinstance(value, (torch.Tensor, bool, int, float, str)):
             continue
-        register_pytree_nodes(value)
-        leaves, spec = pytree.tree_flatten(value)
-        if leaves and all(isinstance(v, torch.Tensor) for v in leaves):
-            trees[name] = ([v.detach().clone() for v in leaves], spec)
+        try:
+            leaves, layout = flatten_tree(name, value)
+        except GenerationError:
+            continue  # an output that holds other things is not state a later call takes
+        if leaves:
+            trees[name] = ([v.detach().clone() for v in leaves], layout)
     return trees
 
 
@@ -77,24 +108,25 @@ def _whole(outputs: Any) -> dict[str, tuple[list[torch.Tensor], Any]]:
 
 
 @contextlib.contextmanager
-def forward_wrapped(module: torch.nn.Module, around):
-    """Within the block, ``module.forward(*args, **kwargs)`` is ``around(forward, args, kwargs)``, the
-    original forward's signature kept (generate reads it: whether it takes position_ids, ...)."""
-    original = module.__dict__.get("forward")
-    bound = original if original is not None else type(module).forward.__get__(module, type(module))
+def forward_wrapped(module: torch.nn.Module, around, method: str = "forward"):
+    """Within the block, ``module.forward(*args, **kwargs)`` (or ``module.<method>``) is
+    ``around(forward, args, kwargs)``, the original's signature kept (generate reads it: whether it
+    takes position_ids, which inputs an encoder takes, ...)."""
+    original = module.__dict__.get(method)
+    bound = original if original is not None else getattr(type(module), method).__get__(module, type(module))
 
     @functools.wraps(bound)
     def forward(*args, **kwargs):
         return around(bound, args, kwargs)
 
-    module.forward = forward
+    setattr(module, method, forward)
     try:
         yield
     finally:
         if original is None:
-            del module.forward
+            delattr(module, method)
         else:
-            module.forward = original
+            setattr(module, method, original)
 
 
 def plain_sliding_layers(cache: Any) -> int:
@@ -123,22 +155,42 @@ def plain_sliding_layers(cache: Any) -> int:
     return swapped
 
 
-def _recorded(module: torch.nn.Module, calls: list[Call], outputs_of=_trees_of):
-    """Within the block, every call of ``module.forward`` is appended to ``calls``; a cache it is given
-    has its empty sliding-window layers made plain first (``plain_sliding_layers``)."""
+def _recorded(module: torch.nn.Module, calls: list[Call], outputs_of=_trees_of, method: str = "forward"):
+    """Within the block, every call of ``module.forward`` (or ``module.<method>``) is appended to
+    ``calls``; a cache it is given has its empty sliding-window layers made plain first
+    (``plain_sliding_layers``)."""
 
     def record(forward, args, kwargs):
         if args:
-            raise GenerationError(f"generate calls {type(module).__name__}.forward with positional arguments; "
+            raise GenerationError(f"generate calls {type(module).__name__}.{method} with positional arguments; "
                                   "generation export takes keyword calls only")
         plain_sliding_layers(kwargs.get("past_key_values"))
         call = _split(kwargs)
         out = forward(**kwargs)
         call.output_trees = outputs_of(out)
+        call.output_names = [n for n, v in leaf_names_and_values(out) if isinstance(v, torch.Tensor)]
         calls.append(call)
         return out
 
-    return forward_wrapped(module, record)
+    return forward_wrapped(module, record, method)
+
+
+MODALITIES = ("image", "video")  # the modalities generate encodes before the first forward, in its order
+
+
+def modality_encoders(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str]]:
+    """``{"image_encoder": (base_model, "get_image_features"), ...}``: the encoders a multimodal model's
+    ``generate`` runs before the first forward, one per modality (transformers' generate calls
+    ``base_model.get_<modality>_features`` for each modality the model lists in ``input_modalities``,
+    when its forward takes ``mm_encoder_outputs``, and passes their outputs as that argument)."""
+    supports = getattr(model, "_supports_mm_encoder_outputs", None)
+    if supports is None or not supports():
+        return {}
+    modalities = getattr(model, "input_modalities", ())
+    modalities = (modalities,) if isinstance(modalities, str) else tuple(modalities or ())
+    base = getattr(model, "base_model", model)
+    return {f"{m}_encoder": (base, f"get_{m}_features") for m in MODALITIES
+            if m in modalities and callable(getattr(base, f"get_{m}_features", None))}
 
 
 def encoder_of(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -148,17 +200,25 @@ def encoder_of(model: torch.nn.Module) -> torch.nn.Module | None:
     return model.get_encoder()
 
 
-def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int
-                     ) -> tuple[list[Call], list[Call], torch.Tensor]:
-    """``model.generate(**inputs, max_new_tokens=steps, do_sample=False)`` with every call of the model's
-    forward recorded (the kwargs as they were when the call began), and of its encoder's where it has
-    one; returns the forward calls, the encoder calls and the sequences."""
-    calls: list[Call] = []
-    encoder_calls: list[Call] = []
+def encoders_of(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str]]:
+    """Every encoder ``generate`` runs before the first forward call: ``{"encoder": (encoder, "forward")}``
+    for an encoder-decoder, ``modality_encoders`` for a multimodal decoder, else {}."""
     encoder = encoder_of(model)
-    with _recorded(model, calls), \
-            (_recorded(encoder, encoder_calls, _whole) if encoder is not None else contextlib.nullcontext()), \
-            torch.no_grad():
+    return {"encoder": (encoder, "forward")} if encoder is not None else modality_encoders(model)
+
+
+def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int
+                     ) -> tuple[list[Call], dict[str, list[Call]], torch.Tensor]:
+    """``model.generate(**inputs, max_new_tokens=steps, do_sample=False)`` with every call of the model's
+    forward recorded (the kwargs as they were when the call began), and of each of its encoders
+    (``encoders_of``); returns the forward calls, the encoder calls by encoder and the sequences."""
+    calls: list[Call] = []
+    encoder_calls: dict[str, list[Call]] = {label: [] for label in encoders_of(model)}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_recorded(model, calls))
+        for label, (owner, method) in encoders_of(model).items():
+            stack.enter_context(_recorded(owner, encoder_calls[label], _whole, method))
+        stack.enter_context(torch.no_grad())
         sequences = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
     if not calls:
         raise GenerationError(f"{type(model).__name__}.generate never called forward")

@@ -12,9 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
-from exporters.generation.capture import Call
+from exporters.generation.capture import Call, unflatten_tree
 
 
 def leaf_input_name(tree: str, index: int) -> str:
@@ -45,8 +44,24 @@ class FlatComponent(torch.nn.Module):
                 leaves = [getattr(self, f"_baked_{name}_{i}").clone() for i in range(self.tree_sizes[name])]
             else:
                 leaves = [flat[leaf_input_name(name, i)] for i in range(self.tree_sizes[name])]
-            kwargs[name] = pytree.tree_unflatten(leaves, spec)
+            kwargs[name] = unflatten_tree(leaves, spec)
         return self.model(**kwargs, **self.constants)
+
+
+class MethodCall(torch.nn.Module):
+    """``owner.<method>(**kwargs)`` as a module (a multimodal model's ``get_image_features``, exported
+    as the image encoder component); ``owner`` is a submodule, so its weights are the component's."""
+
+    def __init__(self, owner: torch.nn.Module, method: str):
+        super().__init__()
+        self.owner, self.method = owner, method
+
+    def forward(self, **kwargs: Any) -> Any:
+        return getattr(self.owner, self.method)(**kwargs)
+
+
+def component_module(owner: torch.nn.Module, method: str) -> torch.nn.Module:
+    return owner if method == "forward" else MethodCall(owner, method)
 
 
 def flat_call_inputs(call: Call, baked: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:

@@ -29,17 +29,19 @@ class GenerateOutput:
 
 
 class Generator:
-    """``components``: ``{"prefill": artifact, "decode": artifact}`` and, for an encoder-decoder,
-    ``"encoder"``; ``rules``: decode input -> rule; ``prefill_inputs``: what the caller passes (the
+    """``components``: ``{"prefill": artifact, "decode": artifact}`` after the encoders, for an
+    encoder-decoder ``"encoder"``, for a multimodal model ``"image_encoder"`` / ``"video_encoder"``;
+    ``rules``: decode input -> rule; ``prefill_inputs``: what the caller passes (the
     encoder's inputs and the prefill's); ``trees``: decode tree inputs and how many leaves each has;
     ``generation``: the generation config used at export; ``prefill_rules``: prefill inputs derived from
     the caller's (position_ids, decoder_input_ids); ``prefill_trees``: prefill trees filled by a
-    component (encoder_outputs -> "encoder"); ``token_input``: input_ids or decoder_input_ids."""
+    component (encoder_outputs -> "encoder"); ``token_input``: input_ids or decoder_input_ids;
+    ``encoder_outputs``: each encoder's output names in the order the prefill's tree takes them."""
 
     def __init__(self, components: Mapping[str, Any], rules: Mapping[str, str], prefill_inputs: list[str],
                  trees: Mapping[str, int], generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None,
                  prefill_rules: Mapping[str, str] | None = None, prefill_trees: Mapping[str, str] | None = None,
-                 token_input: str = "input_ids"):
+                 token_input: str = "input_ids", encoder_outputs: Mapping[str, list[str]] | None = None):
         self.components = dict(components)
         self.rules = dict(rules)
         self.prefill_inputs = list(prefill_inputs)
@@ -49,6 +51,8 @@ class Generator:
         self.prefill_rules = dict(prefill_rules or {})
         self.prefill_trees = dict(prefill_trees or {})
         self.token_input = token_input
+        # each encoder's outputs in the order the prefill's tree takes them (its flattening order)
+        self.encoder_outputs = {k: list(v) for k, v in (encoder_outputs or {}).items()}
         # (exporter, model, inputs, config) this generator was exported from, kept in memory only (never
         # saved): save(runner=True) exports onnxruntime-genai's one-graph form from it
         self.source: tuple | None = None
@@ -73,12 +77,14 @@ class Generator:
         given = self._checked_inputs({"input_ids": input_ids, "attention_mask": attention_mask, **other})
         prefill = self.components["prefill"]
         trees: dict[str, list[torch.Tensor]] = {}
-        if "encoder" in self.components:
-            encoder = self.components["encoder"]
-            encoded = encoder(**{k: given[k] for k in encoder.input_names})
-            for name, rule in self.prefill_trees.items():  # rule "encoder": the encoder's outputs, in order
-                if rule == "encoder":
-                    trees[name] = [encoded[n] for n in encoder.output_names]
+        encoded: list[torch.Tensor] = []
+        for label, encoder in self.components.items():  # the encoders, in the order generate ran them
+            if label.endswith("encoder"):
+                out = encoder(**{k: given[k] for k in encoder.input_names})
+                encoded += [out[n] for n in self.encoder_outputs.get(label) or encoder.output_names]
+        for name, rule in self.prefill_trees.items():  # rule "encoder": the encoders' outputs, in order
+            if rule == "encoder":
+                trees[name] = encoded
         tensors = {k: v for k, v in given.items() if k in self.prefill_inputs and k in prefill.input_specs}
         tensors.update({k: derive_prefill_input(rule, given, self.generation) for k, rule in self.prefill_rules.items()})
         outputs = prefill(**flat_inputs(tensors, trees))
@@ -166,6 +172,7 @@ class Generator:
         doc = {"format": FORMAT, "backend": self.backend, "components": list(self.components),
                "rules": self.rules, "prefill_inputs": self.prefill_inputs, "prefill_rules": self.prefill_rules,
                "prefill_trees": self.prefill_trees, "token_input": self.token_input, "trees": self.trees,
+               "encoder_outputs": self.encoder_outputs,
                "generation": self.generation, **self.metadata}
         path = os.path.join(directory, GENERATOR_FILE)
         with open(path, "w") as f:
