@@ -241,16 +241,18 @@ class Exporter:
     config_class: type[ExportConfig] = ExportConfig
 
     def _quantize(self, model: torch.nn.Module, inputs: Mapping[str, Any], config: ExportConfig,
-                  trace_program: Callable | None = None, fired: Any = None):
+                  trace_program: Callable | None = None, fired: Any = None, patches: Any = ()):
         """Stage 0: the model as the backend exports it, and the quantization (None without a recipe).
         PT2E prepares the program ``trace_program`` makes: the backend's own trace, its torch-level
-        workarounds installed, under the export's shapes (``exporters.tracing.quantization_trace``)."""
+        workarounds installed, under the export's shapes (``exporters.tracing.quantization_trace``);
+        ``patches``: the stage-0 workarounds (exporters/workarounds/quantization/), installed around it."""
         if getattr(config, "quantization", None) is None:
             return model, None
         from exporters.quantization import quantize
 
         quantized = run_stage("quantize", self.backend,
-                              lambda: quantize(model, inputs, config.quantization, self.backend, trace_program), fired)
+                              lambda: quantize(model, inputs, config.quantization, self.backend, trace_program,
+                                                       patches, fired), fired)
         return quantized.module, quantized
 
     @staticmethod

@@ -17,7 +17,7 @@ from .generation import GenerationExport
 from .model_state import _STATEFUL_CACHE_ATTRS
 from .pytrees import _flatten_to_context, _unflatten_from_context, flatten_outputs
 from .tracing import quantization_trace, trace
-from .utils import FiredLog
+from .utils import FiredLog, split_quantization_patches
 
 __all__ = ["DynamoArtifact", "DynamoConfig", "DynamoExporter", "_STATEFUL_CACHE_ATTRS", "_flatten_to_context",
            "_unflatten_from_context"]
@@ -119,8 +119,8 @@ class DynamoExporter(GenerationExport, Exporter):
     def export(self, model, inputs, config=None):
         config = config or DynamoConfig()
         fired = FiredLog()
-        patches = self.registry.patches("dynamo")
-        model, quantized = self._quantize(model, inputs, config, quantization_trace(config, patches, fired), fired)
+        patches, stage0 = split_quantization_patches(self.registry.patches("dynamo"))
+        model, quantized = self._quantize(model, inputs, config, quantization_trace(config, patches, fired), fired, stage0)
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, patches, fired, build_module=False), fired)
         return self._with_reference(DynamoArtifact(traced.program, traced.module, **traced.artifact_kwargs(fired, config)),
                                     quantized)

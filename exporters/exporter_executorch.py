@@ -18,7 +18,7 @@ from .executorch.artifact import ExecutorchArtifact, PlannedShapeError
 from .executorch.lowering import LOWERING_RETRIES, Attempt, Lowered, RetryContext, halved_max_dim, lower_with_retries, lower_within_budget
 from .generation import GenerationExport
 from .tracing import _finite, quantization_trace, shape_arithmetic_patches, trace
-from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes
+from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, split_quantization_patches
 
 __all__ = ["LOWERING_RETRIES", "ExecutorchArtifact", "ExecutorchConfig", "ExecutorchExporter", "PlannedShapeError",
            "_BACKEND_PREPARE", "_EXECUTORCH_INTERNALS", "bound_dynamic_shapes", "halved_max_dim", "prepare_for_cuda",
@@ -140,11 +140,12 @@ class ExecutorchExporter(GenerationExport, Exporter):
         fired = FiredLog()
         if config.dynamic_shapes is not None:
             config = dataclasses.replace(config, dynamic_shapes=bound_dynamic_shapes(config.dynamic_shapes, config.max_dim))
-        patches = self.registry.patches("dynamo", "executorch")
+        patches, stage0 = split_quantization_patches(self.registry.patches("dynamo", "executorch"))
         torch_patches = [p for p in patches if not p.path.startswith(_EXECUTORCH_INTERNALS)]
         et_patches = [p for p in patches if p.path.startswith(_EXECUTORCH_INTERNALS)]
         et_patches += shape_arithmetic_patches(torch_patches)  # to_edge re-traces the sizes too
-        model, quantized = self._quantize(model, inputs, config, quantization_trace(config, torch_patches, fired), fired)
+        model, quantized = self._quantize(model, inputs, config, quantization_trace(config, torch_patches, fired), fired,
+                                          stage0)
         model, inputs, partitioners = _BACKEND_PREPARE[config.backend](model, dict(inputs))
 
         def export_and_lower(config):

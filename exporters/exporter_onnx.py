@@ -15,7 +15,7 @@ import torch
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .generation import GenerationExport
 from .tracing import quantization_trace, shape_arithmetic_patches, trace
-from .utils import FiredLog, apply_fx_node_fixes, apply_patches
+from .utils import FiredLog, apply_fx_node_fixes, apply_patches, split_quantization_patches
 from .workarounds.onnx.ir_fixes import _IR_FIXES
 from .workarounds.onnx.refix_after_decompositions import _CURRENT
 from .workarounds.onnx.translations import _ONNX_COMPLEX_TRANSLATION_TABLE, _ONNX_TRANSLATION_TABLE
@@ -133,10 +133,12 @@ class OnnxExporter(GenerationExport, Exporter):
     def export(self, model, inputs, config=None):
         config = config or OnnxConfig()
         fired = FiredLog()
-        torch_patches = [p for p in self.registry.patches("dynamo", "onnx") if not p.path.startswith(_ONNX_INTERNALS)]
+        every, stage0 = split_quantization_patches(self.registry.patches("dynamo", "onnx"))
+        torch_patches = [p for p in every if not p.path.startswith(_ONNX_INTERNALS)]
         onnx_patches = [p for p in self.registry.patches("onnx") if p.path.startswith(_ONNX_INTERNALS)]
         onnx_patches += shape_arithmetic_patches(torch_patches)  # torch.onnx re-traces the sizes too
-        model, quantized = self._quantize(model, inputs, config, quantization_trace(config, torch_patches, fired), fired)
+        model, quantized = self._quantize(model, inputs, config, quantization_trace(config, torch_patches, fired), fired,
+                                          stage0)
         traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)
         program = traced.program
         onnx_program = run_stage(

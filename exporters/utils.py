@@ -92,7 +92,19 @@ WORKAROUND_PACKAGES: tuple[str, ...] = (
     "exporters.workarounds.torch_internals",  # torch internals: symbolic shapes, sympy, decompositions
     "exporters.workarounds.onnx",             # torch.onnx / onnxscript: patches, node fixes, translations, IR fixes
     "exporters.workarounds.executorch",       # ExecuTorch's planner, partitioner and runtime
+    "exporters.workarounds.quantization",     # PT2E quantization: torchao, XNNPACK's quantizer (stage 0 only)
 )
+
+# patch paths installed around stage 0 (PT2E prepare, calibration, convert) only, never around a trace or
+# a lowering: resolving them imports torchao and XNNPACK's quantizer, which an fp32 export does not need
+QUANTIZATION_INTERNALS: tuple[str, ...] = ("torchao.", "executorch.backends.xnnpack.quantizer.")
+
+
+def split_quantization_patches(entries: Iterable[PatchEntry]) -> tuple[list[PatchEntry], list[PatchEntry]]:
+    """(the entries for traces and lowerings, the entries for stage 0)."""
+    entries = list(entries)
+    return ([e for e in entries if not e.path.startswith(QUANTIZATION_INTERNALS)],
+            [e for e in entries if e.path.startswith(QUANTIZATION_INTERNALS)])
 
 
 def workaround_modules(packages: Iterable[str] = WORKAROUND_PACKAGES) -> list[str]:

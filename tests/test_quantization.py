@@ -210,3 +210,44 @@ def test_a_custom_pt2e_quantizer_is_used_as_given():
     from exporters.parity import compare_quantized
 
     assert compare_quantized(artifact.reference(**inputs), artifact(**inputs), "onnx") == []
+
+
+class _ConvBn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)
+        self.conv1d, self.bn1d = torch.nn.Conv1d(8, 4, 3), torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.bn1d(self.conv1d(y.flatten(2)))
+
+
+def test_pattern_graphs_are_traced_once_and_the_quantized_model_is_the_same():
+    """exporters/workarounds/quantization/pattern_graphs.py: a second quantization in the process reuses
+    the conv + batch-norm pattern graphs (the patch fires), and the converted model is the same code
+    and computes the same values as with the patch switched off."""
+    from exporters.utils import DEFAULT_REGISTRY
+    from exporters.workarounds.quantization import pattern_graphs
+
+    torch.manual_seed(0)
+    model = _ConvBn().eval()
+    with torch.no_grad():  # running statistics that are not the defaults
+        model.bn.running_mean.uniform_(-1, 1), model.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 10, 10)
+    names = [f"patch:dynamo:{p}" for p in pattern_graphs.PATHS]
+
+    def quantized(exporter):
+        return exporter.export(model, {"x": x}, exporter.config_class(quantization=int8(calibration=[{"x": x}])))
+
+    pattern_graphs._KEPT.clear()
+    first = quantized(get_exporter("dynamo"))
+    assert pattern_graphs._KEPT and not set(names) & set(first.workarounds_fired)
+    second = quantized(get_exporter("dynamo"))
+    assert set(names) & set(second.workarounds_fired)
+    from exporters.exporter_dynamo import DynamoExporter
+
+    plain = quantized(DynamoExporter(DEFAULT_REGISTRY.without(*names)))
+    assert second.metadata["quantization"]["quantize_ops"] == plain.metadata["quantization"]["quantize_ops"] > 4
+    assert str(second.program.graph) == str(plain.program.graph)
+    assert torch.equal(second(x=x)["output"], plain(x=x)["output"])

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from exporters.utils import apply_patches
+
 __all__ = ["QuantizationError", "Quantized", "Recipe", "int8", "quantize"]
 
 BACKENDS = ("dynamo", "onnx", "executorch")
@@ -128,13 +130,16 @@ def selection_ops(graph: torch.fx.Graph) -> list[str]:
 
 
 def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, backend: str,
-             trace_program: Callable[[torch.nn.Module, Mapping[str, Any]], tuple[Any, list[str]]] | None = None) -> Quantized:
+             trace_program: Callable[[torch.nn.Module, Mapping[str, Any]], tuple[Any, list[str]]] | None = None,
+             patches: Any = (), fired: Any = None) -> Quantized:
     """Stage 0: prepare, calibrate and convert ``model`` with ``recipe``'s quantizer for ``backend``.
 
     ``trace_program(model, inputs)`` is the backend's own trace (its patches installed), returning the
     ``ExportedProgram`` whose module PT2E prepares and the names of its tensor inputs; without it, a plain ``torch.export.export``. A model
     with no op the quantizer annotates is converted unchanged and recorded (``quantize_ops: 0``), not
-    refused: it is a fact about the model, and its export is the fp32 one."""
+    refused: it is a fact about the model, and its export is the fp32 one. ``patches`` (the stage-0
+    workarounds, exporters/workarounds/quantization/) are installed around prepare, calibration and
+    convert, and recorded in ``fired``."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     if not isinstance(recipe, Recipe):
@@ -146,7 +151,8 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
             program, tensor_names = torch.export.export(model.eval(), (), tensors, strict=False), list(tensors)
         else:
             program, tensor_names = trace_program(model.eval(), inputs)
-        prepared = prepare_pt2e(program.module(), quantizer)
+        with apply_patches(patches, fired):
+            prepared = prepare_pt2e(program.module(), quantizer)
         for i, sample in enumerate(recipe.calibration):
             missing = [k for k in tensor_names if not isinstance(sample.get(k), torch.Tensor)]
             if missing:
@@ -157,7 +163,8 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
             except Exception as exc:
                 raise QuantizationError(f"calibration input {i} does not run through the prepared model: "
                                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
-        converted = convert_pt2e(prepared)
+        with apply_patches(patches, fired):
+            converted = convert_pt2e(prepared)
     ops = sum(1 for n in converted.graph.nodes if n.op == "call_function" and any(q in str(n.target) for q in QUANT_OPS))
     dynamic_ops = sum(1 for n in converted.graph.nodes if n.op == "call_function" and "choose_qparams" in str(n.target))
     metadata = {"recipe": recipe.name, "dynamic": recipe.dynamic, "calibration_count": len(recipe.calibration),
