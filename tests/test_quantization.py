@@ -251,3 +251,24 @@ def test_pattern_graphs_are_traced_once_and_the_quantized_model_is_the_same():
     assert second.metadata["quantization"]["quantize_ops"] == plain.metadata["quantization"]["quantize_ops"] > 4
     assert str(second.program.graph) == str(plain.program.graph)
     assert torch.equal(second(x=x)["output"], plain(x=x)["output"])
+
+
+class _BoolMaskCat(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        keep = torch.cat([x[:, :4] > 0, x.new_ones(x.shape[0], 4, dtype=torch.bool)], dim=1)  # XNNPACK annotates cat
+        return self.proj(torch.where(keep, x, 0.0))
+
+
+def test_a_boolean_operand_is_not_observed():
+    """A cat of boolean masks is left unannotated (float32_annotations_only): a histogram observer on a
+    bool tensor fails at the first calibration call ("linspace_cpu" not implemented for 'Bool'), as
+    OneFormer's and Nemotron3_5Transcribe's did."""
+    x = torch.randn(4, 8)
+    exporter = get_exporter("dynamo")
+    artifact = exporter.export(_BoolMaskCat().eval(), {"x": x}, exporter.config_class(quantization=int8(calibration=[{"x": x}])))
+    assert artifact.metadata["quantization"]["quantize_ops"] > 0
+    assert torch.equal(artifact(x=x)["output"], artifact.reference(x=x)["output"])

@@ -53,17 +53,33 @@ def _tensor_dtypes(node: torch.fx.Node) -> set[torch.dtype]:
     return {v.dtype for v in values if isinstance(v, torch.Tensor)}
 
 
+def _observed_dtypes(node: torch.fx.Node, annotation) -> set[torch.dtype]:
+    """The dtypes of the tensors an annotation would observe: its annotated inputs and, with an output
+    spec, the node's output."""
+    observed = list(getattr(annotation, "input_qspec_map", {}) or {})
+    if getattr(annotation, "output_qspec", None) is not None:
+        observed.append(node)
+    values = [n.meta.get("val") for n in observed if isinstance(n, torch.fx.Node)]
+    return {v.dtype for v in values if isinstance(v, torch.Tensor)}
+
+
 def float32_annotations_only(model: torch.fx.GraphModule) -> int:
-    """Drop the annotations of nodes that compute in another floating type than float32, and return
-    how many. PT2E's quantize ops take float32 (or half) only: DEIMv2's anchor arithmetic runs in float64,
-    XNNPACK's quantizer annotated its adds, and the converted model failed ("Expecting input to have dtype
-    torch.float32, but got dtype: torch.float64"). Those nodes stay in their own precision, unquantized,
-    as an int8 kernel could not run them anyway."""
+    """Drop the annotations of nodes that compute in another floating type than float32, or that would
+    observe a tensor that is not float32, and return how many. PT2E's quantize ops take float32 (or half)
+    only: DEIMv2's anchor arithmetic runs in float64, XNNPACK's quantizer annotated its adds, and the
+    converted model failed ("Expecting input to have dtype torch.float32, but got dtype: torch.float64").
+    A cat of boolean masks (OneFormer, Nemotron3_5Transcribe) was annotated too, and the
+    histogram observer on it failed at the first calibration call ("linspace_cpu" not implemented for
+    'Bool'). Those nodes stay in their own precision, unquantized, as an int8 kernel could not run them
+    anyway."""
     from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
     dropped = 0
     for node in model.graph.nodes:
-        if Q_ANNOTATION_KEY in node.meta and _tensor_dtypes(node) & {torch.float64}:
+        annotation = node.meta.get(Q_ANNOTATION_KEY)
+        if annotation is None:
+            continue
+        if _tensor_dtypes(node) & {torch.float64} or _observed_dtypes(node, annotation) - {torch.float32}:
             del node.meta[Q_ANNOTATION_KEY]
             dropped += 1
     return dropped
