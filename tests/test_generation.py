@@ -231,6 +231,33 @@ def test_multimodal_image_encoder_is_a_component_of_its_own(tmp_path):
     assert torch.equal(load_generator(tmp_path).generate(**inputs, max_new_tokens=6), expected)
 
 
+def test_ngram_bans_are_applied_as_generate_applies_them(llama):
+    """no_repeat_ngram_size (decoder-only) and encoder_no_repeat_ngram_size (encoder-decoder): the loop
+    bans the same tokens generate bans, so the tokens equal eager's, and differ from the unbanned ones."""
+    import copy
+
+    model = copy.deepcopy(llama)
+    ids, mask = _prompt(2, 5, 7)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    with torch.no_grad():
+        free = model.generate(**inputs, max_new_tokens=16, do_sample=False)
+    model.generation_config.no_repeat_ngram_size = 2
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=16, do_sample=False)
+    assert not torch.equal(free, expected)  # the ban changes this prompt's tokens
+    generator = get_exporter("dynamo").export_for_generation(model, inputs, get_exporter("dynamo").config_class(dynamic=True))
+    assert torch.equal(generator.generate(**inputs, max_new_tokens=16), expected)
+
+    bart = _tiny_bart()
+    bart.generation_config.encoder_no_repeat_ngram_size = 2
+    src = torch.randint(3, 48, (2, 6), generator=torch.Generator().manual_seed(5))
+    inputs = {"input_ids": src, "attention_mask": torch.ones_like(src)}
+    with torch.no_grad():
+        expected = bart.generate(**inputs, max_new_tokens=8, do_sample=False)
+    generator = get_exporter("dynamo").export_for_generation(bart, inputs, get_exporter("dynamo").config_class(dynamic=True))
+    assert torch.equal(generator.generate(**inputs, max_new_tokens=8), expected)
+
+
 def test_a_processor_the_loop_does_not_apply_is_refused_at_export(llama):
     import copy
 

@@ -95,9 +95,11 @@ class Generator:
         names = prefill.output_names
         for step in range(max_new_tokens):
             logits = outputs["logits"][:, -1, :] if outputs["logits"].dim() == 3 else outputs["logits"]
+            sequence = torch.cat([prompt, *(t[:, None] for t in new_tokens)], dim=1)
             token = greedy_token(self.generation, logits, length=prompt.shape[1] + step, prompt_length=prompt.shape[1],
                                  max_length=prompt.shape[1] + max_new_tokens, eos=eos, pad=pad, unfinished=unfinished,
-                                 teacher=None if teacher_tokens is None else teacher_tokens[:, step])
+                                 teacher=None if teacher_tokens is None else teacher_tokens[:, step], sequence=sequence,
+                                 encoder_ids=given.get("input_ids") if self.token_input != "input_ids" else None)
             new_tokens.append(token)
             step_logits.append(logits)
             if step == max_new_tokens - 1 or not unfinished.any():

@@ -13,10 +13,9 @@ import torch
 from exporters.generation.capture import GenerationError
 
 APPLIED = ("forced_bos_token_id", "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens",
-           "min_new_tokens", "min_length")
+           "min_new_tokens", "min_length", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size")
 # settings that change greedy tokens and that this loop does not apply, with their neutral value
-NOT_APPLIED = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
-               "bad_words_ids": None, "sequence_bias": None, "exponential_decay_length_penalty": None,
+NOT_APPLIED = {"repetition_penalty": 1.0, "bad_words_ids": None, "sequence_bias": None, "exponential_decay_length_penalty": None,
                "forced_decoder_ids": None, "renormalize_logits": False, "epsilon_cutoff": 0.0,
                "diversity_penalty": 0.0, "num_beams": 1, "do_sample": False, "watermarking_config": None,
                "logits_processor": None}
@@ -35,11 +34,44 @@ def _ids(value) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
+def _banned_ngram_tokens(source: list[int], sequence: list[int], size: int) -> list[int]:
+    """The tokens that would complete, after ``sequence``'s last ``size - 1`` tokens, an n-gram of
+    ``size`` that occurs in ``source`` (transformers' _get_ngrams / _get_generated_ngrams)."""
+    if size < 1 or len(sequence) + 1 < size:
+        return []
+    tail = tuple(sequence[len(sequence) + 1 - size:]) if size > 1 else ()
+    return [source[i + size - 1] for i in range(len(source) - size + 1) if tuple(source[i:i + size - 1]) == tail]
+
+
+def _ban_ngrams(generation: Mapping[str, Any], scores: torch.Tensor, sequence: torch.Tensor | None,
+                encoder_ids: torch.Tensor | None) -> None:
+    """``no_repeat_ngram_size``: a token that would repeat an n-gram of the sequence so far is banned;
+    ``encoder_no_repeat_ngram_size``: one that would complete an n-gram of the encoder's input ids."""
+    own, enc = generation.get("no_repeat_ngram_size") or 0, generation.get("encoder_no_repeat_ngram_size") or 0
+    if not own and not enc:
+        return
+    if sequence is None or (enc and encoder_ids is None):
+        raise GenerationError("the generation config bans repeated n-grams (no_repeat_ngram_size="
+                              f"{own}, encoder_no_repeat_ngram_size={enc}); this loop was not given the "
+                              "sequence so far or the encoder's input ids to apply it")
+    for row in range(scores.shape[0]):
+        tokens = sequence[row].tolist()
+        banned = _banned_ngram_tokens(tokens, tokens, int(own)) if own else []
+        if enc:
+            banned += _banned_ngram_tokens(encoder_ids[row].tolist(), tokens, int(enc))
+        if banned:
+            scores[row, banned] = -float("inf")
+
+
 def process(generation: Mapping[str, Any], scores: torch.Tensor, length: int, prompt_length: int,
-            max_length: int) -> torch.Tensor:
-    """``scores`` ([batch, vocab]) after the processors ``generation`` switches on, for the token at
-    position ``length`` of sequences whose prompt is ``prompt_length`` long and at most ``max_length``."""
+            max_length: int, sequence: torch.Tensor | None = None,
+            encoder_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """``scores`` ([batch, vocab]) after the processors ``generate`` switches on, for the token at
+    position ``length`` of sequences whose prompt is ``prompt_length`` long and at most ``max_length``;
+    ``sequence``: the tokens so far ([batch, length]), ``encoder_ids``: an encoder-decoder's input ids
+    (the n-gram bans need them)."""
     scores = scores.clone()
+    _ban_ngrams(generation, scores, sequence, encoder_ids)
     neg = torch.finfo(scores.dtype).min
     eos = _ids(generation.get("eos_token_id"))
     min_new = generation.get("min_new_tokens")
@@ -71,10 +103,12 @@ def end_and_pad(generation: Mapping[str, Any], eos_token_id=None, pad_token_id=N
 
 def greedy_token(generation: Mapping[str, Any], logits: torch.Tensor, *, length: int, prompt_length: int,
                  max_length: int, eos: list[int], pad: int | None, unfinished: torch.Tensor,
-                 teacher: torch.Tensor | None = None) -> torch.Tensor:
+                 teacher: torch.Tensor | None = None, sequence: torch.Tensor | None = None,
+                 encoder_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The token of one greedy step: the argmax of the processed ``logits`` (or ``teacher``'s token),
     ``pad`` for sequences already finished; marks in ``unfinished`` (in place) those that end here."""
-    token = process(generation, logits, length, prompt_length, max_length).argmax(-1) if teacher is None else teacher
+    token = process(generation, logits, length, prompt_length, max_length, sequence, encoder_ids).argmax(-1) \
+        if teacher is None else teacher
     if pad is not None and eos:
         token = torch.where(unfinished, token, torch.full_like(token, pad))
     if eos:

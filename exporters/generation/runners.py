@@ -156,7 +156,8 @@ def run_executorch_llm(directory: str, prompt_ids: Iterable[int], max_new_tokens
 # the processors our loop applies (exporters/generation/processors.py) that the runners' greedy loops
 # have no setting for: a model whose generation config switches one on would generate other tokens there
 RUNNER_UNSUPPORTED = {"forced_bos_token_id": None, "forced_eos_token_id": None, "suppress_tokens": None,
-                      "begin_suppress_tokens": None, "min_new_tokens": 0, "min_length": 0}
+                      "begin_suppress_tokens": None, "min_new_tokens": 0, "min_length": 0,
+                      "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0}
 
 
 def check_runner_generation(generation: Mapping[str, Any], runner: str) -> None:
