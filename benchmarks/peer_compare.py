@@ -105,13 +105,17 @@ def ours_row(record) -> dict[str, Any]:
             "ours_error": _clean(record.error or record.reason)}
 
 
+QUANTIZED_TEST = "test_quantized"
+
+
 def load_ours(path: str) -> dict[tuple[str, str, str], Any]:
-    """``{(class, backend, variant): Result}`` of the sweep's main test; a later record wins."""
+    """``{(class, backend, variant): Result}`` of the sweep's main test and of test_quantized (variant
+    "int8"); a later record wins."""
     from sweeps.report.load import MAIN_TEST, load_any
 
     ours = {}
     for r in load_any(path):
-        if r.test not in (MAIN_TEST, "") or not (r.model_class and r.backend and r.variant):
+        if r.test not in (MAIN_TEST, "", QUANTIZED_TEST) or not (r.model_class and r.backend and r.variant):
             continue
         ours[(r.model_class, r.backend, r.variant)] = r
     return ours
@@ -389,7 +393,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", action="append", default=[], help="class/family pattern (repeatable)")
     parser.add_argument("--limit", type=int, help="keep the first N classes (name order)")
     parser.add_argument("--backend", action="append", choices=sorted(PEER_CONFIGS), help="repeatable")
-    parser.add_argument("--variant", action="append", choices=("static", "dynamic"), help="repeatable")
+    parser.add_argument("--variant", action="append", choices=("static", "dynamic", "int8"),
+                        help="repeatable; int8: test_quantized's items, the peer with its PT2EQuantizer")
     parser.add_argument("--jobs", type=int, default=1, help="peer children at a time (default 1)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per peer item (default 600)")
     parser.add_argument("--match-onnx-optimize", action="store_true",

@@ -165,6 +165,50 @@ def _check_other_shape(backend, exported, program, model, inputs) -> tuple[int, 
     return 0, "eager takes none of the candidate shapes"
 
 
+def peer_int8_quantizer(backend: str, inputs: Mapping[str, Any], captured: dict[str, Any]):
+    """The peer's ``PT2EQuantizer`` with XNNPACK's stock quantizer at our int8 recipe's settings (symmetric,
+    per-channel, static, our weight range for the backend), calibrated on the item's inputs; the module
+    ``convert_pt2e`` returns and the inputs it was traced with are kept in ``captured`` (the reference)."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from transformers.exporters.quantizers import PT2EQuantizer
+
+    from exporters.quantization import int8
+
+    low, high = int8(calibration=[dict(inputs)]).weight_range(backend)
+    stock = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(
+        is_per_channel=True, weight_qmin=low, weight_qmax=high))
+
+    class Capturing(PT2EQuantizer):
+        def quantize(self, model, sample_inputs, export_format):
+            converted = super().quantize(model, sample_inputs, export_format)
+            captured.update(module=converted, inputs=dict(sample_inputs))
+            return converted
+
+    return Capturing(stock, calibration_dataset=[dict(inputs)])
+
+
+def _quantized_verdict(captured: Mapping[str, Any], eager: Mapping[str, Any], actual_raw: Any, backend: str) -> dict:
+    """Raise our quantized rule's ParityError where the peer's artifact is off its own quantized model
+    (the ``convert_pt2e`` module run in PyTorch); return the reference's SQNR against fp32 eager."""
+    import torch
+
+    from exporters.parity import assert_close_quantized, sqnr_db
+    from exporters.utils import flatten_outputs
+
+    if "module" not in captured:
+        raise RuntimeError("the peer's export never called its PT2EQuantizer")
+    with torch.no_grad():
+        reference = flatten_outputs(captured["module"](**captured["inputs"]))
+    actual = {k: torch.as_tensor(v) for k, v in _flatten_actual(actual_raw, reference).items()}
+    first = next((k for k, v in reference.items() if v.is_floating_point() and k in eager
+                  and eager[k].shape == v.shape), None)
+    assert_close_quantized(reference, actual, backend)
+    return {"peer_sqnr_db": round(sqnr_db(eager[first], reference[first]), 2) if first else None}
+
+
 def peer_item(class_name: str, backend: str, variant: str, onnx_optimize: bool | None = None) -> dict[str, Any]:
     """Export one item with the peer and compare it to eager with our rule. Runs in a child process."""
     warnings.filterwarnings("ignore")
@@ -190,6 +234,9 @@ def peer_item(class_name: str, backend: str, variant: str, onnx_optimize: bool |
         kwargs: dict[str, Any] = {"dynamic": variant == "dynamic"}
         if backend == "onnx" and onnx_optimize is not None:
             kwargs["optimize"] = onnx_optimize
+        captured: dict[str, Any] = {}
+        if variant == "int8":
+            kwargs["quantizer"] = peer_int8_quantizer(backend, inputs, captured)
         config = getattr(peer, PEER_CONFIGS[backend])(**kwargs)
         exporter = peer.AutoHfExporter.from_config(config)
         exported = exporter.export(model, dict(inputs), config)
@@ -213,6 +260,12 @@ def peer_item(class_name: str, backend: str, variant: str, onnx_optimize: bool |
         if bad:
             stage = "eager"
             raise ValueError(f"eager outputs {bad} are not finite: the tiny model is useless for parity")
+        if variant == "int8":  # judged against the peer's own quantized model, by our quantized rule
+            row.update(_quantized_verdict(captured, expected, actual_raw, backend))
+            stage = "done"
+            row.update(peer="pass", peer_stage=stage)
+            row["peer_duration_s"] = round(time.perf_counter() - start, 3)
+            return row
         problems = compare(expected, _flatten_actual(actual_raw, expected), backend)
         if problems:
             from exporters.parity import ParityError
