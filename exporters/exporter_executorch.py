@@ -129,6 +129,23 @@ def bound_dynamic_shapes(spec: Any, max_dim: int) -> Any:
 # ── the exporter ─────────────────────────────────────────────────────────────
 
 
+def quantized_kernels_registered() -> None:
+    """Register the out variants of the quantize / dequantize ops (``quantized_decomposed::*.out``) that
+    ExecuTorch's portable quantized kernels implement: a quantized program keeps some of them outside the
+    XNNPACK delegate (a per-channel weight's dequantize before an op XNNPACK does not take), and
+    ``to_executorch`` refuses a program whose ops have no out variant ("Missing out variants:
+    {'quantized_decomposed::dequantize_per_channel'}"). The executorch wheel ships them as a library
+    that ``import executorch.kernels.quantized`` loads; it is not loaded by anything else."""
+    import executorch.kernels.quantized  # noqa: F401 - loads libquantized_ops_aot_lib
+
+    try:
+        torch.ops.quantized_decomposed.dequantize_per_channel.out  # noqa: B018 - resolved lazily, raises if absent
+    except (AttributeError, RuntimeError):
+        # the package logs and goes on when the library does not load
+        raise RuntimeError("executorch.kernels.quantized did not register quantized_decomposed::*.out (its "
+                           "libquantized_ops_aot_lib did not load): a quantized program cannot be lowered here") from None
+
+
 class ExecutorchExporter(GenerationExport, Exporter):
     backend = "executorch"
     config_class = ExecutorchConfig
@@ -178,5 +195,7 @@ class ExecutorchExporter(GenerationExport, Exporter):
         """Fix and lower ``program``, with the retries of LOWERING_RETRIES; ``retrace()`` exports it
         again, for a retry that needs a program no lowering has touched."""
         program = self._fixed(program, config, fired)
+        if config.quantization is not None:
+            quantized_kernels_registered()
         context = RetryContext(list(inputs), retrace, lambda p: self._fixed(p, config, fired))
         return lower_with_retries(Attempt(program, partitioners, config.constant_methods), et_patches, fired, context)

@@ -272,3 +272,27 @@ def test_a_boolean_operand_is_not_observed():
     artifact = exporter.export(_BoolMaskCat().eval(), {"x": x}, exporter.config_class(quantization=int8(calibration=[{"x": x}])))
     assert artifact.metadata["quantization"]["quantize_ops"] > 0
     assert torch.equal(artifact(x=x)["output"], artifact.reference(x=x)["output"])
+
+
+class _Conv3d(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(2, 4, 2)
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.proj(self.conv(x).flatten(2).transpose(1, 2))
+
+
+def test_quantize_ops_left_outside_the_delegate_lower_and_run_on_executorch():
+    """A quantized op XNNPACK does not take (a Conv3d: Glm4v's patch embedding) leaves its per-channel
+    weight's dequantize outside the delegate; the portable quantized kernels' out variants are registered
+    (exporters.exporter_executorch.quantized_kernels_registered) so the program lowers and runs, equal to
+    its reference within the quantized rule."""
+    from exporters.parity import assert_close_quantized
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 3, 4, 4)
+    exporter = get_exporter("executorch")
+    artifact = exporter.export(_Conv3d().eval(), {"x": x}, exporter.config_class(quantization=int8(calibration=[{"x": x}])))
+    assert_close_quantized(artifact.reference(x=x), artifact(x=x), "executorch")
