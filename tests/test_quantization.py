@@ -296,3 +296,19 @@ def test_quantize_ops_left_outside_the_delegate_lower_and_run_on_executorch():
     exporter = get_exporter("executorch")
     artifact = exporter.export(_Conv3d().eval(), {"x": x}, exporter.config_class(quantization=int8(calibration=[{"x": x}])))
     assert_close_quantized(artifact.reference(x=x), artifact(x=x), "executorch")
+
+
+
+def test_a_per_channel_quantize_outside_the_delegate_runs_on_executorch():
+    """The portable quantize_per_channel kernel takes float64 scales only; convert_pt2e writes float32
+    (_fix_quantize_per_channel_double_scales). DeepseekV3's experts quantize weights that are not
+    constants, outside the XNNPACK delegate: without the fix the runtime aborts the process."""
+    from exporters.parity import assert_close_quantized
+    from sweeps.runner import reference
+
+    tiny = reference("DeepseekV3ForTokenClassification").tiny
+    exporter = get_exporter("executorch")
+    artifact = exporter.export(tiny.model, tiny.inputs,
+                               exporter.config_class(dynamic=False, quantization=int8(calibration=[tiny.inputs])))
+    assert "fix:executorch:_fix_quantize_per_channel_double_scales" in artifact.workarounds_fired
+    assert_close_quantized(artifact.reference(**tiny.inputs), artifact(**tiny.inputs), "executorch")

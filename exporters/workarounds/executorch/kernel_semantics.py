@@ -1,6 +1,6 @@
 """ExecuTorch node fixes: ops whose kernel exists but computes or accepts something other than ATen
-(XNNPACK's tanh GELU, negative and circular padding, int32 indices, C-style remainder, 3-D convolution,
-alias, unbatched pooling).
+(XNNPACK's tanh GELU, negative and circular padding, int32 indices, float32 per-channel quantize
+scales, C-style remainder, 3-D convolution, alias, unbatched pooling).
 """
 
 from __future__ import annotations
@@ -102,6 +102,39 @@ def _fix_int32_index_as_int64(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     return True
 
 
+
+
+def _quantize_per_channel_ops() -> tuple:
+    ops = getattr(torch.ops, "quantized_decomposed", None)
+    try:
+        return (ops.quantize_per_channel.default,) if ops is not None else ()
+    except (AttributeError, RuntimeError):  # torchao's quantized_decomposed ops not registered
+        return ()
+
+
+@register_fx_node_fix("executorch")
+def _fix_quantize_per_channel_double_scales(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """The portable ``quantize_per_channel`` kernel takes float64 scales only, where PT2E's op also
+    takes the float32 scales ``convert_pt2e`` writes. A per-channel quantize that stays outside the
+    XNNPACK delegate (a weight that is not a constant when it is quantized: DeepseekV3's and GlmMoeDsa's
+    experts) aborted the runtime ("[op_quantize.cpp:427] In function quantize_per_channel_out(), assert
+    failed (scale.scalar_type() == ScalarType::Double)"). Widen the scales before the op; XNNPACK does not
+    take a per-channel quantize of a computed tensor, so no delegated node changes.
+
+    before: quantize_per_channel(w, scales.float32, ...)    after: quantize_per_channel(w, scales.to(float64), ...)
+    """
+    if node.op != "call_function" or node.target not in _quantize_per_channel_ops():
+        return False
+    scales = node.args[1] if len(node.args) > 1 else None
+    val = fake_val(scales)
+    if val is None or val.dtype != torch.float32:
+        return False
+    made = NewNodes(gm.graph)
+    with gm.graph.inserting_before(node):
+        wide = made.call(torch.ops.aten._to_copy.default, scales, dtype=torch.float64)
+    copy_source_meta(node, made)
+    node.update_arg(1, wide)
+    return True
 
 
 _REMAINDERS = (torch.ops.aten.remainder.Tensor, torch.ops.aten.remainder.Scalar)
