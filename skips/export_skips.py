@@ -31,16 +31,6 @@ from skips.records import ExportSkip
 
 EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
-        classes=("LlavaForConditionalGeneration",),
-        tests=("generate",),
-        stage="export",
-        reason="generate computes the image features before the first forward call and passes them as "
-               "mm_encoder_outputs, a dict that also holds None entries; export_for_generation captures the model's "
-               "forward calls and get_encoder()'s, so those features have no component to come from and the dict "
-               "cannot be a flat input (GenerationError at capture, seen at the commit adding this entry). Remove when "
-               "exporters/generation exports the multimodal feature step as a component of its own",
-    ),
-    ExportSkip(
         classes=("WhisperForConditionalGeneration",),
         tests=("generate",),
         stage="export",
