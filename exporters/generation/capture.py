@@ -213,10 +213,11 @@ def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: i
     forward recorded (the kwargs as they were when the call began), and of each of its encoders
     (``encoders_of``); returns the forward calls, the encoder calls by encoder and the sequences."""
     calls: list[Call] = []
-    encoder_calls: dict[str, list[Call]] = {label: [] for label in encoders_of(model)}
+    encoders = encoders_of(model)
+    encoder_calls: dict[str, list[Call]] = {label: [] for label in encoders}
     with contextlib.ExitStack() as stack:
         stack.enter_context(_recorded(model, calls))
-        for label, (owner, method) in encoders_of(model).items():
+        for label, (owner, method) in encoders.items():
             stack.enter_context(_recorded(owner, encoder_calls[label], _whole, method))
         stack.enter_context(torch.no_grad())
         sequences = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)

@@ -94,11 +94,16 @@ def _fix_int32_index_as_int64(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     val = fake_val(index)
     if val is None or val.dtype != torch.int32:
         return False
+    return _widen_arg(gm, node, 2, torch.int64)
+
+
+def _widen_arg(gm: torch.fx.GraphModule, node: torch.fx.Node, position: int, dtype: torch.dtype) -> bool:
+    """``node``'s argument at ``position`` cast to ``dtype`` by a ``_to_copy`` inserted before it."""
     made = NewNodes(gm.graph)
     with gm.graph.inserting_before(node):
-        wide = made.call(torch.ops.aten._to_copy.default, index, dtype=torch.int64)
+        wide = made.call(torch.ops.aten._to_copy.default, node.args[position], dtype=dtype)
     copy_source_meta(node, made)
-    node.update_arg(2, wide)
+    node.update_arg(position, wide)
     return True
 
 
@@ -129,12 +134,7 @@ def _fix_quantize_per_channel_double_scales(gm: torch.fx.GraphModule, node: torc
     val = fake_val(scales)
     if val is None or val.dtype != torch.float32:
         return False
-    made = NewNodes(gm.graph)
-    with gm.graph.inserting_before(node):
-        wide = made.call(torch.ops.aten._to_copy.default, scales, dtype=torch.float64)
-    copy_source_meta(node, made)
-    node.update_arg(1, wide)
-    return True
+    return _widen_arg(gm, node, 1, torch.float64)
 
 
 _REMAINDERS = (torch.ops.aten.remainder.Tensor, torch.ops.aten.remainder.Scalar)
