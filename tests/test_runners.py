@@ -102,3 +102,34 @@ def test_ort_genai_refuses_a_recurrent_state_by_name():
     model = MambaForCausalLM(MambaConfig(vocab_size=32, hidden_size=16, state_size=4, num_hidden_layers=1)).eval()
     with pytest.raises(GenerationError, match=r"no past_key_values \(its state: \['cache_params'\]\)"):
         export_genai(get_exporter("onnx"), model, {"input_ids": torch.tensor([[3, 4, 5]])})
+
+
+def test_ort_genai_carries_keys_and_values_of_different_sizes(tmp_path):
+    """Multi-head latent attention (DeepSeek-V3): its cache keys and values differ in size. The folder's cache
+    tensors are all as wide as the wider, the narrower zero-padded, and the runner generates what eager generates."""
+    import json
+
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from exporters.generation.genai import run_ort_genai
+
+    torch.manual_seed(0)
+    config = DeepseekV3Config(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                              num_hidden_layers=2, first_k_dense_replace=2, num_attention_heads=2, num_key_value_heads=2,
+                              q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                              eos_token_id=63, bos_token_id=0, pad_token_id=None)
+    model = DeepseekV3ForCausalLM(config).eval()
+    ids = torch.tensor([PROMPT])
+    generator = get_exporter("onnx").export_for_generation(
+        model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, get_exporter("onnx").config_class(dynamic=True))
+    generator.save(tmp_path, runner=True)
+    layout = json.loads((tmp_path / "metadata.json").read_text())["cache_layout"]
+    with torch.no_grad():
+        layer = model(ids, use_cache=True).past_key_values.layers[0]
+    sizes = (layer.keys.shape[-1], layer.values.shape[-1])
+    assert sizes[0] != sizes[1]
+    assert (layout["head_size"], layout["key_size"], layout["value_size"]) == (max(sizes), *sizes)
+    expected = _eager(model, 10)
+    assert len(set(expected)) > 3, expected
+    got, _ = run_ort_genai(str(tmp_path), PROMPT, 10)
+    assert got == expected
