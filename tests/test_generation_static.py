@@ -138,3 +138,26 @@ def test_saved_static_generator_runs_in_a_fresh_process(llama, backend, tmp_path
     done = subprocess.run([sys.executable, "-c", _LOAD, str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == f"StaticGenerator {expected.tolist()}"
+
+
+def test_static_cache_takes_each_layers_own_key_and_value_sizes():
+    """Multi-head latent attention (DeepSeek-V3) caches keys and values of different sizes: the static cache is
+    sized from the model's own writes, not from one head_dim of the config (before: index_copy_ refused the
+    key of another size at export)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    config = DeepseekV3Config(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                              num_hidden_layers=2, first_k_dense_replace=2, num_attention_heads=2, num_key_value_heads=2,
+                              q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                              eos_token_id=None, pad_token_id=None)
+    model = DeepseekV3ForCausalLM(config).eval()
+    ids = torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(1))
+    generator = get_exporter("dynamo").export_for_generation(model, {"input_ids": ids}, cache="static", max_cache_len=16)
+    with torch.no_grad():
+        layer = model(ids, use_cache=True).past_key_values.layers[0]
+        expected = model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert layer.keys.shape[-1] != layer.values.shape[-1]
+    assert (generator.cache_shapes["past_0_key"][-1], generator.cache_shapes["past_0_value"][-1]) == \
+        (layer.keys.shape[-1], layer.values.shape[-1])
+    assert generator.generate(ids, max_new_tokens=8).tolist() == expected.tolist()

@@ -58,7 +58,6 @@ def _step_cache_class():
 def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype):
     from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
-    text = model.config.get_text_config(decoder=True)
     cache = _step_cache_class()(config=model.config, max_cache_len=max_cache_len)
     for i, layer in enumerate(cache.layers):
         if type(layer) is StaticSlidingWindowLayer:
@@ -70,9 +69,24 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
         elif type(layer) is not StaticLayer:
             raise GenerationError(f"{type(model).__name__}: static cache layer {i} is a {type(layer).__name__}; the "
                                   "static step builds StaticLayer caches only")
+    # each layer's shapes as the model writes them (per-layer head counts and sizes; keys and values of
+    # different sizes under multi-head latent attention): one eager token into the lazily sized cache,
+    # then every slot zeroed again
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros(batch, 1, dtype=torch.long), cache_position=torch.tensor([0]),
+                  past_key_values=cache, use_cache=True, logits_to_keep=1)
+    except Exception as exc:  # noqa: BLE001 - the model refuses a one-token call over its static cache
+        raise GenerationError(f"{type(model).__name__}: one token over a static cache fails ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}), so its layers cannot be sized") from exc
+    text = model.config.get_text_config(decoder=True)
     heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    cache.early_initialization(batch, heads, head_dim, dtype, "cpu")
+    for layer in cache.layers:
+        if not layer.is_initialized:  # not written by a text token (Mllama's cross-attention): the config's sizes
+            empty = torch.zeros(batch, heads, 0, head_dim, dtype=dtype)
+            layer.lazy_initialization(empty, empty)
+    cache.reset()
     return cache
 
 
