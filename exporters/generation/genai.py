@@ -11,11 +11,11 @@ false); its config keys are the ones its model builder writes (model.decoder.inp
 outputs with ``%d`` name templates, head_size, num_key_value_heads, ...). ``type`` is "llama":
 onnxruntime-genai picks its generic decoder-only model class by that name and reads nothing else of it.
 
-Keys and values of different sizes (multi-head latent attention) share the wider size in the graph's
-cache tensors, the narrower zero-padded (``GenaiStep``). A model the config cannot describe is refused
-by name (GenerationError): a cache whose layers are not all plain key/value layers of one shape
-(recurrent state, indexed or linear-attention layers), or a forward that needs inputs besides ids,
-mask and positions.
+Layers whose keys and values differ in size (multi-head latent attention) or in head count share the
+largest of each in the graph's cache tensors, each layer's own part zero-padded (``GenaiStep``). A model
+the config cannot describe is refused by name (GenerationError): a cache with layers other than plain
+key/value layers (recurrent state, indexed or linear-attention layers), or a forward that needs inputs
+besides ids, mask and positions.
 """
 
 from __future__ import annotations
@@ -37,32 +37,37 @@ GENAI_INPUTS = ("input_ids", "attention_mask", "position_ids")
 class GenaiStep(torch.nn.Module):
     """``model`` over a DynamicCache rebuilt from ``past_<i>_*`` inputs; returns logits and presents."""
 
-    def __init__(self, model: torch.nn.Module, layers: int, takes_positions: bool, key_size: int | None = None,
-                 value_size: int | None = None):
-        """``key_size`` / ``value_size``: the model's own last dims where they differ (multi-head latent
-        attention: keys of qk_nope + qk_rope, values of v_head_dim). The graph's cache tensors are then all
-        ``max`` of the two wide (genai_config.json has one head_size): the narrower part is zero-padded on
-        the way out and sliced off on the way in, so the model sees its own cache exactly."""
+    def __init__(self, model: torch.nn.Module, layers: int, takes_positions: bool,
+                 shapes: list[tuple[tuple[int, int], tuple[int, int]]] | None = None):
+        """``shapes``: each layer's own ((heads, size) of keys, (heads, size) of values) where they are not
+        all one (multi-head latent attention: keys and values of different sizes; layers of different head
+        counts). genai_config.json has one num_key_value_heads and one head_size, so the graph's cache
+        tensors all have the largest of each: a layer's own part is zero-padded on the way out and sliced
+        off on the way in, and the model sees its own cache exactly."""
         super().__init__()
         self.model, self.layers, self.takes_positions = model, layers, takes_positions
-        self.key_size, self.value_size = key_size, value_size
-        self.head_size = max(key_size, value_size) if key_size is not None and value_size is not None else None
+        self.shapes = shapes
+        if shapes:
+            self.heads = max(dims[0] for pair in shapes for dims in pair)
+            self.size = max(dims[1] for pair in shapes for dims in pair)
 
-    def _narrow(self, tensor: torch.Tensor, size: int | None) -> torch.Tensor:
-        return tensor if size is None or size == self.head_size else tensor[..., :size]
+    def _narrow(self, tensor: torch.Tensor, layer: int, part: int) -> torch.Tensor:
+        if not self.shapes:
+            return tensor
+        heads, size = self.shapes[layer][part]
+        return tensor[:, :heads, :, :size]
 
     def _widen(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.head_size is None or tensor.shape[-1] == self.head_size:
+        if not self.shapes:
             return tensor
-        return torch.nn.functional.pad(tensor, (0, self.head_size - tensor.shape[-1]))
+        return torch.nn.functional.pad(tensor, (0, self.size - tensor.shape[-1], 0, 0, 0, self.heads - tensor.shape[1]))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None,
                 **past: torch.Tensor) -> dict[str, torch.Tensor]:
 
         cache = plain_cache(self.model)
         for i in range(self.layers):
-            cache.update(self._narrow(past[f"past_{i}_key"], self.key_size),
-                         self._narrow(past[f"past_{i}_value"], self.value_size), i)
+            cache.update(self._narrow(past[f"past_{i}_key"], i, 0), self._narrow(past[f"past_{i}_value"], i, 1), i)
         kwargs = {"position_ids": position_ids} if self.takes_positions else {}
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True,
                          return_dict=True, **kwargs)
@@ -83,9 +88,9 @@ def plain_cache(model: torch.nn.Module):
     return cache
 
 
-def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[int, int, int, int, bool]:
-    """(layers, kv_heads, key_size, value_size, takes_positions) read off one eager forward with a
-    DynamicCache: every layer must hold keys and values of one (heads, size) each."""
+def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[list, bool]:
+    """(each layer's ((heads, size) of keys, (heads, size) of values), takes_positions), read off one eager
+    forward with a DynamicCache whose layers must all be plain key/value layers."""
     from transformers.cache_utils import DynamicLayer
 
     name = type(model).__name__
@@ -115,17 +120,12 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[int, int
     if not layers or odd:
         raise GenerationError(f"{name}'s cache holds {odd or 'no'} layers; the onnxruntime-genai folder describes "
                               "plain key/value layers only (genai_config.json has no key for this layout)")
-    shapes = {(tuple(layer.keys.shape[1::2]), tuple(layer.values.shape[1::2])) for layer in layers}
-    heads = {dims[0] for pair in shapes for dims in pair}
-    if len(shapes) != 1 or len(heads) != 1:
-        raise GenerationError(f"{name}'s cache layers differ in heads or head size {sorted(shapes)} ((heads, size) of "
-                              "keys and values per layer); genai_config.json gives one num_key_value_heads and one "
-                              "head_size for every layer")
-    ((kv_heads, key_size), (_, value_size)), = shapes
+    shapes = [((int(layer.keys.shape[1]), int(layer.keys.shape[3])), (int(layer.values.shape[1]), int(layer.values.shape[3])))
+              for layer in layers]
     import inspect
 
     takes_positions = "position_ids" in inspect.signature(model.forward).parameters
-    return len(layers), int(kv_heads), int(key_size), int(value_size), takes_positions
+    return shapes, takes_positions
 
 
 def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], config=None):
@@ -134,8 +134,11 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
 
     if exporter.backend != "onnx":
         raise GenerationError(f"onnxruntime-genai runs ONNX graphs; this generator was exported for {exporter.backend}")
-    layers, heads, key_size, value_size, takes_positions = _layout(model, inputs)
-    head_size = max(key_size, value_size)
+    layer_shapes, takes_positions = _layout(model, inputs)
+    layers = len(layer_shapes)
+    heads = max(dims[0] for pair in layer_shapes for dims in pair)
+    head_size = max(dims[1] for pair in layer_shapes for dims in pair)
+    uniform = len({dims for pair in layer_shapes for dims in pair}) == 1
     ids = inputs["input_ids"]
     if ids.shape[0] < 2:  # a traced batch of 1 would be specialized
         ids = ids.expand(2, -1)
@@ -157,11 +160,11 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
     shapes.update({k: {0: b, 2: p} for k in example if k.startswith("past_")})
     config = config if config is not None else exporter.config_class()
     config = dataclasses.replace(config, dynamic=False, dynamic_shapes=shapes, accept_size_one=False)
-    step = GenaiStep(model, layers, takes_positions, *((key_size, value_size) if key_size != value_size else ()))
+    step = GenaiStep(model, layers, takes_positions, None if uniform else layer_shapes)
     artifact = exporter.export(step.eval(), example, config)
     layout = {"layers": layers, "kv_heads": heads, "head_size": head_size, "takes_positions": takes_positions}
-    if key_size != value_size:  # the model's own sizes inside the padded cache tensors (GenaiStep)
-        layout.update(key_size=key_size, value_size=value_size)
+    if not uniform:  # each layer's own (heads, size) of keys and values inside the padded tensors (GenaiStep)
+        layout["layer_shapes"] = [[list(k), list(v)] for k, v in layer_shapes]
     artifact.extra_metadata.update({"component": "genai_decoder", "cache_layout": layout})
     return artifact, layout
 
