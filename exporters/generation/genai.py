@@ -118,14 +118,27 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[list, bo
     layers = list(getattr(cache, "layers", []))
     odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
     if not layers or odd:
-        raise GenerationError(f"{name}'s cache holds {odd or 'no'} layers; the onnxruntime-genai folder describes "
-                              "plain key/value layers only (genai_config.json has no key for this layout)")
+        raise GenerationError(f"{name}'s cache holds {odd or 'no'} layers; " + _unsupported_layers(odd))
     shapes = [((int(layer.keys.shape[1]), int(layer.keys.shape[3])), (int(layer.values.shape[1]), int(layer.values.shape[3])))
               for layer in layers]
     import inspect
 
     takes_positions = "position_ids" in inspect.signature(model.forward).parameters
     return shapes, takes_positions
+
+
+def _unsupported_layers(kinds: list[str]) -> str:
+    """Why the folder cannot carry these cache layers, by kind."""
+    if any(k.startswith("LinearAttention") for k in kinds):
+        return ("onnxruntime-genai (0.18) takes conv and recurrent state by name (past_conv_names / "
+                "past_recurrent_names), but runs one graph for the prompt and for every step from the state it is "
+                "given, while transformers' linear-attention layers run the prompt from zero state and only a "
+                "one-token step from a stored one (has_previous_state); the one-graph form of these layers (the "
+                "prompt's convolution and chunked recurrence started from the given state) is not built yet")
+    if any("Indexed" in k for k in kinds):
+        return ("a sparse-attention indexer's keys are a cache of their own, which genai_config.json has no input "
+                "names for (it names key, value, conv and recurrent tensors only)")
+    return "the onnxruntime-genai folder describes key/value, conv and recurrent layers only"
 
 
 def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], config=None):
