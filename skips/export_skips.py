@@ -73,17 +73,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "cache's tensors as its state (the recurrent state as buffers / input-output pairs)",
     ),
     ExportSkip(
-        classes=("Qwen3NextForCausalLM",),
-        tests=("generate",),
-        variants=("static",),
-        stage="export",
-        reason="a hybrid (linear-attention + full-attention) model: with cache_implementation='static' its generate "
-               "passes attention_mask as a per-layer-type dict holding None for the linear layers, and its cache "
-               "mixes recurrent and key/value layers, which the static step's StaticLayer-only cache cannot hold "
-               "(GenerationError at capture). Remove when the static step keeps a hybrid cache's recurrent layers "
-               "as fixed-size state beside its StaticLayers",
-    ),
-    ExportSkip(
         classes=("Swin2SRForImageSuperResolution",),
         backends=("executorch",),
         variants=("dynamic",),

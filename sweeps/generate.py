@@ -82,7 +82,9 @@ def _static_cache_pair(eager_cache, static_cache: dict[str, torch.Tensor], writt
     want = flatten_outputs({"past_key_values": eager_cache})
     got = {}
     for name, tensor in static_cache.items():
-        _, index, part = name.split("_")
+        _, index, part = name.split("_", 2)
+        if part not in ("key", "value"):  # a linear-attention state: checked through the tokens and logits
+            continue
         key = f"past_key_values.{index}.{part}"
         if key in want:
             got[key] = tensor[..., written - want[key].shape[-2]: written, :]

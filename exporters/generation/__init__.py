@@ -123,7 +123,8 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     config = dataclasses.replace(config, dynamic=False, dynamic_shapes=step_dynamic_shapes(step, example),
                                  accept_size_one=False)
     if exporter.backend == "executorch" and step.runner_form:  # the metadata ExecuTorch's LLM runner reads
-        config = dataclasses.replace(config, constant_methods={**llm_runner_methods(model, generation, max_cache_len),
+        config = dataclasses.replace(config, constant_methods={**llm_runner_methods(model, generation, max_cache_len,
+                                                                                    step.token_by_token),
                                                                **(config.constant_methods or {})})
     artifact = exporter.export(step, example, config)
     artifact.extra_metadata.update({"component": "step", "cache": "static", "max_cache_len": max_cache_len,
@@ -132,7 +133,8 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                 "workarounds_fired": {"step": artifact.workarounds_fired}}
     return StaticGenerator({"step": artifact}, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
                            cache_shapes=step.cache_shapes(), takes_positions=step.takes_positions and not step.runner_form,
-                           takes_mask=step.takes_mask, generation=generation, metadata=metadata)
+                           takes_mask=step.takes_mask, generation=generation, metadata=metadata,
+                           token_by_token=step.token_by_token)
 
 
 def _generation_dict(model) -> dict[str, Any]:

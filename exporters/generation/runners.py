@@ -29,15 +29,18 @@ import torch
 ALPHABET = string.digits + string.ascii_uppercase + string.ascii_lowercase
 
 
-def llm_runner_methods(model: torch.nn.Module, generation: Mapping[str, Any], max_cache_len: int) -> dict[str, Any]:
-    """The constant methods ExecuTorch's LLM runner reads, for a static step of ``max_cache_len`` slots."""
+def llm_runner_methods(model: torch.nn.Module, generation: Mapping[str, Any], max_cache_len: int,
+                       token_by_token: bool = False) -> dict[str, Any]:
+    """The constant methods ExecuTorch's LLM runner reads, for a static step of ``max_cache_len`` slots
+    (``token_by_token``: a step of one token a call, which the runner then prefills token by token)."""
     methods: dict[str, Any] = {
         "get_max_seq_len": max_cache_len,
         "get_max_context_len": max_cache_len,
         "get_vocab_size": vocab_size(model),
         "use_kv_cache": True,
         "use_sdpa_with_kv_cache": False,
-        "enable_dynamic_shape": True,  # the step takes a whole prompt at once (S from 1 to max_seq_len)
+        # True: the step takes a whole prompt at once (S from 1 to max_seq_len); False: one token a call
+        "enable_dynamic_shape": not token_by_token,
     }
     if generation.get("bos_token_id") is not None:
         methods["get_bos_id"] = int(generation["bos_token_id"])

@@ -55,8 +55,20 @@ def _step_cache_class():
     return StepCache
 
 
+def _is_linear(layer) -> bool:
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    return isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
 def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype):
-    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+    from transformers.cache_utils import (
+        LinearAttentionAndStaticFullAttentionLayer,
+        LinearAttentionAndStaticSlidingWindowAttentionLayer,
+        LinearAttentionLayer,
+        StaticLayer,
+        StaticSlidingWindowLayer,
+    )
 
     cache = _step_cache_class()(config=model.config, max_cache_len=max_cache_len)
     for i, layer in enumerate(cache.layers):
@@ -66,12 +78,15 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
             # window layer computes, keeping max_cache_len slots instead of the window's. The rolling
             # update itself branches on a Python count, which a traced step cannot carry.
             cache.layers[i] = StaticLayer(max_cache_len=max_cache_len)
-        elif type(layer) is not StaticLayer:
+        elif type(layer) is LinearAttentionAndStaticSlidingWindowAttentionLayer:  # the same, beside its states
+            cache.layers[i] = LinearAttentionAndStaticFullAttentionLayer(max_cache_len=max_cache_len,
+                                                                         number_of_states=layer.number_of_states)
+        elif type(layer) not in (StaticLayer, LinearAttentionLayer, LinearAttentionAndStaticFullAttentionLayer):
             raise GenerationError(f"{type(model).__name__}: static cache layer {i} is a {type(layer).__name__}; the "
-                                  "static step builds StaticLayer caches only")
+                                  "static step builds key/value (StaticLayer) and linear-attention state layers only")
     # each layer's shapes as the model writes them (per-layer head counts and sizes; keys and values of
-    # different sizes under multi-head latent attention): one eager token into the lazily sized cache,
-    # then every slot zeroed again
+    # different sizes under multi-head latent attention; conv and recurrent states): one eager token into
+    # the lazily sized cache, then every slot zeroed again
     try:
         with torch.no_grad():
             model(input_ids=torch.zeros(batch, 1, dtype=torch.long), cache_position=torch.tensor([0]),
@@ -83,11 +98,45 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
     heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     for layer in cache.layers:
-        if not layer.is_initialized:  # not written by a text token (Mllama's cross-attention): the config's sizes
+        if isinstance(layer, StaticLayer) and not layer.is_initialized:
+            # not written by a text token (Mllama's cross-attention): the config's sizes
             empty = torch.zeros(batch, heads, 0, head_dim, dtype=dtype)
-            layer.lazy_initialization(empty, empty)
+            StaticLayer.lazy_initialization(layer, empty, empty)
     cache.reset()
+    for layer in cache.layers:
+        if _is_linear(layer):
+            # zero state, read as a previous one: the step runs the model's one-token path, which from zero
+            # state computes what its prompt path computes for the first token (a convolution over zero
+            # padding, the recurrence from a zero state)
+            for j in range(layer.number_of_states):
+                layer.has_previous_state[j] = bool(layer.is_conv_states_initialized[j]
+                                                   or layer.is_recurrent_states_initialized[j])
     return cache
+
+
+def _layer_tensors(layer) -> dict[str, torch.Tensor]:
+    """A step cache layer's tensors by part: ``key`` / ``value`` for its attention, ``conv_<j>`` /
+    ``recurrent_<j>`` for its linear-attention states."""
+    from transformers.cache_utils import StaticLayer
+
+    parts = {"key": layer.keys, "value": layer.values} if isinstance(layer, StaticLayer) else {}
+    if _is_linear(layer):
+        for j in range(layer.number_of_states):
+            if layer.is_conv_states_initialized[j]:
+                parts[f"conv_{j}"] = layer.conv_states[j]
+            if layer.is_recurrent_states_initialized[j]:
+                parts[f"recurrent_{j}"] = layer.recurrent_states[j]
+    return parts
+
+
+def _set_layer_tensor(layer, part: str, tensor: torch.Tensor) -> None:
+    if part == "key":
+        layer.keys = tensor
+    elif part == "value":
+        layer.values = tensor
+    else:
+        kind, j = part.rsplit("_", 1)
+        getattr(layer, f"{kind}_states")[int(j)] = tensor
 
 
 class StaticStep(torch.nn.Module):
@@ -110,29 +159,43 @@ class StaticStep(torch.nn.Module):
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self._cache = _static_cache(model, batch, max_cache_len, dtype)
         self.layer_count = len(self._cache.layers)
+        # linear-attention states run one token a call: the model's state update is its one-token path
+        self.token_by_token = any(_is_linear(layer) for layer in self._cache.layers)
+        self._parts = [list(_layer_tensors(layer)) for layer in self._cache.layers]
         for i, layer in enumerate(self._cache.layers):
             if state == "buffers":
-                self.register_buffer(f"cache_{i}_key", layer.keys)
-                self.register_buffer(f"cache_{i}_value", layer.values)
+                for part, tensor in _layer_tensors(layer).items():
+                    self.register_buffer(f"cache_{i}_{part}", tensor)
 
     def cache_shapes(self) -> dict[str, tuple[int, ...]]:
         """The cache inputs, ``past_<i>_key`` / ``past_<i>_value``, and their fixed shapes (the outputs are
         named ``present_<i>_key`` / ``present_<i>_value``)."""
-        return {f"past_{i}_{part}": tuple(getattr(layer, f"{part}s").shape)
-                for i, layer in enumerate(self._cache.layers) for part in ("key", "value")}
+        return {f"past_{i}_{part}": tuple(tensor.shape)
+                for i, layer in enumerate(self._cache.layers) for part, tensor in _layer_tensors(layer).items()}
 
     def initial_cache(self) -> dict[str, torch.Tensor]:
         """Zeros for every cache input (the ``"inputs"`` form's first call)."""
-        return {name: torch.zeros(shape, dtype=self._cache.layers[0].keys.dtype) for name, shape in self.cache_shapes().items()}
+        return {f"past_{i}_{part}": torch.zeros_like(tensor)
+                for i, layer in enumerate(self._cache.layers) for part, tensor in _layer_tensors(layer).items()}
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, **cache: torch.Tensor) -> dict[str, torch.Tensor]:
+        from transformers.cache_utils import StaticLayer
+
+        # a linear-attention state is a running sum, not slots a position masks: the call at position 0
+        # starts it from zero (a new sequence over the state the last one left in the program)
+        fresh = (cache_position[0] > 0) if self.token_by_token and self.state == "buffers" else None
         for i, layer in enumerate(self._cache.layers):
-            if self.state == "buffers":
-                layer.keys, layer.values = getattr(self, f"cache_{i}_key"), getattr(self, f"cache_{i}_value")
-            else:  # updated in place on a copy, returned as the next call's input
-                layer.keys, layer.values = cache[f"past_{i}_key"].clone(), cache[f"past_{i}_value"].clone()
-            layer.cumulative_length = cache_position[0].clone()  # where this call writes; the mask's offset
+            for part in self._parts[i]:
+                if self.state == "buffers" and fresh is not None and part not in ("key", "value"):
+                    buffer = getattr(self, f"cache_{i}_{part}")
+                    _set_layer_tensor(layer, part, buffer * fresh.to(buffer.dtype))
+                elif self.state == "buffers":
+                    _set_layer_tensor(layer, part, getattr(self, f"cache_{i}_{part}"))
+                else:  # updated in place on a copy, returned as the next call's input
+                    _set_layer_tensor(layer, part, cache[f"past_{i}_{part}"].clone())
+            if isinstance(layer, StaticLayer):
+                layer.cumulative_length = cache_position[0].clone()  # where this call writes; the mask's offset
         kwargs: dict[str, Any] = {"input_ids": input_ids}
         if self.runner_form and self.takes_positions:
             position_ids = cache_position.unsqueeze(0)
@@ -142,9 +205,12 @@ class StaticStep(torch.nn.Module):
             kwargs["attention_mask"] = attention_mask
         out = self.model(**kwargs, past_key_values=self._cache, use_cache=True, logits_to_keep=1, return_dict=True)
         outputs = {"logits": out.logits[:, -1, :]}
-        if self.state == "inputs":
-            for i, layer in enumerate(self._cache.layers):
-                outputs[f"present_{i}_key"], outputs[f"present_{i}_value"] = layer.keys, layer.values
+        for i, layer in enumerate(self._cache.layers):
+            for part, tensor in _layer_tensors(layer).items():
+                if self.state == "inputs":
+                    outputs[f"present_{i}_{part}"] = tensor
+                elif tensor is not getattr(self, f"cache_{i}_{part}"):  # a state the model replaced, not updated
+                    getattr(self, f"cache_{i}_{part}").copy_(tensor)
         return outputs
 
 
@@ -197,6 +263,9 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> lis
 
 def step_example(step: StaticStep, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """The step's inputs for a prompt: every slot of the mask, positions as generate counts them."""
+    if step.token_by_token:  # one token a call: the first token stands for every call
+        input_ids = input_ids[:, :1]
+        attention_mask = None if attention_mask is None else attention_mask[:, :1]
     batch, prompt = input_ids.shape
     example = {"input_ids": input_ids, "cache_position": torch.arange(prompt)}
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
@@ -212,7 +281,10 @@ def step_example(step: StaticStep, input_ids: torch.Tensor, attention_mask: torc
 
 
 def step_dynamic_shapes(step: StaticStep, example: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """The sequence length S (1 to max_cache_len) is the one dynamic dim; batch and cache are fixed."""
+    """The sequence length S (1 to max_cache_len) is the one dynamic dim; batch and cache are fixed. A
+    step of linear-attention states takes one token a call: every dim is fixed."""
+    if step.token_by_token:
+        return {name: None for name in example}
     seq = torch.export.Dim("S", min=1, max=step.max_cache_len)
     shapes: dict[str, Any] = {}
     for name in example:

@@ -1,5 +1,6 @@
 """The greedy loop over a static-cache ``step`` artifact (exporters/generation/static.py): the prompt in
-one call, then one token a call, every shape checked against the export's limits before anything runs."""
+one call (token by token for a step of linear-attention states), then one token a call, every shape
+checked against the export's limits before anything runs."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class StaticGenerator:
 
     def __init__(self, components: Mapping[str, Any], *, batch: int, max_cache_len: int, state: str,
                  cache_shapes: Mapping[str, tuple[int, ...]], takes_positions: bool, takes_mask: bool,
-                 generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None, token_input: str = "input_ids"):
+                 generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None, token_input: str = "input_ids",
+                 token_by_token: bool = False):
         self.components = dict(components)
         self.batch, self.max_cache_len, self.state = batch, max_cache_len, state
         self.cache_shapes = {k: tuple(v) for k, v in cache_shapes.items()}
@@ -34,6 +36,8 @@ class StaticGenerator:
         self.generation = dict(generation)
         self.metadata = dict(metadata or {})
         self.token_input = token_input
+        # the step takes one token a call (linear-attention states): the prompt goes in token by token
+        self.token_by_token = token_by_token
         self.rules = {"input_ids": "token", "cache_position": "next_position"}
         if takes_positions:
             self.rules["position_ids"] = "next_position"
@@ -68,6 +72,10 @@ class StaticGenerator:
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise GenerationError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
                                   f"{tuple(input_ids.shape)}")
+        if self.token_by_token and attention_mask is not None and not bool((attention_mask == 1).all()):
+            raise GenerationError("this step keeps linear-attention states and takes one token a call; a model zeroes "
+                                  "padded positions in its prompt path only, so the step cannot run a padded prompt "
+                                  "(give rows of one length, without padding)")
         if attention_mask is not None and not self.takes_mask and not bool((attention_mask == 1).all()):
             raise GenerationError("this step takes no attention_mask (the model's generate passed none at export), "
                                   "so it cannot run a padded batch")
@@ -91,6 +99,19 @@ class StaticGenerator:
             positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
             feed["position_ids"] = positions
         cache = {k: torch.zeros(s) for k, s in self.cache_shapes.items()} if self.state == "inputs" else {}
+        if self.token_by_token and prompt > 1:  # all but the prompt's last token, one a call
+            for t in range(prompt - 1):
+                part = {"input_ids": input_ids[:, t:t + 1], "cache_position": torch.tensor([t])}
+                if self.takes_positions:
+                    part["position_ids"] = positions[:, t:t + 1]
+                if self.takes_mask:
+                    part["attention_mask"] = full
+                outputs = step(**part, **cache)
+                if self.state == "inputs":
+                    cache = {k: outputs["present" + k.removeprefix("past")] for k in self.cache_shapes}
+            feed = {"input_ids": input_ids[:, -1:], "cache_position": torch.tensor([prompt - 1])}
+            if self.takes_positions:
+                feed["position_ids"] = positions[:, -1:]
         unfinished = torch.ones(batch, dtype=torch.bool)
         new_tokens, step_logits = [], []
         for i in range(max_new_tokens):
@@ -142,7 +163,8 @@ class StaticGenerator:
                "component_dirs": component_dirs, "cache": "static",
                "batch": self.batch, "max_cache_len": self.max_cache_len, "state": self.state,
                "cache_shapes": self.cache_shapes, "takes_positions": self.takes_positions,
-               "takes_mask": self.takes_mask, "token_input": self.token_input, "generation": self.generation,
+               "takes_mask": self.takes_mask, "token_input": self.token_input, "token_by_token": self.token_by_token,
+               "generation": self.generation,
                **self.metadata}
         path = os.path.join(directory, GENERATOR_FILE)
         with open(path, "w") as f:
