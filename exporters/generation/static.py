@@ -63,6 +63,7 @@ def _is_linear(layer) -> bool:
 
 def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype):
     from transformers.cache_utils import (
+        DummyLayer,
         LinearAttentionAndStaticFullAttentionLayer,
         LinearAttentionAndStaticSlidingWindowAttentionLayer,
         LinearAttentionLayer,
@@ -81,9 +82,10 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
         elif type(layer) is LinearAttentionAndStaticSlidingWindowAttentionLayer:  # the same, beside its states
             cache.layers[i] = LinearAttentionAndStaticFullAttentionLayer(max_cache_len=max_cache_len,
                                                                          number_of_states=layer.number_of_states)
-        elif type(layer) not in (StaticLayer, LinearAttentionLayer, LinearAttentionAndStaticFullAttentionLayer):
+        elif type(layer) not in (StaticLayer, LinearAttentionLayer, LinearAttentionAndStaticFullAttentionLayer, DummyLayer):
             raise GenerationError(f"{type(model).__name__}: static cache layer {i} is a {type(layer).__name__}; the "
-                                  "static step builds key/value (StaticLayer) and linear-attention state layers only")
+                                  "static step builds key/value (StaticLayer), linear-attention state and empty "
+                                  "(DummyLayer) layers only")
     # each layer's shapes as the model writes them (per-layer head counts and sizes; keys and values of
     # different sizes under multi-head latent attention; conv and recurrent states): one eager token into
     # the lazily sized cache, then every slot zeroed again
