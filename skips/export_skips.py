@@ -408,4 +408,15 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "(Inkling2: 8 and 7) in its linear-attention + sliding-window layers over a static cache (at 95d2c43 "
                "and 11d4116). Remove when transformers' static cache runs Inkling's generate",
     ),
+    ExportSkip(
+        classes=("KimiLinearForCausalLM",),
+        backends=("executorch",),
+        variants=("static",),
+        tests=("runner",),
+        stage="compare",
+        reason="the tiny model's first greedy token is its own end token (125): eager generate stops there, while "
+               "ExecuTorch's TextLLMRunner emits the token the prompt's prefill gives without checking it against "
+               "the end ids and goes on decoding (runner [125, 43, 30, ...], eager [125], at 11d4116). "
+               "Remove when the runner stops at an end token produced by the prefill",
+    ),
 )
