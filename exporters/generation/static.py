@@ -145,7 +145,7 @@ class StaticStep(torch.nn.Module):
     """``model`` over a static cache held by this module: see the module docstring."""
 
     def __init__(self, model: torch.nn.Module, batch: int, max_cache_len: int, state: str = "buffers",
-                 takes_positions: bool = True, takes_mask: bool = True):
+                 takes_positions: bool = True, takes_mask: bool = True, reads_mask: bool = False):
         """``takes_positions``: the model reads ``position_ids``; ``takes_mask``: it reads an attention
         mask. A step of batch 1 without a mask (``runner_form``) takes only ``input_ids`` and
         ``cache_position``, and gives the model ``position_ids = cache_position``: the two inputs, in
@@ -158,6 +158,9 @@ class StaticStep(torch.nn.Module):
         self.max_cache_len = max_cache_len
         self.takes_positions, self.takes_mask = takes_positions, takes_mask
         self.runner_form = batch == 1 and not takes_mask
+        # the model's generate passes a mask, which a runner does not give: the step builds it from the
+        # cache position (every slot written so far), as generate's all-ones mask for one unpadded row
+        self.inner_mask = self.runner_form and reads_mask
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self._cache = _static_cache(model, batch, max_cache_len, dtype)
         self.layer_count = len(self._cache.layers)
@@ -205,6 +208,9 @@ class StaticStep(torch.nn.Module):
             kwargs["position_ids"] = position_ids
         if self.takes_mask and attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
+        elif self.inner_mask:
+            slots = torch.arange(self.max_cache_len, device=cache_position.device)
+            kwargs["attention_mask"] = (slots <= cache_position[-1]).long().unsqueeze(0)
         out = self.model(**kwargs, past_key_values=self._cache, use_cache=True, logits_to_keep=1, return_dict=True)
         outputs = {"logits": out.logits[:, -1, :]}
         for i, layer in enumerate(self._cache.layers):
@@ -237,8 +243,9 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     mask = inputs.get("attention_mask")
     unpadded = mask is None or bool((mask == 1).all())
     # a batch of one without padding needs no mask: the causal mask over the written slots is all
-    takes_mask = any("attention_mask" in c for c in calls) and not (batch == 1 and unpadded)
-    return StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask).eval()
+    takes_mask = any("attention_mask" in c for c in calls) and not (batch == 1 and unpadded)  # as an input
+    reads_mask = any("attention_mask" in c for c in calls)
+    return StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask).eval()
 
 
 def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> list[set[str]]:
