@@ -419,4 +419,14 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "the end ids and goes on decoding (runner [125, 43, 30, ...], eager [125], at 11d4116). "
                "Remove when the runner stops at an end token produced by the prefill",
     ),
+    ExportSkip(
+        classes=("ReformerModelWithLMHead",),
+        tests=("runner",),
+        stage="eager",
+        reason="the model's own eager generate fails on the item's one-row prompt, before anything is exported: in "
+               "cached decoding the LSH attention layer hashes query/key vectors already split to 5 dims "
+               "(_hash_vectors' einsum 'bmtd,mdhr->bmhtr', models/reformer/modeling_reformer.py:731, called from "
+               "line 535: 'the number of subscripts in the equation (4) does not match the number of dimensions "
+               "(5)'; at 1539693 and ca5c0ac). Remove when transformers' Reformer decodes with its LSH cache",
+    ),
 )
