@@ -193,3 +193,21 @@ def test_linear_attention_states_run_token_by_token():
     # (without the reset its logits move by about 4e-4 on this model)
     for first, second in zip(runs[0].logits, runs[1].logits):
         assert torch.equal(first, second)
+
+
+def test_runner_form_builds_the_mask_generate_passes():
+    """A batch of one without padding exports the runner form (tokens and cache positions only). BioGpt derives
+    its positions from the attention mask; without one it reads the static cache's length, a data-dependent
+    value the export refuses ('N - u0 > N'). The step builds generate's all-ones mask over the written slots."""
+    from transformers import BioGptConfig, BioGptForCausalLM
+
+    torch.manual_seed(0)
+    config = BioGptConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=2, max_position_embeddings=64, eos_token_id=None, pad_token_id=1)
+    model = BioGptForCausalLM(config).eval()
+    ids = torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(1))
+    generator = get_exporter("dynamo").export_for_generation(model, {"input_ids": ids}, cache="static", max_cache_len=16)
+    assert generator.components["step"].input_names == ["input_ids", "cache_position"]
+    with torch.no_grad():
+        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+    assert generator.generate(ids, max_new_tokens=8).tolist() == expected.tolist()
