@@ -16,6 +16,14 @@ Where the cache lives, by ``state``:
 The write position comes from ``cache_position``, not from a counter kept in the program, so a caller
 (or a runner) that starts again at position 0 reuses the same slots: a stale slot past the current
 position is never read (the causal mask stops at the query's position).
+
+Each layer is sized by the model's own first write (per-layer heads and sizes; keys and values of
+different sizes). A hybrid's linear-attention layers add their conv and recurrent states
+(``past_<i>_conv_<j>`` / ``past_<i>_recurrent_<j>``, or buffers): such a step is ``token_by_token``, one
+token a call through the model's one-token path, its states zeroed at position 0 (a running state is
+not masked by position as stale slots are). A batch of one without padding is the runner form (tokens
+and cache positions only); where the model's generate passes a mask, the step builds it from the cache
+position.
 """
 
 from __future__ import annotations
