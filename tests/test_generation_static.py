@@ -13,6 +13,7 @@ import pytest
 import torch
 from _backend_params import _backends
 from _tiny_llama import tiny_llama
+from _tiny_mla import tiny_deepseek_v3
 
 from exporters import get_exporter
 from exporters.generation import GenerationError, StaticGenerator
@@ -144,14 +145,7 @@ def test_static_cache_takes_each_layers_own_key_and_value_sizes():
     """Multi-head latent attention (DeepSeek-V3) caches keys and values of different sizes: the static cache is
     sized from the model's own writes, not from one head_dim of the config (before: index_copy_ refused the
     key of another size at export)."""
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-
-    torch.manual_seed(0)
-    config = DeepseekV3Config(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                              num_hidden_layers=2, first_k_dense_replace=2, num_attention_heads=2, num_key_value_heads=2,
-                              q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
-                              eos_token_id=None, pad_token_id=None)
-    model = DeepseekV3ForCausalLM(config).eval()
+    model = tiny_deepseek_v3()
     ids = torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(1))
     generator = get_exporter("dynamo").export_for_generation(model, {"input_ids": ids}, cache="static", max_cache_len=16)
     with torch.no_grad():

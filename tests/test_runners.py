@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 from _tiny_llama import tiny_llama
+from _tiny_mla import tiny_deepseek_v3
 
 from exporters import get_exporter, load_generator
 from exporters.generation import GenerationError
@@ -109,16 +110,9 @@ def test_ort_genai_carries_keys_and_values_of_different_sizes(tmp_path):
     tensors are all as wide as the wider, the narrower zero-padded, and the runner generates what eager generates."""
     import json
 
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-
     from exporters.generation.genai import run_ort_genai
 
-    torch.manual_seed(0)
-    config = DeepseekV3Config(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                              num_hidden_layers=2, first_k_dense_replace=2, num_attention_heads=2, num_key_value_heads=2,
-                              q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
-                              eos_token_id=63, bos_token_id=0, pad_token_id=None)
-    model = DeepseekV3ForCausalLM(config).eval()
+    model = tiny_deepseek_v3(eos_token_id=63, bos_token_id=0)
     ids = torch.tensor([PROMPT])
     generator = get_exporter("onnx").export_for_generation(
         model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, get_exporter("onnx").config_class(dynamic=True))

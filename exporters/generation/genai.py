@@ -37,28 +37,28 @@ GENAI_INPUTS = ("input_ids", "attention_mask", "position_ids")
 class GenaiStep(torch.nn.Module):
     """``model`` over a DynamicCache rebuilt from ``past_<i>_*`` inputs; returns logits and presents."""
 
-    def __init__(self, model: torch.nn.Module, layers: int, takes_positions: bool,
-                 shapes: list[tuple[tuple[int, int], tuple[int, int]]] | None = None):
-        """``shapes``: each layer's own ((heads, size) of keys, (heads, size) of values) where they are not
-        all one (multi-head latent attention: keys and values of different sizes; layers of different head
-        counts). genai_config.json has one num_key_value_heads and one head_size, so the graph's cache
+    def __init__(self, model: torch.nn.Module, shapes: list[tuple[tuple[int, int], tuple[int, int]]],
+                 takes_positions: bool):
+        """``shapes``: each layer's own ((heads, size) of keys, (heads, size) of values). genai_config.json
+        has one num_key_value_heads and one head_size, so where they are not all one (multi-head latent
+        attention: keys and values of different sizes; layers of different head counts) the graph's cache
         tensors all have the largest of each: a layer's own part is zero-padded on the way out and sliced
         off on the way in, and the model sees its own cache exactly."""
         super().__init__()
-        self.model, self.layers, self.takes_positions = model, layers, takes_positions
-        self.shapes = shapes
-        if shapes:
-            self.heads = max(dims[0] for pair in shapes for dims in pair)
-            self.size = max(dims[1] for pair in shapes for dims in pair)
+        self.model, self.shapes, self.takes_positions = model, shapes, takes_positions
+        self.layers = len(shapes)
+        dims = {d for pair in shapes for d in pair}
+        self.heads, self.size = max(h for h, _ in dims), max(s for _, s in dims)
+        self.uniform = len(dims) == 1
 
     def _narrow(self, tensor: torch.Tensor, layer: int, part: int) -> torch.Tensor:
-        if not self.shapes:
+        if self.uniform:
             return tensor
         heads, size = self.shapes[layer][part]
         return tensor[:, :heads, :, :size]
 
     def _widen(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not self.shapes:
+        if self.uniform:
             return tensor
         return torch.nn.functional.pad(tensor, (0, self.size - tensor.shape[-1], 0, 0, 0, self.heads - tensor.shape[1]))
 
@@ -148,10 +148,7 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
     if exporter.backend != "onnx":
         raise GenerationError(f"onnxruntime-genai runs ONNX graphs; this generator was exported for {exporter.backend}")
     layer_shapes, takes_positions = _layout(model, inputs)
-    layers = len(layer_shapes)
-    heads = max(dims[0] for pair in layer_shapes for dims in pair)
-    head_size = max(dims[1] for pair in layer_shapes for dims in pair)
-    uniform = len({dims for pair in layer_shapes for dims in pair}) == 1
+    step = GenaiStep(model, layer_shapes, takes_positions).eval()
     ids = inputs["input_ids"]
     if ids.shape[0] < 2:  # a traced batch of 1 would be specialized
         ids = ids.expand(2, -1)
@@ -160,9 +157,9 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
     if takes_positions:
         example["position_ids"] = torch.arange(past, past + seq).expand(batch, -1)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    for i in range(layers):
+    for i in range(step.layers):
         for part in ("key", "value"):
-            example[f"past_{i}_{part}"] = torch.zeros(batch, heads, past, head_size, dtype=dtype)
+            example[f"past_{i}_{part}"] = torch.zeros(batch, step.heads, past, step.size, dtype=dtype)
     from torch.export import Dim
 
     limit = (config.max_dim if config is not None else 1024)
@@ -173,10 +170,9 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
     shapes.update({k: {0: b, 2: p} for k in example if k.startswith("past_")})
     config = config if config is not None else exporter.config_class()
     config = dataclasses.replace(config, dynamic=False, dynamic_shapes=shapes, accept_size_one=False)
-    step = GenaiStep(model, layers, takes_positions, None if uniform else layer_shapes)
-    artifact = exporter.export(step.eval(), example, config)
-    layout = {"layers": layers, "kv_heads": heads, "head_size": head_size, "takes_positions": takes_positions}
-    if not uniform:  # each layer's own (heads, size) of keys and values inside the padded tensors (GenaiStep)
+    artifact = exporter.export(step, example, config)
+    layout = {"layers": step.layers, "kv_heads": step.heads, "head_size": step.size, "takes_positions": takes_positions}
+    if not step.uniform:  # each layer's own (heads, size) of keys and values inside the padded tensors (GenaiStep)
         layout["layer_shapes"] = [[list(k), list(v)] for k, v in layer_shapes]
     artifact.extra_metadata.update({"component": "genai_decoder", "cache_layout": layout})
     return artifact, layout

@@ -200,13 +200,13 @@ class StaticStep(torch.nn.Module):
         fresh = (cache_position[0] > 0) if self.token_by_token and self.state == "buffers" else None
         for i, layer in enumerate(self._cache.layers):
             for part in self._parts[i]:
-                if self.state == "buffers" and fresh is not None and part not in ("key", "value"):
-                    buffer = getattr(self, f"cache_{i}_{part}")
-                    _set_layer_tensor(layer, part, buffer * fresh.to(buffer.dtype))
-                elif self.state == "buffers":
-                    _set_layer_tensor(layer, part, getattr(self, f"cache_{i}_{part}"))
-                else:  # updated in place on a copy, returned as the next call's input
-                    _set_layer_tensor(layer, part, cache[f"past_{i}_{part}"].clone())
+                if self.state == "inputs":  # updated in place on a copy, returned as the next call's input
+                    tensor = cache[f"past_{i}_{part}"].clone()
+                else:
+                    tensor = getattr(self, f"cache_{i}_{part}")
+                    if fresh is not None and part not in ("key", "value"):
+                        tensor = tensor * fresh.to(tensor.dtype)
+                _set_layer_tensor(layer, part, tensor)
             if isinstance(layer, StaticLayer):
                 layer.cumulative_length = cache_position[0].clone()  # where this call writes; the mask's offset
         kwargs: dict[str, Any] = {"input_ids": input_ids}
@@ -251,8 +251,8 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     mask = inputs.get("attention_mask")
     unpadded = mask is None or bool((mask == 1).all())
     # a batch of one without padding needs no mask: the causal mask over the written slots is all
-    takes_mask = any("attention_mask" in c for c in calls) and not (batch == 1 and unpadded)  # as an input
     reads_mask = any("attention_mask" in c for c in calls)
+    takes_mask = reads_mask and not (batch == 1 and unpadded)  # as an input
     return StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask).eval()
 
 

@@ -72,11 +72,12 @@ class StaticGenerator:
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise GenerationError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
                                   f"{tuple(input_ids.shape)}")
-        if self.token_by_token and attention_mask is not None and not bool((attention_mask == 1).all()):
+        padded = attention_mask is not None and not bool((attention_mask == 1).all())
+        if padded and self.token_by_token:
             raise GenerationError("this step keeps linear-attention states and takes one token a call; a model zeroes "
                                   "padded positions in its prompt path only, so the step cannot run a padded prompt "
                                   "(give rows of one length, without padding)")
-        if attention_mask is not None and not self.takes_mask and not bool((attention_mask == 1).all()):
+        if padded and not self.takes_mask:
             raise GenerationError("this step takes no attention_mask (the model's generate passed none at export), "
                                   "so it cannot run a padded batch")
 
@@ -106,9 +107,7 @@ class StaticGenerator:
                     part["position_ids"] = positions[:, t:t + 1]
                 if self.takes_mask:
                     part["attention_mask"] = full
-                outputs = step(**part, **cache)
-                if self.state == "inputs":
-                    cache = {k: outputs["present" + k.removeprefix("past")] for k in self.cache_shapes}
+                _, cache = self._call(step, part, cache)
             feed = {"input_ids": input_ids[:, -1:], "cache_position": torch.tensor([prompt - 1])}
             if self.takes_positions:
                 feed["position_ids"] = positions[:, -1:]
@@ -117,9 +116,7 @@ class StaticGenerator:
         for i in range(max_new_tokens):
             if self.takes_mask:
                 feed["attention_mask"] = full
-            outputs = step(**feed, **cache)
-            if self.state == "inputs":
-                cache = {k: outputs["present" + k.removeprefix("past")] for k in self.cache_shapes}
+            outputs, cache = self._call(step, feed, cache)
             logits = outputs["logits"]
             token = greedy_token(self.generation, logits, length=prompt + i, prompt_length=prompt,
                                  max_length=prompt + max_new_tokens, eos=eos, pad=pad, unfinished=unfinished,
@@ -140,6 +137,13 @@ class StaticGenerator:
         if not return_dict_in_generate:
             return sequences
         return GenerateOutput(sequences, tuple(step_logits) if output_logits else (), cache, len(new_tokens))
+
+    def _call(self, step, feed: Mapping[str, torch.Tensor], cache: dict[str, torch.Tensor]):
+        """One step call; the cache the next call takes (the step's presents in the "inputs" form)."""
+        outputs = step(**feed, **cache)
+        if self.state == "inputs":
+            cache = {k: outputs["present" + k.removeprefix("past")] for k in self.cache_shapes}
+        return outputs, cache
 
     # ── saving ────────────────────────────────────────────────────────────────
     def save(self, directory: str | os.PathLike, runner: bool = False) -> str:
