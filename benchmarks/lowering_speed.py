@@ -1,6 +1,6 @@
 """ExecuTorch lowering speed: ours (speed-ups on) vs the bare upstream call, and the byte-identity check.
 
-    python benchmarks/lowering_speed.py [--repeat 3] [--models llama,bert,vit] [--variants static,dynamic]
+    python benchmarks/lowering_speed.py [--repeat 3] [--models llama,bert,vit | smoke] [--variants static,dynamic]
         [--no-off] [--json out.json]
 
 For each model x variant it times, round-robin (so machine noise hits all alike):
@@ -8,7 +8,10 @@ For each model x variant it times, round-robin (so machine noise hits all alike)
   off  : the same with every patch of SPEED_UPS switched off (``DEFAULT_REGISTRY.without``)
   bare : torch.export.export + to_edge_transform_and_lower(XnnpackPartitioner) + to_executorch +
          loading the program (benchmarks/export_overhead.py's bare_export)
-and prints the medians, ours/bare and off/bare. Every ``ours`` and ``off`` export's ``.pte`` is kept
+and prints the medians, ours/bare and off/bare. ``--models smoke`` takes the sweep's SMOKE_CLASSES; a
+class that one of the three cannot export (bare has none of our workarounds) is printed with the
+error and left out of that ratio. The summary gives the median of the per-row ratios and the ratio of
+the summed medians over the rows where both sides exported. Every ``ours`` and ``off`` export's ``.pte`` is kept
 and compared: "identical" when every one of them has the same bytes. Where they differ the artifacts
 are run on the traced inputs and on a drawn shape (dynamic) and their outputs compared exactly.
 """
@@ -77,7 +80,12 @@ def main(argv=None):
     on = get_exporter("executorch")
     off = get_exporter("executorch", registry=DEFAULT_REGISTRY.without(*SPEED_UPS))
     rows = []
-    for key in args.models.split(","):
+    keys = args.models.split(",")
+    if keys == ["smoke"]:
+        from sweeps.plugin import SMOKE_CLASSES
+
+        keys = list(SMOKE_CLASSES)
+    for key in keys:
         tiny = reference(MODELS.get(key, key)).tiny
         for variant in args.variants.split(","):
             config = on.config_class(dynamic=variant == "dynamic")
@@ -92,8 +100,18 @@ def main(argv=None):
                 runners["off"] = lambda: run("off", off)
             if not args.no_bare:
                 runners["bare"] = lambda: bare_export("executorch", tiny.model, tiny.inputs, config.dynamic, config.max_dim)
-            for fn in runners.values():  # warm-up (imports, first-call caches, XNNPACK's pattern graphs)
-                fn()
+            errors = {}
+            for k, fn in list(runners.items()):  # warm-up (imports, first-call caches, XNNPACK's pattern graphs)
+                try:
+                    fn()
+                except Exception as e:  # noqa: BLE001 - reported in the row, the rest still runs
+                    errors[k] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                    del runners[k]
+            if "ours" not in runners:
+                row = {"model": key, "variant": variant, "errors": errors}
+                rows.append(row)
+                print(_fmt(row), flush=True)
+                continue
             times: dict[str, list[float]] = {k: [] for k in runners}
             for i in range(args.repeat):
                 order = list(runners) if i % 2 == 0 else list(reversed(runners))
@@ -102,7 +120,7 @@ def main(argv=None):
                     runners[k]()
                     times[k].append(time.perf_counter() - t)
             row = {"model": key, "variant": variant, **{k: statistics.median(v) for k, v in times.items()},
-                   "times": times}
+                   "times": times, "errors": errors}
             for k in ("ours", "off"):
                 if k in row and "bare" in row:
                     row[f"{k}/bare"] = row[k] / row["bare"]
@@ -118,7 +136,11 @@ def main(argv=None):
     for k in ("ours/bare", "off/bare"):
         ratios = [r[k] for r in rows if k in r]
         if ratios:
-            print(f"median {k} over models and variants = {statistics.median(ratios):.3f}")
+            num, den = k.split("/")
+            both = [r for r in rows if k in r]
+            summed = sum(r[num] for r in both) / sum(r[den] for r in both)
+            print(f"median {k} over {len(ratios)} rows = {statistics.median(ratios):.3f}; "
+                  f"summed {num} / summed {den} = {summed:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
@@ -126,6 +148,8 @@ def main(argv=None):
 
 def _fmt(row):
     cols = [f"{row['model']:>6} {row['variant']:>7}"]
+    if "ours" not in row:
+        return "  ".join(cols + [f"{k} failed: {v}" for k, v in row["errors"].items()])
     for k in ("ours", "off", "bare"):
         if k in row:
             cols.append(f"{k} {row[k]:6.2f}s")
@@ -133,6 +157,7 @@ def _fmt(row):
         if k in row:
             cols.append(f"{k} {row[k]:.2f}")
     cols.append(f"speed-ups fired {row['speed-ups fired']}/{len(SPEED_UPS)}")
+    cols += [f"{k} failed: {v}" for k, v in row.get("errors", {}).items()]
     if "pte" in row:
         cols.append(f".pte on/off: {row['pte']}")
     if "outputs" in row:

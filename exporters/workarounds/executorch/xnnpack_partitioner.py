@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from exporters.utils import register_patch
+from exporters.utils import ActedFlag, register_patch
 
 
 @register_patch("executorch", "executorch.backends.xnnpack.partition.config.node_configs.MaxDimConfig.check_constraints")
@@ -182,3 +182,135 @@ def _patch_xnnpack_pass_through_outputs(original):
         return original(exported_program, graph_module)
 
     return generate_node_to_external_map
+
+
+@register_patch("executorch", "executorch.exir.program._program.EdgeProgramManager.to_backend")
+def _patch_dequantize_per_user(original):
+    """XNNPACK fuses a dequantize into the op that reads it when that op is a quantized pattern
+    (``dq -> op -> q``), tagging the dequantize node itself; every other user of that node then reads
+    the int8 tensor too. PT2E's convert gives each user its own dequantize, but the edge lowering's
+    decompositions can split one user into several (a ``chunk`` or ``split`` becomes one
+    ``slice_copy`` per piece). Where one piece feeds a quantize and another a float op (rotate-half's
+    ``neg``), XNNPACK defined a static slice with an int8 input and a float output and refused the
+    program at load: "Failed to create static slice node 247 with code: xnn_status_invalid_parameter",
+    "Failed to load method forward, error: 0x1" (int8 Gemma4Model, rotary embeddings). Before the
+    partitioners run (they may not change the graph), give each user of a shared static per-tensor
+    dequantize its own copy, as PT2E's convert left it; the dynamic-quantization chain (scales
+    computed in the graph) is left as is. A program without quantize ops has nothing to change.
+
+    before: dq -> slice_a -> q ; dq -> slice_b -> neg     load error 0x1
+    after:  dq -> slice_a -> q ; dq' -> slice_b -> neg    (dq' converts to float where it is)
+    """
+    acted = ActedFlag()
+
+    def to_backend(self, partitioner):
+        for program in self._edge_programs.values():
+            if _dequantize_per_user(program.graph_module):
+                acted.set()
+        return original(self, partitioner)
+
+    to_backend.acted = acted  # fired only when a dequantize was shared
+    return to_backend
+
+
+def _dequantize_per_user(gm: torch.fx.GraphModule) -> bool:
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    target = exir_ops.edge.quantized_decomposed.dequantize_per_tensor.default
+    graph, changed = gm.graph, False
+    for node in list(graph.nodes):
+        static = node.op == "call_function" and node.target == target and not any(
+            isinstance(a, torch.fx.Node) for a in node.args[1:])
+        if not static or len(node.users) < 2:
+            continue
+        users = sorted(node.users, key=lambda u: u.op != "output")  # the output keeps the named node
+        for user in users[1:]:
+            with graph.inserting_before(user):
+                copy = graph.call_function(node.target, node.args, node.kwargs)
+            copy.meta = dict(node.meta)
+            user.replace_input_with(node, copy)
+        changed = True
+    if changed:
+        gm.recompile()
+    return changed
+
+
+@register_patch("executorch",
+                "executorch.backends.xnnpack.partition.config.generic_node_configs.PermuteConfig.check_constraints",
+                "executorch.backends.xnnpack.partition.config.generic_node_configs.MaxPool2dConfig.check_constraints")
+def _patch_requantizing_data_movement(original):
+    """XNNPACK's transpose and max-pooling move int8 values without rescaling them, so its compiler
+    refuses one whose input and output quantization differ. The partitioner checks this for
+    ``slice_copy`` only and takes a ``dq -> permute/max_pool2d -> q`` pattern with any two scales; the
+    program lowers and then fails to load: "Failed to create static transpose node 297 with code:
+    xnn_status_invalid_parameter" (int8 DiffusionGemmaModel, the permute's q shared with a cat),
+    "Failed to create maxpool2d node 623 ..." (int8 Sam3VisionModel). Apply the slice's rule to them:
+    such a node stays outside the delegate and runs in float between its dequantize and quantize,
+    which is what the quantized reference computes.
+
+    before: dq(s=0.0184) -> permute -> q(s=0.0186) partitioned   load error 0x1
+    after:  it runs outside the delegate; one with equal parameters is still delegated
+    """
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import _q_dq_quantization_params_match
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant
+
+    acted = ActedFlag()
+
+    def check_constraints(self, node, ep) -> bool:
+        if not original(self, node, ep):
+            return False
+        source = node.all_input_nodes[0] if node.all_input_nodes else None
+        if source is None or not is_dequant(source) or len(node.users) != 1:
+            return True
+        user = next(iter(node.users))
+        if not is_quant(user) or _q_dq_quantization_params_match(source, user, ep):
+            return True
+        acted.set()
+        return False
+
+    check_constraints.acted = acted  # fired only when it kept a node out
+    return check_constraints
+
+
+@register_patch("executorch", "executorch.backends.xnnpack._passes.insert_pad_qdq.InsertPadQDQPass.call")
+def _patch_pad_requantized_only_from_int8(original):
+    """XNNPACK's InsertPadQDQPass puts an implicit quantize/dequantize pair after a zero
+    ``constant_pad_nd`` whose input is a dequantize, so that the pad runs on int8. It does not ask
+    whether that dequantize is fused (tagged implicit), that is whether the pad reads int8 at all.
+    The partitioner fuses it only into a quantized pattern, which a pad never is (its config is float
+    only), so the pad read float and wrote int8, and XNNPACK's compiler refused the program at load:
+    "Failed to create StaticConstantPad node 555 with code: xnn_status_invalid_parameter" (int8
+    Qwen3_5Model, Qwen3NextModel, Nemotron3_5TranscribeModel, MiniCPMV4_7, Swin2SR). Undo the pair where
+    the pad's dequantize is not fused; where it is, the pass's pair stays.
+
+    before: dq (not fused) -> pad -> q' -> dq' -> ...    load error 0x1
+    after:  dq (not fused) -> pad -> ...                 (float pad, as the partition computes it)
+    """
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant, is_tagged_as_implicit_q_dq
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    acted = ActedFlag()
+
+    def call(self, graph_module):
+        result = original(self, graph_module)
+        graph, undone = result.graph_module.graph, False
+        for pad in list(graph.nodes):
+            if pad.op != "call_function" or pad.target != exir_ops.edge.aten.constant_pad_nd.default:
+                continue
+            source = pad.args[0]
+            if not (isinstance(source, torch.fx.Node) and is_dequant(source)) or is_tagged_as_implicit_q_dq(source):
+                continue
+            for q in [u for u in pad.users if is_quant(u) and is_tagged_as_implicit_q_dq(u)]:
+                for dq in [u for u in q.users if is_dequant(u) and is_tagged_as_implicit_q_dq(u)]:
+                    dq.replace_all_uses_with(pad)
+                    graph.erase_node(dq)
+                if not q.users:
+                    graph.erase_node(q)
+                    undone = True
+        if undone:
+            acted.set()
+            result.graph_module.recompile()
+        return result
+
+    call.acted = acted  # fired only when a pair was undone
+    return call
