@@ -94,3 +94,26 @@ def test_a_float_pad_after_a_dequantize_is_not_requantized():
     assert "patch:executorch:executorch.backends.xnnpack._passes.insert_pad_qdq.InsertPadQDQPass.call" \
         in artifact.workarounds_fired
     assert_close_quantized(artifact.reference(x=x), artifact(x=x), "executorch")
+
+
+def test_a_dequantized_scalar_placeholder_has_no_memory_format():
+    """XNNPACK's ChannelsLastTaggedReshapePass indexed a dequantized placeholder's value to ask whether it
+    is NHWC; a 0-dim one (int8 RTDetr's lifted scalar) raised IndexError and failed the lowering."""
+    from executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass import ChannelsLastTaggedReshapePass
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from exporters.workarounds.executorch.xnnpack_passes import _patch_channels_last_scalar_placeholder
+
+    qd = exir_ops.edge.quantized_decomposed
+    graph = torch.fx.Graph()
+    scalar = graph.placeholder("scale")
+    scalar.meta["val"] = torch.tensor(0.5)
+    quantized = graph.call_function(qd.quantize_per_tensor.default, (scalar, 0.01, 0, -128, 127, torch.int8))
+    dequantized = graph.call_function(qd.dequantize_per_tensor.default, (quantized, 0.01, 0, -128, 127, torch.int8))
+
+    with pytest.raises(IndexError):
+        ChannelsLastTaggedReshapePass.is_nhwc_node(dequantized)
+    is_nhwc = _patch_channels_last_scalar_placeholder(ChannelsLastTaggedReshapePass.is_nhwc_node)
+    is_nchw = _patch_channels_last_scalar_placeholder(ChannelsLastTaggedReshapePass.is_nchw_node)
+    assert is_nhwc(dequantized) is False and is_nchw(dequantized) is True
+    assert is_nhwc.acted() and is_nchw.acted()

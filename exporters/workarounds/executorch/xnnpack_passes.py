@@ -1,0 +1,93 @@
+"""ExecuTorch patches on XNNPACK's own graph passes, which its preprocess runs on each delegated
+partition (executorch.backends.xnnpack._passes): where one writes a partition that XNNPACK's compiler
+then refuses, or fails on a graph the partitioner accepted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from exporters.utils import ActedFlag, register_patch
+
+
+@register_patch("executorch", "executorch.backends.xnnpack._passes.insert_pad_qdq.InsertPadQDQPass.call")
+def _patch_pad_requantized_only_from_int8(original):
+    """XNNPACK's InsertPadQDQPass puts an implicit quantize/dequantize pair after a zero
+    ``constant_pad_nd`` whose input is a dequantize, so that the pad runs on int8. It does not ask
+    whether that dequantize is fused (tagged implicit), that is whether the pad reads int8 at all.
+    The partitioner fuses it only into a quantized pattern, which a pad never is (its config is float
+    only), so the pad read float and wrote int8, and XNNPACK's compiler refused the program at load:
+    "Failed to create StaticConstantPad node 555 with code: xnn_status_invalid_parameter" (int8
+    Qwen3_5Model, Qwen3NextModel, Nemotron3_5TranscribeModel, MiniCPMV4_7, Swin2SR). Undo the pair where
+    the pad's dequantize is not fused; where it is, the pass's pair stays.
+
+    before: dq (not fused) -> pad -> q' -> dq' -> ...    load error 0x1
+    after:  dq (not fused) -> pad -> ...                 (float pad, as the partition computes it)
+    """
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant, is_tagged_as_implicit_q_dq
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    acted = ActedFlag()
+
+    def call(self, graph_module):
+        result = original(self, graph_module)
+        graph, undone = result.graph_module.graph, False
+        for pad in list(graph.nodes):
+            if pad.op != "call_function" or pad.target != exir_ops.edge.aten.constant_pad_nd.default:
+                continue
+            source = pad.args[0]
+            if not (isinstance(source, torch.fx.Node) and is_dequant(source)) or is_tagged_as_implicit_q_dq(source):
+                continue
+            for q in [u for u in pad.users if is_quant(u) and is_tagged_as_implicit_q_dq(u)]:
+                for dq in [u for u in q.users if is_dequant(u) and is_tagged_as_implicit_q_dq(u)]:
+                    dq.replace_all_uses_with(pad)
+                    graph.erase_node(dq)
+                if not q.users:
+                    graph.erase_node(q)
+                    undone = True
+        if undone:
+            acted.set()
+            result.graph_module.recompile()
+        return result
+
+    call.acted = acted  # fired only when a pair was undone
+    return call
+
+
+def _scalar_placeholder_behind(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a dequantize of a quantize of a 0-dim placeholder (a lifted scalar constant)."""
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant
+
+    if not (is_dequant(node) and node.all_input_nodes):
+        return False
+    quantize = node.args[0]
+    source = quantize.args[0] if isinstance(quantize, torch.fx.Node) and quantize.all_input_nodes else None
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) and source.op == "placeholder" else None
+    return isinstance(val, torch.Tensor) and val.dim() == 0
+
+
+@register_patch("executorch",
+                "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass.is_nhwc_node",
+                "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass.is_nchw_node")
+def _patch_channels_last_scalar_placeholder(original):
+    """XNNPACK's ChannelsLastTaggedReshapePass asks of a dequantized placeholder whether it is NHWC by
+    indexing its value (``meta["val"][0]``), which a 0-dim placeholder (a scalar constant that int8
+    quantized, lifted into the program) cannot take, and the whole lowering failed: "An error occurred
+    when running the 'ChannelsLastTaggedReshapePass' pass", "IndexError: invalid index of a 0-dim
+    tensor" (int8 RTDetrModel, Deimv2Model). A scalar has no memory format: it is not NHWC, and it
+    is NCHW in the pass's sense (nothing to convert); every other node is asked as before.
+
+    before: is_nhwc_node(dq(q(scalar placeholder)))  IndexError
+    after:  False (is_nchw_node: True)
+    """
+    answer = original.__name__ == "is_nchw_node"
+    acted = ActedFlag()
+
+    def is_node(node):
+        if _scalar_placeholder_behind(node):
+            acted.set()
+            return answer
+        return original(node)
+
+    is_node.acted = acted  # fired only for a scalar placeholder
+    return is_node
