@@ -195,8 +195,11 @@ def _patch_dequantize_per_user(original):
     program at load: "Failed to create static slice node 247 with code: xnn_status_invalid_parameter",
     "Failed to load method forward, error: 0x1" (int8 Gemma4Model, rotary embeddings). Before the
     partitioners run (they may not change the graph), give each user of a shared static per-tensor
-    dequantize its own copy, as PT2E's convert left it; the dynamic-quantization chain (scales
-    computed in the graph) is left as is. A program without quantize ops has nothing to change.
+    dequantize its own copy, as PT2E's convert left it, where some users are quantized patterns and
+    some are not (where all users read the same dtype, sharing is harmless and the graph is left as
+    it is: copying there too changed int8 InklingModel's partitions, and its unbacked-size asserts
+    then landed after the output node). The dynamic-quantization chain (scales computed in the
+    graph) is left as is. A program without quantize ops has nothing to change.
 
     before: dq -> slice_a -> q ; dq -> slice_b -> neg     load error 0x1
     after:  dq -> slice_a -> q ; dq' -> slice_b -> neg    (dq' converts to float where it is)
@@ -213,6 +216,15 @@ def _patch_dequantize_per_user(original):
     return to_backend
 
 
+def _quantized_pattern(node: torch.fx.Node) -> bool:
+    """Whether XNNPACK's partitioner can take ``node`` as ``dq -> node -> q`` (and fuse its dequantizes)."""
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant
+
+    return (node.op == "call_function" and bool(node.all_input_nodes)
+            and all(is_dequant(n) for n in node.all_input_nodes)
+            and len(node.users) == 1 and is_quant(next(iter(node.users))))
+
+
 def _dequantize_per_user(gm: torch.fx.GraphModule) -> bool:
     from executorch.exir.dialects._ops import ops as exir_ops
 
@@ -222,6 +234,9 @@ def _dequantize_per_user(gm: torch.fx.GraphModule) -> bool:
         static = node.op == "call_function" and node.target == target and not any(
             isinstance(a, torch.fx.Node) for a in node.args[1:])
         if not static or len(node.users) < 2:
+            continue
+        patterns = [_quantized_pattern(user) for user in node.users]
+        if all(patterns) or not any(patterns):  # every user reads the same dtype: sharing is harmless
             continue
         users = sorted(node.users, key=lambda u: u.op != "output")  # the output keeps the named node
         for user in users[1:]:
