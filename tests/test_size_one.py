@@ -104,3 +104,39 @@ def test_expand_reshape_is_a_copy_only_when_not_contiguous():
     out, flat = program.module()(x)
     assert torch.equal(out, x[:, :, None].expand(1, 2, 3, 1, 4).reshape(1, 6, 1, 4))
     assert torch.equal(flat, x.reshape(1, 2, 4))
+
+
+def test_plainly_contiguous_agrees_with_torch_and_leaves_the_graph_unchanged(llama):
+    """The cheap contiguity test (expressions compared term for term) says True only where torch's
+    is_contiguous_or_false does, on every tensor a dynamic Llama export asks about; and the exported
+    graph is the same with the cheap test as with torch's alone, but for node names (torch's test
+    traces symbolic arithmetic whose nodes are dropped, but whose names were taken: mul_73 vs mul_77;
+    the ONNX and ExecuTorch bytes are identical, benchmarks/README.md)."""
+    import re
+
+    from torch._prims_common import is_contiguous_or_false
+
+    from exporters import DynamoConfig, DynamoExporter
+    from exporters.workarounds.torch_internals import size_one_strides
+
+    cheap, seen = size_one_strides._plainly_contiguous, []
+
+    def checked(tensor):
+        answer = cheap(tensor)
+        seen.append((answer, is_contiguous_or_false(tensor)))
+        return answer
+
+    def graph(plainly_contiguous):
+        size_one_strides._plainly_contiguous = plainly_contiguous
+        try:
+            artifact = DynamoExporter().export(llama, _inputs(2, 5), DynamoConfig(dynamic=True, max_dim=64))
+        finally:
+            size_one_strides._plainly_contiguous = cheap
+        gm = artifact.program.graph_module
+        names = {node.name: f"v{i}" for i, node in enumerate(gm.graph.nodes)}
+        return re.sub(r"\b\w+\b", lambda m: names.get(m.group(0), m.group(0)), gm.print_readable(print_output=False))
+
+    assert graph(checked) == graph(lambda tensor: False)
+    assert any(answer for answer, _ in seen), "the cheap test recognized nothing: it saves nothing"
+    assert any(not torch_answer for _, torch_answer in seen)  # repeat_kv's expand: still copied
+    assert all(torch_answer for answer, torch_answer in seen if answer)
