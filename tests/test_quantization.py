@@ -313,3 +313,43 @@ def test_a_per_channel_quantize_outside_the_delegate_runs_on_executorch():
                                exporter.config_class(dynamic=False, quantization=int8(calibration=[tiny.inputs])))
     assert "fix:executorch:_fix_quantize_per_channel_double_scales" in artifact.workarounds_fired
     assert_close_quantized(artifact.reference(**tiny.inputs), artifact(**tiny.inputs), "executorch")
+
+
+class _FilledInPlace(torch.nn.Module):
+    """A table created, then written in place through views, then read: Siglip2's resized position
+    embeddings (a torch.empty filled with copy_) in small."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Parameter(torch.randn(4, 8))
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        table = torch.zeros(x.shape[0], 4, 8)
+        for i in range(x.shape[0]):
+            table[i].copy_(self.pos)
+        return self.proj(x + table)
+
+
+def test_a_tensor_written_in_place_is_observed_as_it_is_read():
+    """exporters/workarounds/quantization/observer_placement.py: prepare_pt2e observes a tensor right
+    after it is created, before the in-place writes that fill it. Here that observer would see only the
+    zeros, so the add's input would be quantized to nothing. With the patch, the quantized reference
+    stays close to fp32; without it, it is far off."""
+    from exporters.parity import sqnr_db
+    from exporters.utils import DEFAULT_REGISTRY
+
+    torch.manual_seed(0)
+    model, x = _FilledInPlace().eval(), torch.randn(2, 4, 8)
+    name = "patch:dynamo:torchao.quantization.pt2e.quantize_pt2e.prepare_pt2e"
+    expected = model(x)
+
+    def quantized(exporter):
+        return exporter.export(model, {"x": x}, exporter.config_class(quantization=int8(calibration=[{"x": x}])))
+
+    from exporters.exporter_dynamo import DynamoExporter
+
+    patched, plain = quantized(get_exporter("dynamo")), quantized(DynamoExporter(DEFAULT_REGISTRY.without(name)))
+    assert name in patched.workarounds_fired and name not in plain.workarounds_fired
+    assert sqnr_db(expected, patched.reference(x=x)["output"]) > 25
+    assert sqnr_db(expected, plain.reference(x=x)["output"]) < 10

@@ -140,7 +140,7 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
     refused: it is a fact about the model, and its export is the fp32 one. ``patches`` (the stage-0
     workarounds, exporters/workarounds/quantization/) are installed around prepare, calibration and
     convert, and recorded in ``fired``."""
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e import quantize_pt2e  # looked up inside the patches: stage 0 patches them
 
     if not isinstance(recipe, Recipe):
         raise QuantizationError(f"quantization={recipe!r}: pass a recipe, e.g. exporters.quantization.int8(...)")
@@ -152,7 +152,7 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
         else:
             program, tensor_names = trace_program(model.eval(), inputs)
         with apply_patches(patches, fired):
-            prepared = prepare_pt2e(program.module(), quantizer)
+            prepared = quantize_pt2e.prepare_pt2e(program.module(), quantizer)
         for i, sample in enumerate(recipe.calibration):
             missing = [k for k in tensor_names if not isinstance(sample.get(k), torch.Tensor)]
             if missing:
@@ -164,7 +164,7 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
                 raise QuantizationError(f"calibration input {i} does not run through the prepared model: "
                                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
         with apply_patches(patches, fired):
-            converted = convert_pt2e(prepared)
+            converted = quantize_pt2e.convert_pt2e(prepared)
     ops = sum(1 for n in converted.graph.nodes if n.op == "call_function" and any(q in str(n.target) for q in QUANT_OPS))
     dynamic_ops = sum(1 for n in converted.graph.nodes if n.op == "call_function" and "choose_qparams" in str(n.target))
     metadata = {"recipe": recipe.name, "dynamic": recipe.dynamic, "calibration_count": len(recipe.calibration),
