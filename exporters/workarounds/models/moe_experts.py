@@ -1,7 +1,7 @@
 """Model patches (two): MoE experts traced without their data-dependent loop over the experts hit:
 
-- the experts of four families that loop over the experts hit, as a dense dispatch over every
-  expert (``_patch_dense_*``, below);
+- the experts of four families that loop over the experts hit, with every token's routed experts
+  computed at once (``_patch_dense_*``, below: gathered weights, or a dense dispatch);
 - the experts decorated with ``@use_experts_implementation`` switched to transformers' own
   ``batched_mm`` implementation (``_patch_experts_batched_mm``, on
   ``ExpertsInterface.get_interface``; see the end of this docstring).
@@ -35,26 +35,41 @@ stops with ``GuardOnDataDependentSymNode: Could not guard on data-dependent expr
   mask ``(tokens, 1, num_experts)`` in which tokens past an expert's ``expert_capacity`` are
   already zeroed, and the max router probability ``(tokens, 1)``).
 
-What this changes (while tracing only). Each forward is replaced by a dense dispatch with static
-shapes: every expert runs on every token (a Python loop over ``range(num_experts)``, unrolled at
-trace time), and the outputs are combined through a dense ``(tokens, num_experts)`` routing-weight
-matrix built from the routing by a one-hot comparison (``top_k_index[..., None] == arange(E)``; for
-SwitchTransformers the router's dispatch mask already is that one-hot):
+What this changes (while tracing only). Each forward is replaced by one with static shapes that
+computes every token's routed experts at once.
 
-    before: for e in nonzero(hit): final[tokens_e] += expert_e(x[tokens_e]) * w[tokens_e, slot_e]
-    after:  W[t, e] = sum_k w[t, k] * (top_k_index[t, k] == e);  routed[t, e] = any_k(...)
-            for e in range(E): final += where(routed[:, e], expert_e(x) * W[:, e], 0)
+- LongcatFlash and Step3p7 (hundreds of experts in their released configs: 512 and 288) gather each
+  token's top-k experts' weights and run them as one batched matmul per projection, the form of
+  transformers' own ``batched_mm``. The graph does not depend on the number of experts, and the
+  compute is top_k expert MLPs per token, as in eager:
+
+      before: for e in nonzero(hit): final[tokens_e] += expert_e(x[tokens_e]) * w[tokens_e, slot_e]
+      after:  final = sum_k where(routed[:, k], expert(x; W[idx[:, k]]) * w[:, k], 0)
+
+- Dbrx and SwitchTransformers (4 and 8 experts by default; SwitchTransformers' experts are separate
+  modules) keep a dense dispatch: every expert runs on every token (a Python loop over
+  ``range(num_experts)``, unrolled at trace time), combined through a dense ``(tokens, num_experts)``
+  routing-weight matrix built by a one-hot comparison (``top_k_index[..., None] == arange(E)``; for
+  SwitchTransformers the router's dispatch mask already is that one-hot):
+
+      after:  W[t, e] = sum_k w[t, k] * (top_k_index[t, k] == e);  routed[t, e] = any_k(...)
+              for e in range(E): final += where(routed[:, e], expert_e(x) * W[:, e], 0)
+
+Why the cost matters. The dense dispatch adds about 20 graph nodes per expert per MoE layer: at the
+released expert counts LongcatFlashModel's static export took 33.5 s on dynamo and did not finish in
+300 s on ONNX, Step3p7Model's 11.1 s and 76.1 s (the sweep's zoo builds 4 experts, which hid it;
+measured in results/s31/audit, issue 35). Gathered, both export in about the time they take at 4.
 
 Why it is exact. The router is untouched, so tokens, weights and capacity drops are the ones eager
 computes (a token dropped by SwitchTransformers' capacity has an all-zero dispatch row, so it gets 0
-from every expert, as in eager). For a routed (token, expert) pair, ``W[t, e]`` is that slot's
-weight plus exact zeros, and the product and the dtype cast are the ones eager applies per expert;
-for a pair that is not routed the ``where`` adds an exact 0 (never ``0 * expert(x)``, which would
-be NaN for an infinite expert output eager never computes). Contributions are added in increasing
-expert index, the order ``expert_hit`` visits them, so only the matmuls' row blocking differs
-(~1e-7 in fp32); LongcatFlash's identity experts come last, as in eager, in top-k slot order.
-Sentinel / out-of-range indices match no expert (Step3p7 skips its sentinel the same way). The
-cost is ``num_experts / top_k`` times the expert FLOPs: fine for export checks, not a serving kernel.
+from every expert, as in eager). A routed (token, expert) pair gets eager's product and dtype cast
+of that slot's weight; a slot or pair that is not routed adds an exact 0 through ``where`` (never
+``0 * expert(x)``, which would be NaN for an infinite expert output eager never computes). Sentinel /
+out-of-range indices select nothing (Step3p7 skips its sentinel the same way; for the gather they are
+clamped to a valid index and masked). What can differ is the order of addition: eager adds a token's
+experts in increasing expert index, the gathered form in top-k slot order, the dense form in expert
+order (LongcatFlash's identity experts last, as in eager); and the matmuls' blocking. That is ~1e-7
+in fp32 (``tests/test_moe_dense.py`` compares with eager's loop).
 
 The ``batched_mm`` switch. Decorated experts default to ``grouped_mm``, which under export on
 CPU/fp32 becomes the opaque custom op ``transformers::grouped_mm_fallback`` (a Python loop over
@@ -80,7 +95,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 
 from exporters.utils import register_patch
 
@@ -119,6 +133,21 @@ def combine(final: torch.Tensor, expert_out: torch.Tensor, weights: torch.Tensor
     return final + torch.where(routed[:, column, None], contribution, contribution.new_zeros(()))
 
 
+def slot_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x`` (tokens, in), or (tokens, top_k, in), through each top-k slot's own expert weight
+    ``weight`` (tokens, top_k, out, in): (tokens, top_k, out). ``F.linear`` per slot, as one einsum."""
+    if x.dim() == 2:
+        return torch.einsum("ti,tkoi->tko", x, weight)
+    return torch.einsum("tki,tkoi->tko", x, weight)
+
+
+def slot_sum(out: torch.Tensor, top_k_weights: torch.Tensor, routed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``sum_k where(routed[:, k], (out[:, k] * w[:, k]).to(dtype), 0)``: each slot's weighted expert
+    output, the slots that chose no expert of this kind adding an exact 0."""
+    contribution = (out * top_k_weights.unsqueeze(-1)).to(dtype)
+    return torch.where(routed.unsqueeze(-1), contribution, contribution.new_zeros(())).sum(dim=1)
+
+
 @register_patch("dynamo", DBRX)
 def _patch_dense_experts(original):
     """``DbrxExperts.forward`` with every expert run on every token, weighted by a dense routing matrix.
@@ -147,16 +176,15 @@ def _patch_dense_experts(original):
 
 @register_patch("dynamo", LONGCAT_FLASH)
 def _patch_dense_longcat_flash_experts(original):
-    """``LongcatFlashExperts.forward`` densely. The routed experts (SwiGLU, index ``< n_routed_experts``)
-    each run on every token, weighted by a dense routing matrix. The zero-compute experts (index
-    ``>= n_routed_experts``, or all of them without ``gate_up_proj``) are all the identity, so they are
-    taken per top-k slot instead of per expert: ``x * w[:, k]`` where slot k chose one of them. That is
-    top_k terms instead of zero_expert_num (256 in the released config) and the same products eager
-    computes; only the order in which two zero experts of one token are added can differ.
+    """``LongcatFlashExperts.forward`` without the loop: each token's top-k routed experts' weights are
+    gathered (``gate_up_proj[idx]``, ``down_proj[idx]``) and run as one batched SwiGLU per slot. The
+    zero-compute experts (index ``>= n_routed_experts``, or all of them without ``gate_up_proj``) are
+    all the identity, so a slot that chose one adds ``x * w[:, k]``. A slot adds only the kind of
+    expert it chose (``where``, never ``0 * expert(x)``), and its weight multiplies as in eager.
 
     before: for e in nonzero(hit): final[tok_e] += expert_e(x[tok_e]) * w[tok_e, k_e]
-    after:  for e in range(n_routed): final += where(routed[:, e], expert_e(x) * W[:, e], 0)
-            for k in range(top_k):    final += where(idx[:, k] is a zero expert, x * w[:, k], 0)
+    after:  final = sum_k where(idx[:, k] routed, swiglu(x; W[idx[:, k]]) * w[:, k], 0)
+                  + sum_k where(idx[:, k] is a zero expert, x * w[:, k], 0)
     """
 
     @functools.wraps(original)
@@ -165,17 +193,17 @@ def _patch_dense_longcat_flash_experts(original):
         if top_k_index.numel() == 0:
             return final_hidden_states
         num_computing = self.num_routed_experts if self.gate_up_proj is not None else 0
-        weights, routed = dense_routing(one_hot_hit(top_k_index, num_computing), top_k_weights)
-        for expert_idx in range(num_computing):
-            gate, up = F.linear(hidden_states, self.gate_up_proj[expert_idx]).chunk(2, dim=-1)
-            current_hidden_states = self.act_fn(gate) * up
-            current_hidden_states = F.linear(current_hidden_states, self.down_proj[expert_idx])
-            final_hidden_states = combine(final_hidden_states, current_hidden_states, weights, routed, expert_idx)
+        if num_computing:
+            routed = (top_k_index >= 0) & (top_k_index < num_computing)
+            idx = top_k_index.clamp(0, num_computing - 1)  # a slot that chose no routed expert: masked below
+            gate, up = slot_linear(hidden_states, self.gate_up_proj[idx]).chunk(2, dim=-1)
+            out = slot_linear(self.act_fn(gate) * up, self.down_proj[idx])
+            final_hidden_states = final_hidden_states + slot_sum(out, top_k_weights, routed, hidden_states.dtype)
         if self.total_experts > num_computing:
-            identity = self.identity_expert(hidden_states)
             zero_expert = (top_k_index >= num_computing) & (top_k_index < self.total_experts)
-            for slot in range(top_k_index.shape[-1]):
-                final_hidden_states = combine(final_hidden_states, identity, top_k_weights, zero_expert, slot)
+            identity = self.identity_expert(hidden_states).unsqueeze(1).expand(-1, top_k_index.shape[-1], -1)
+            final_hidden_states = final_hidden_states + slot_sum(identity, top_k_weights, zero_expert,
+                                                                 hidden_states.dtype)
         return final_hidden_states
 
     return forward
@@ -183,21 +211,21 @@ def _patch_dense_longcat_flash_experts(original):
 
 @register_patch("dynamo", STEP3P7)
 def _patch_dense_step3p7_experts(original):
-    """``Step3p7Experts.forward`` densely (the sentinel index ``num_experts`` selects no expert, as in eager).
+    """``Step3p7Experts.forward`` without the loop: each token's top-k experts' weights are gathered and
+    run as one batched clamped SwiGLU per slot (the sentinel index ``num_experts`` selects no expert,
+    as in eager: that slot adds an exact 0).
 
     before: for e in nonzero(hit) if e != E: final[tok_e] += down_e(gate(gate_up_e(x[tok_e]))) * w[tok_e, k_e]
-    after:  for e in range(E): final += where(routed[:, e], down_e(gate(gate_up_e(x))) * W[:, e], 0)
+    after:  final = sum_k where(idx[:, k] < E, down(gate(gate_up(x; W[idx[:, k]]))) * w[:, k], 0)
     """
 
     @functools.wraps(original)
     def forward(self, hidden_states, top_k_index, top_k_weights):
-        final = torch.zeros_like(hidden_states)
-        weights, routed = dense_routing(one_hot_hit(top_k_index, self.num_experts), top_k_weights)
-        for expert_idx in range(self.num_experts):
-            current = self._apply_gate(F.linear(hidden_states, self.gate_up_proj[expert_idx]))
-            current = F.linear(current, self.down_proj[expert_idx])
-            final = combine(final, current, weights, routed, expert_idx)
-        return final
+        routed = (top_k_index >= 0) & (top_k_index < self.num_experts)
+        idx = top_k_index.clamp(0, self.num_experts - 1)  # the sentinel: masked below
+        current = self._apply_gate(slot_linear(hidden_states, self.gate_up_proj[idx]))
+        current = slot_linear(current, self.down_proj[idx])
+        return slot_sum(current, top_k_weights, routed, hidden_states.dtype)
 
     return forward
 
