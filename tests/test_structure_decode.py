@@ -104,3 +104,19 @@ def test_onnx_exports_the_decode_as_a_scan(table_model):
     with torch.no_grad():
         expected = tiny.model(**tiny.inputs).last_hidden_state
     torch.testing.assert_close(art(**tiny.inputs)["last_hidden_state"], expected)
+
+
+def test_executorch_static_exports_the_decode_as_a_scan(table_model):
+    """Unrolled, SLANeXt's static ExecuTorch export at its default max_text_length (500) grew past 21 GB;
+    with the scan the .pte holds one step (issue 35). Dynamic exports keep the unrolled steps."""
+    pytest.importorskip("executorch")
+    from exporters import get_exporter
+
+    name, tiny = table_model
+    exporter = get_exporter("executorch")
+    art = exporter.export(tiny.model, tiny.inputs, exporter.config_class())
+    module = "slanet.modeling_slanet.SLANetSLAHead" if name.startswith("SLANet") else "slanext.modeling_slanext.SLANeXtSLAHead"
+    assert f"patch:executorch:transformers.models.{module}.forward" in art.workarounds_fired
+    with torch.no_grad():
+        expected = tiny.model(**tiny.inputs).last_hidden_state
+    torch.testing.assert_close(art(**tiny.inputs)["last_hidden_state"], expected)

@@ -26,11 +26,18 @@ ONNX: the same decode as one traced step looped by ``torch.scan`` (``decode_scan
 writes as an ONNX ``Scan``: the graph holds one step instead of ``max_text_length + 1`` copies of it.
 SLANeXtForTableRecognition at its default ``max_text_length`` (500) took 555 s to export unrolled
 (static ONNX); with the scan, 20.9 s and 57.7 s in two runs (``python benchmarks/slanext_decode.py``, beside another
-benchmark on the 2 cores). The other backends, and dynamic ONNX exports (torch.onnx's Scan
-translation fails on a symbolic batch: "'SymInt' object has no attribute 'unsqueeze'"), keep the
-unrolled steps.
+benchmark on the 2 cores). Dynamic ONNX exports (torch.onnx's Scan translation fails on a symbolic
+batch: "'SymInt' object has no attribute 'unsqueeze'") keep the unrolled steps.
 
-    before (onnx): 501 unrolled steps            after: scan(step, init, xs of length 501)
+ExecuTorch, static exports: the same scan (its emitter writes the loop as one sub-method). Unrolled at
+the default ``max_text_length``, SLANeXt's static ExecuTorch export grew past 21 GB and was killed
+after 249 s; with the scan it took 13.3 s (results/s31/audit, issue 35). Dynamic ExecuTorch exports
+keep the unrolled steps: with the scan and a symbolic batch, the program fails at run time in the
+carry's ``copy_`` ("tensor_is_broadcastable_to(src, in)", op_copy.cpp:83). The dynamo backend keeps the
+unrolled steps (21 s at 500): its artifact is an ``ExportedProgram`` that users save and load, and
+a program holding ``torch.scan`` is a higher-order op many consumers of that format do not take.
+
+    before (onnx, executorch): 501 unrolled steps            after: scan(step, init, xs of length 501)
 
 Remove when: ``SLANetSLAHead.forward`` and SLANeXt's copy decode a fixed number of steps with the
 output masked after the end token, instead of a ``break`` on predicted values (transformers'
@@ -153,6 +160,31 @@ def _patch_structure_decode_scanned(original):
     def forward(self, hidden_states, targets=None, **kwargs):
         # a symbolic batch or length (dynamic export): torch.onnx's Scan translation fails on it ("'SymInt'
         # object has no attribute 'unsqueeze'"), so the dynamo patch's unrolled steps stay
+        if _asks_for_step_lists(self, kwargs) or any(isinstance(d, torch.SymInt) for d in hidden_states.shape):
+            return original(self, hidden_states, targets, **kwargs)
+        from transformers.modeling_outputs import BaseModelOutput
+
+        acted.set()
+        return BaseModelOutput(last_hidden_state=decode_scan(self, hidden_states))
+
+    forward.acted = acted  # fired only when the scan was used
+    return forward
+
+
+@register_patch("executorch", *HEAD_PATHS)
+def _patch_structure_decode_scanned_executorch(original):
+    """ExecuTorch, static exports: the table-structure decode as one step looped by ``torch.scan`` instead
+    of ``max_text_length + 1`` unrolled steps, cut at the step count eager reaches.
+
+    before: 501 unrolled steps (SLANeXt's default: past 21 GB, killed after 249 s)
+    after:  scan(step, (features, embedding), xs of length T);  preds[:, :min(T, T - sum(all_ended) + 1)]
+    """
+
+    acted = ActedFlag()
+
+    @functools.wraps(original)
+    def forward(self, hidden_states, targets=None, **kwargs):
+        # a symbolic batch (dynamic export): the scan's carry copy fails at run time, so the unrolled steps stay
         if _asks_for_step_lists(self, kwargs) or any(isinstance(d, torch.SymInt) for d in hidden_states.shape):
             return original(self, hidden_states, targets, **kwargs)
         from transformers.modeling_outputs import BaseModelOutput
