@@ -120,3 +120,25 @@ def test_executorch_static_exports_the_decode_as_a_scan(table_model):
     with torch.no_grad():
         expected = tiny.model(**tiny.inputs).last_hidden_state
     torch.testing.assert_close(art(**tiny.inputs)["last_hidden_state"], expected)
+
+
+def test_the_trace_pt2e_prepares_keeps_the_unrolled_steps(table_model):
+    """The ONNX and ExecuTorch scan patches step aside inside exporters.quantization's stage-0 trace: a
+    program holding the scan fails after convert_pt2e, at the second export ("Attempting to use
+    FunctionalTensor on its own"), on both backends."""
+    from exporters.utils import tracing_for_quantization
+    from exporters.workarounds.models.slanet import (
+        _patch_structure_decode_scanned,
+        _patch_structure_decode_scanned_executorch,
+    )
+
+    head = table_model[1].model.head
+    features = torch.randn(2, 4, head.config.post_conv_out_channels)
+    for factory in (_patch_structure_decode_scanned, _patch_structure_decode_scanned_executorch):
+        patched = factory(lambda self, hidden_states, targets=None, **kwargs: "original")
+        with tracing_for_quantization():
+            assert patched(head, features) == "original"
+        assert not patched.acted()
+        with torch.no_grad():
+            assert patched(head, features) != "original"
+        assert patched.acted()

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from exporters.utils import apply_patches
+from exporters.utils import apply_patches, tracing_for_quantization
 
 __all__ = ["QuantizationError", "Quantized", "Recipe", "int8", "quantize"]
 
@@ -150,7 +150,8 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
         if trace_program is None:
             program, tensor_names = torch.export.export(model.eval(), (), tensors, strict=False), list(tensors)
         else:
-            program, tensor_names = trace_program(model.eval(), inputs)
+            with tracing_for_quantization():
+                program, tensor_names = trace_program(model.eval(), inputs)
         with apply_patches(patches, fired):
             prepared = quantize_pt2e.prepare_pt2e(program.module(), quantizer)
         for i, sample in enumerate(recipe.calibration):

@@ -37,6 +37,9 @@ carry's ``copy_`` ("tensor_is_broadcastable_to(src, in)", op_copy.cpp:83). The d
 unrolled steps (21 s at 500): its artifact is an ``ExportedProgram`` that users save and load, and
 a program holding ``torch.scan`` is a higher-order op many consumers of that format do not take.
 
+Quantized exports keep the unrolled steps in the trace PT2E prepares: a program holding the scan fails
+after convert, at the second export ("Attempting to use FunctionalTensor on its own", on both backends).
+
     before (onnx, executorch): 501 unrolled steps            after: scan(step, init, xs of length 501)
 
 Remove when: ``SLANetSLAHead.forward`` and SLANeXt's copy decode a fixed number of steps with the
@@ -52,7 +55,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from exporters.utils import ActedFlag, register_patch
+from exporters.utils import ActedFlag, quantization_trace, register_patch
 
 HEAD_PATHS: tuple[str, ...] = (
     "transformers.models.slanet.modeling_slanet.SLANetSLAHead.forward",
@@ -160,7 +163,8 @@ def _patch_structure_decode_scanned(original):
     def forward(self, hidden_states, targets=None, **kwargs):
         # a symbolic batch or length (dynamic export): torch.onnx's Scan translation fails on it ("'SymInt'
         # object has no attribute 'unsqueeze'"), so the dynamo patch's unrolled steps stay
-        if _asks_for_step_lists(self, kwargs) or any(isinstance(d, torch.SymInt) for d in hidden_states.shape):
+        if _asks_for_step_lists(self, kwargs) or any(isinstance(d, torch.SymInt) for d in hidden_states.shape) \
+                or quantization_trace():
             return original(self, hidden_states, targets, **kwargs)
         from transformers.modeling_outputs import BaseModelOutput
 
@@ -185,7 +189,8 @@ def _patch_structure_decode_scanned_executorch(original):
     @functools.wraps(original)
     def forward(self, hidden_states, targets=None, **kwargs):
         # a symbolic batch (dynamic export): the scan's carry copy fails at run time, so the unrolled steps stay
-        if _asks_for_step_lists(self, kwargs) or any(isinstance(d, torch.SymInt) for d in hidden_states.shape):
+        if _asks_for_step_lists(self, kwargs) or any(isinstance(d, torch.SymInt) for d in hidden_states.shape) \
+                or quantization_trace():
             return original(self, hidden_states, targets, **kwargs)
         from transformers.modeling_outputs import BaseModelOutput
 
