@@ -91,32 +91,20 @@ def test_scanned_decode_is_the_unrolled_one(table_model):
         torch.testing.assert_close(decode_scan(head, features), decode_fixed_steps(head, features), rtol=0, atol=0)
 
 
-def test_onnx_exports_the_decode_as_a_scan(table_model):
-    pytest.importorskip("onnxruntime")
+@pytest.mark.parametrize("backend", ["onnx", "executorch"])
+def test_static_exports_the_decode_as_a_scan(table_model, backend):
+    """ONNX writes an ONNX Scan. Unrolled, SLANeXt's static ExecuTorch export at its default
+    max_text_length (500) grew past 21 GB; with the scan the program holds one step (issue 35)."""
+    pytest.importorskip({"onnx": "onnxruntime", "executorch": "executorch"}[backend])
     from exporters import get_exporter
 
     name, tiny = table_model
-    exporter = get_exporter("onnx")
+    exporter = get_exporter(backend)
     art = exporter.export(tiny.model, tiny.inputs, exporter.config_class())
     module = "slanet.modeling_slanet.SLANetSLAHead" if name.startswith("SLANet") else "slanext.modeling_slanext.SLANeXtSLAHead"
-    assert f"patch:onnx:transformers.models.{module}.forward" in art.workarounds_fired
-    assert "Scan" in {node.op_type for node in art.model_proto.graph.node}
-    with torch.no_grad():
-        expected = tiny.model(**tiny.inputs).last_hidden_state
-    torch.testing.assert_close(art(**tiny.inputs)["last_hidden_state"], expected)
-
-
-def test_executorch_static_exports_the_decode_as_a_scan(table_model):
-    """Unrolled, SLANeXt's static ExecuTorch export at its default max_text_length (500) grew past 21 GB;
-    with the scan the .pte holds one step (issue 35). Dynamic exports keep the unrolled steps."""
-    pytest.importorskip("executorch")
-    from exporters import get_exporter
-
-    name, tiny = table_model
-    exporter = get_exporter("executorch")
-    art = exporter.export(tiny.model, tiny.inputs, exporter.config_class())
-    module = "slanet.modeling_slanet.SLANetSLAHead" if name.startswith("SLANet") else "slanext.modeling_slanext.SLANeXtSLAHead"
-    assert f"patch:executorch:transformers.models.{module}.forward" in art.workarounds_fired
+    assert f"patch:{backend}:transformers.models.{module}.forward" in art.workarounds_fired
+    if backend == "onnx":
+        assert "Scan" in {node.op_type for node in art.model_proto.graph.node}
     with torch.no_grad():
         expected = tiny.model(**tiny.inputs).last_hidden_state
     torch.testing.assert_close(art(**tiny.inputs)["last_hidden_state"], expected)

@@ -148,21 +148,16 @@ def _patch_structure_decode_fixed_steps(original):
     return forward
 
 
-@register_patch("onnx", *HEAD_PATHS)
-def _patch_structure_decode_scanned(original):
-    """ONNX: the table-structure decode as one step looped by ``torch.scan`` (an ONNX Scan) instead of
-    ``max_text_length + 1`` unrolled steps, cut at the step count eager reaches.
-
-    before: 501 unrolled steps (SLANeXt's default: 555 s to export)
-    after:  scan(step, (features, embedding), xs of length T);  preds[:, :min(T, T - sum(all_ended) + 1)]
-    """
-
+def scanned(original):
+    """The head's forward decoding with ``decode_scan``, where the scan can be carried: not for the
+    per-step lists, not on a symbolic batch or length (dynamic exports: torch.onnx's Scan translation
+    fails on it, "'SymInt' object has no attribute 'unsqueeze'", and ExecuTorch's program fails at run
+    in the carry's copy), and not in the trace PT2E prepares (``quantization_trace``). Elsewhere
+    ``original`` (the dynamo patch's unrolled steps) runs. Fired only when the scan was used."""
     acted = ActedFlag()
 
     @functools.wraps(original)
     def forward(self, hidden_states, targets=None, **kwargs):
-        # a symbolic batch or length (dynamic export): torch.onnx's Scan translation fails on it ("'SymInt'
-        # object has no attribute 'unsqueeze'"), so the dynamo patch's unrolled steps stay
         if _asks_for_step_lists(self, kwargs) or any(isinstance(d, torch.SymInt) for d in hidden_states.shape) \
                 or quantization_trace():
             return original(self, hidden_states, targets, **kwargs)
@@ -171,8 +166,19 @@ def _patch_structure_decode_scanned(original):
         acted.set()
         return BaseModelOutput(last_hidden_state=decode_scan(self, hidden_states))
 
-    forward.acted = acted  # fired only when the scan was used
+    forward.acted = acted
     return forward
+
+
+@register_patch("onnx", *HEAD_PATHS)
+def _patch_structure_decode_scanned(original):
+    """ONNX, static exports: the table-structure decode as one step looped by ``torch.scan`` (an ONNX
+    Scan) instead of ``max_text_length + 1`` unrolled steps, cut at the step count eager reaches.
+
+    before: 501 unrolled steps (SLANeXt's default: 555 s to export)
+    after:  scan(step, (features, embedding), xs of length T);  preds[:, :min(T, T - sum(all_ended) + 1)]
+    """
+    return scanned(original)
 
 
 @register_patch("executorch", *HEAD_PATHS)
@@ -183,19 +189,4 @@ def _patch_structure_decode_scanned_executorch(original):
     before: 501 unrolled steps (SLANeXt's default: past 21 GB, killed after 249 s)
     after:  scan(step, (features, embedding), xs of length T);  preds[:, :min(T, T - sum(all_ended) + 1)]
     """
-
-    acted = ActedFlag()
-
-    @functools.wraps(original)
-    def forward(self, hidden_states, targets=None, **kwargs):
-        # a symbolic batch (dynamic export): the scan's carry copy fails at run time, so the unrolled steps stay
-        if _asks_for_step_lists(self, kwargs) or any(isinstance(d, torch.SymInt) for d in hidden_states.shape) \
-                or quantization_trace():
-            return original(self, hidden_states, targets, **kwargs)
-        from transformers.modeling_outputs import BaseModelOutput
-
-        acted.set()
-        return BaseModelOutput(last_hidden_state=decode_scan(self, hidden_states))
-
-    forward.acted = acted  # fired only when the scan was used
-    return forward
+    return scanned(original)
