@@ -59,6 +59,9 @@ Why the cost matters. The dense dispatch adds about 20 graph nodes per expert pe
 released expert counts LongcatFlashModel's static export took 33.5 s on dynamo and did not finish in
 300 s on ONNX, Step3p7Model's 11.1 s and 76.1 s (the sweep's zoo builds 4 experts, which hid it;
 measured in results/s31/audit, issue 35). Gathered, both export in about the time they take at 4.
+The gathered form's cost moves to memory at run time: it holds tokens x top_k copies of an expert's
+weights per layer (as transformers' ``batched_mm`` does), harmless for the sweep's tiny models, large
+for a long prompt through a full-size model; the dense form held none but ran every expert.
 
 Why it is exact. The router is untouched, so tokens, weights and capacity drops are the ones eager
 computes (a token dropped by SwitchTransformers' capacity has an all-zero dispatch row, so it gets 0
