@@ -342,25 +342,6 @@ class FiredLog:
         return list(self._names)
 
 
-_QUANTIZATION_TRACE: list[bool] = [False]
-
-
-@contextlib.contextmanager
-def tracing_for_quantization() -> Iterator[None]:
-    """Within the block, ``quantization_trace()`` is True: the trace whose program PT2E prepares
-    (exporters.quantization.quantize, stage 0). A patch that traces a form PT2E cannot carry through
-    prepare, convert and the second export (a ``torch.scan`` higher-order op) keeps the plain form there."""
-    previous, _QUANTIZATION_TRACE[0] = _QUANTIZATION_TRACE[0], True
-    try:
-        yield
-    finally:
-        _QUANTIZATION_TRACE[0] = previous
-
-
-def quantization_trace() -> bool:
-    return _QUANTIZATION_TRACE[0]
-
-
 class ActedFlag:
     """The ``acted`` attribute of a patch that acts on some calls only (see ``_counting``): the
     replacement calls ``set()`` when a call changed something; reading it (calling the flag) returns

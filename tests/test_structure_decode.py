@@ -114,7 +114,7 @@ def test_the_trace_pt2e_prepares_keeps_the_unrolled_steps(table_model):
     """The ONNX and ExecuTorch scan patches step aside inside exporters.quantization's stage-0 trace: a
     program holding the scan fails after convert_pt2e, at the second export ("Attempting to use
     FunctionalTensor on its own"), on both backends."""
-    from exporters.utils import tracing_for_quantization
+    from exporters.quantization.stage0 import tracing_for_quantization
     from exporters.workarounds.models.slanet import (
         _patch_structure_decode_scanned,
         _patch_structure_decode_scanned_executorch,

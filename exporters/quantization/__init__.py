@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from exporters.utils import apply_patches, tracing_for_quantization
+from exporters.quantization.stage0 import tracing_for_quantization
+from exporters.utils import apply_patches
 
 __all__ = ["QuantizationError", "Quantized", "Recipe", "int8", "quantize"]
 

@@ -55,7 +55,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from exporters.utils import ActedFlag, quantization_trace, register_patch
+from exporters.quantization.stage0 import in_quantization_trace
+from exporters.utils import ActedFlag, register_patch
 
 HEAD_PATHS: tuple[str, ...] = (
     "transformers.models.slanet.modeling_slanet.SLANetSLAHead.forward",
@@ -152,14 +153,14 @@ def scanned(original):
     """The head's forward decoding with ``decode_scan``, where the scan can be carried: not for the
     per-step lists, not on a symbolic batch or length (dynamic exports: torch.onnx's Scan translation
     fails on it, "'SymInt' object has no attribute 'unsqueeze'", and ExecuTorch's program fails at run
-    in the carry's copy), and not in the trace PT2E prepares (``quantization_trace``). Elsewhere
+    in the carry's copy), and not in the trace PT2E prepares (``in_quantization_trace``). Elsewhere
     ``original`` (the dynamo patch's unrolled steps) runs. Fired only when the scan was used."""
     acted = ActedFlag()
 
     @functools.wraps(original)
     def forward(self, hidden_states, targets=None, **kwargs):
         if _asks_for_step_lists(self, kwargs) or any(isinstance(d, torch.SymInt) for d in hidden_states.shape) \
-                or quantization_trace():
+                or in_quantization_trace():
             return original(self, hidden_states, targets, **kwargs)
         from transformers.modeling_outputs import BaseModelOutput
 
