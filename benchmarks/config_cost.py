@@ -89,7 +89,7 @@ def main(argv=None):
         diff = max(diffs) if diffs else "n/a"
     except Exception as exc:  # noqa: BLE001 - report only
         diff = f"run failed: {type(exc).__name__}: {str(exc)[:120]}"
-    fired = [f for f in getattr(artifact, "workarounds_fired", []) if "models." in f or "moe" in f or "slan" in f]
+    fired = [f for f in artifact.workarounds_fired if ":transformers.models." in f]  # the model patches
     print(f"{args.cls} {args.backend} {args.variant} set={args.set + args.attr}: export {seconds:.1f} s "
           f"(build {build_s:.1f} s), {nodes} {what}, max abs diff vs eager {diff}; fired: {fired}", flush=True)
 

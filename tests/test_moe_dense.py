@@ -74,13 +74,14 @@ def _longcat_flash_identity_only() -> Case:
     return case
 
 
-def _step3p7() -> Case:
+def _step3p7(n_routed_experts: int = 4) -> Case:
     from transformers.models.step3p7.configuration_step3p7 import Step3p7TextConfig
     from transformers.models.step3p7.modeling_step3p7 import Step3p7Experts, Step3p7TopKRouter
 
     # n_routed_experts, not num_local_experts: the latter is an attribute_map alias of the former
-    config = Step3p7TextConfig(hidden_size=16, moe_intermediate_size=24, n_routed_experts=4, num_experts_per_tok=2)
-    assert config.num_local_experts == 4
+    config = Step3p7TextConfig(hidden_size=16, moe_intermediate_size=24, n_routed_experts=n_routed_experts,
+                               num_experts_per_tok=2)
+    assert config.num_local_experts == n_routed_experts
     router = _init(Step3p7TopKRouter(config))
     experts = _init(Step3p7Experts(config, swiglu_limit=1.0))  # the clamp is active at this scale
     hidden = torch.randn(14, 16)
@@ -158,19 +159,7 @@ def test_patched_experts_export(build):
     torch.testing.assert_close(program.module()(*case.args), expected)
 
 
-def _step3p7_with(n_routed_experts: int) -> Case:
-    from transformers.models.step3p7.configuration_step3p7 import Step3p7TextConfig
-    from transformers.models.step3p7.modeling_step3p7 import Step3p7Experts, Step3p7TopKRouter
-
-    config = Step3p7TextConfig(hidden_size=16, moe_intermediate_size=24, n_routed_experts=n_routed_experts,
-                               num_experts_per_tok=2)
-    router, experts = _init(Step3p7TopKRouter(config)), _init(Step3p7Experts(config, swiglu_limit=1.0))
-    hidden = torch.randn(14, 16)
-    _, top_k_weights, top_k_index = router(hidden)
-    return Case(experts, (hidden, top_k_index, top_k_weights), STEP3P7, _patch_dense_step3p7_experts)
-
-
-@pytest.mark.parametrize("build", [lambda n: _longcat_flash(n, check_zero_experts=False), _step3p7_with],
+@pytest.mark.parametrize("build", [lambda n: _longcat_flash(n, check_zero_experts=False), _step3p7],
                          ids=["longcat_flash", "step3p7"])
 def test_gathered_experts_graph_does_not_grow_with_the_expert_count(build):
     """LongcatFlash (512 experts released) and Step3p7 (288) gather each token's experts: the exported
