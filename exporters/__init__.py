@@ -5,17 +5,21 @@
     outputs = artifact(**inputs)          # {"logits": tensor, "past_key_values.0.key": tensor, ...}
     artifact.save("out/")                 # model.onnx + metadata.json
 
+    with shared_traces():                 # one model on several backends: one torch.export trace where
+        ...                               # their patches agree (exporters/trace_reuse.py)
+
 Backend runtimes (onnxruntime, executorch) are imported lazily, on first use.
 """
 
 from .base import Artifact, ExportConfig, ExportStageError, InputError
 from .exporter_dynamo import DynamoConfig, DynamoExporter
+from .trace_reuse import shared_traces
 from .utils import BACKENDS
 
 __all__ = [
     "Artifact", "BACKENDS", "DynamoConfig", "DynamoExporter", "ExecutorchConfig", "ExecutorchExporter",
     "ExportConfig", "ExportStageError", "InputError", "OnnxConfig", "OnnxExporter", "get_exporter",
-    "load_artifact", "load_generator",
+    "load_artifact", "load_generator", "shared_traces",
 ]
 
 _LAZY = {

@@ -19,6 +19,7 @@ from exporters.base import ExportConfig
 from exporters.model_state import _dim_markings, _snapshot_state, reset_model_state, restore_dim_markings
 from exporters.pytrees import leaf_names_and_values, register_pytree_nodes
 from exporters.specialize import ConcreteValues, concrete, constant_buffers_baked, specialized_inputs
+from exporters.trace_reuse import Kept, active_store, copied, probing, reuse, trace_key
 from exporters.utils import FiredLog, PatchEntry, apply_patches
 
 
@@ -251,16 +252,24 @@ def trace(
         dynamic_shapes = auto_dynamic_shapes(tensors, config.max_dim, 1 if config.accept_size_one else 2)
     else:
         dynamic_shapes = None
+    store = active_store()
+    key = trace_key(model, tensors, constants, dynamic_shapes, config) if store is not None else None
+    kept = store.lookup(model, key, patches) if key is not None else None
+    if kept is not None:
+        return _with_module(reuse(kept, fired), build_module)
+    marks = FiredLog()  # this trace's own marks, kept with it
     state = _snapshot_state(model)
     markings = _dim_markings(tensors)
     try:
         with constant_buffers_baked(model) as baked_buffers, \
-                flat_forward_signature(model, names, constants, baked_buffers), apply_patches(patches, fired), \
+                flat_forward_signature(model, names, constants, baked_buffers), apply_patches(patches, marks), \
+                probing(store, patches) if key is not None else contextlib.nullcontext() as probes, \
                 size_one_mode(config):
             program = torch.export.export(
                 model, args=(), kwargs=tensors, dynamic_shapes=dynamic_shapes, strict=config.strict
             )
     finally:
+        fired.extend(marks.names())
         reset_model_state(model, state)
         restore_dim_markings(tensors, markings)
     user_inputs = [
@@ -273,11 +282,21 @@ def trace(
         specs[name] = (tuple(tensors[name].shape), tensors[name].dtype, _dims_of(program, val))
     output_names = output_names_of(program)
     program = drop_constant_outputs(program)
-    # the guards live on program.module(): build it only when there are dynamic dims to guard (the
-    # ONNX and ExecuTorch exporters need no module otherwise); the dynamo artifact reuses it
-    module = module_with_guards(program) if build_module and any(d for _, _, d in specs.values()) else None
-    guards = getattr(module, "_guards_fn", None)
-    return Traced(program, names, output_names, specs, constants, guards, module)
+    traced = Traced(program, names, output_names, specs, constants)
+    if key is not None:
+        store.keep(Kept(model, key, traced, frozenset(p.name for p in patches),
+                        tuple(marks.names()), probes.probed, probes.reached))
+        traced = copied(traced)  # the kept one stays unedited
+    return _with_module(traced, build_module)
+
+
+def _with_module(traced: Traced, build_module: bool) -> Traced:
+    """The guards live on program.module(): build it only when there are dynamic dims to guard (the
+    ONNX and ExecuTorch exporters need no module otherwise); the dynamo artifact reuses it."""
+    if build_module and any(d for _, _, d in traced.input_specs.values()):
+        traced.module = module_with_guards(traced.program)
+        traced.guards = getattr(traced.module, "_guards_fn", None)
+    return traced
 
 
 def quantization_trace(config: ExportConfig, patches: list[PatchEntry], fired: FiredLog):

@@ -3,8 +3,22 @@
 import pytest
 
 
+@pytest.fixture(scope="session")
+def trace_store(request):
+    """One torch.export trace per class and shape config, shared by its items on the three backends where
+    their patches agree (exporters/trace_reuse.py); the items of a class run together in one process.
+    ``--no-shared-traces`` traces every item itself."""
+    if request.config.option.no_shared_traces:
+        yield None
+        return
+    from exporters import shared_traces
+
+    with shared_traces() as store:
+        yield store
+
+
 @pytest.fixture
-def export_patches(sweep_case):
+def export_patches(sweep_case, trace_store):
     """Guard the patch registry around one item: the exporter installs the registered patches of
     the item's backend and must restore them, pass or fail. A target left patched fails this item,
     naming the target, and is put back so the next item starts clean."""

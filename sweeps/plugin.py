@@ -86,6 +86,9 @@ def pytest_addoption(parser):
                     help="run shard I of N (1-based) of the sweep; items of one class stay in one shard")
     group.addoption("--sweep", choices=("auto", "smoke", "full"), default="auto",
                     help="auto: full when a sweep path or --model is given, else the smoke set")
+    group.addoption("--no-shared-traces", action="store_true", default=False,
+                    help="trace every test_export item itself, instead of sharing one torch.export trace per class "
+                         "and shape config across the backends whose patches agree (exporters/trace_reuse.py)")
     group.addoption("--keep-artifacts", default=None, metavar="DIR",
                     help="save each item's exported artifact and metadata.json under DIR/<item id>/")
 

@@ -162,6 +162,7 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
 
     from exporters import ExportStageError, get_exporter
     from exporters.parity import assert_close
+    from exporters.trace_reuse import active_store
     from sweeps.shapes import check_at, check_dynamic_shapes, check_size_one, format_sizes
 
     stage = "build"
@@ -181,6 +182,8 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
                 props["onnx_optimize"] = value
         for k, v in props.items():
             record(k, v)
+        store = active_store()
+        hits = store.hits if store is not None else 0
         try:
             artifact = exporter.export(model, inputs, config)
         except ExportStageError as exc:
@@ -188,6 +191,8 @@ def run_case(case: Case, record: Callable[[str, Any], None], keep_dir: str | Non
             record("workarounds_fired", exc.workarounds_fired)
             raise
         record("workarounds_fired", artifact.workarounds_fired)
+        if store is not None:  # traces taken from the one shared by the class's items (exporters/trace_reuse.py)
+            record("trace_reused", store.hits - hits)
         record("baked_inputs", sorted(k for k, v in artifact.constants.items() if isinstance(v, torch.Tensor)))
         if "planned_bytes" in artifact.extra_metadata:  # ExecuTorch: the memory its plan allocates, and for which bounds
             record("planned_mb", round(artifact.extra_metadata["planned_bytes"] / 2**20, 1))

@@ -1,0 +1,182 @@
+"""One torch.export trace shared by the exports of one model on several backends, where their patches agree.
+
+Each exporter traces the model itself (``exporters.tracing.trace``), with the torch patches of its own
+backend: "dynamo"'s, plus ONNX's (adaptive pooling) or ExecuTorch's. Exporting one model on three backends
+therefore traces it three times, though the three programs are usually the same. Inside
+``shared_traces()`` the first trace of a (model, inputs, shape config) is kept, and a later export asking
+for the same trace gets a copy of it instead of tracing again, when that gives the program its own trace
+would have given:
+
+- every patch that acted in the first trace is also installed for the second (a patch that acted changed
+  the program; one that did not, left it as if it were absent), and
+- no patch that the second would add was reached in the first. To know that, the first trace also
+  installs a probe, a pass-through wrapper that only records the call, on the target of every other patch
+  of the registry. A probe changes nothing the program computes.
+
+Anything else traces again. So does an export whose model, inputs (tensor identity and version) or shape
+config differ, and stage 0's trace (the model PT2E prepares). Each export gets its own deep copy of the
+kept program, since the backends' fixes and lowerings edit the program in place; a copy of a tiny model's
+program costs about 10 ms against a 0.15-0.9 s trace (results in benchmarks/README.md, "One trace for
+several backends").
+
+Off unless asked for: nothing is kept outside the block, and the block keeps the traces of the last model
+only. The sweep turns it on for a whole session (items of one class arrive together, in one process) and
+records per item how many of its traces were taken from the store (``trace_reused``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from exporters.utils import BACKENDS, FiredLog, PatchEntry, PatchSet, Registry
+
+_ACTIVE: list[TraceStore] = []
+
+
+@dataclasses.dataclass
+class Kept:
+    model: torch.nn.Module
+    key: tuple
+    traced: Any  # exporters.tracing.Traced, with the pristine program and no module
+    installed: frozenset[str]  # names of the patches installed for the trace
+    fired: tuple[str, ...]  # what the trace added to the fired log (patches that acted, and any other mark)
+    probed: frozenset[str]  # names of the patches probed (all of the registry's others)
+    reached: frozenset[str]  # of those, the ones whose target was called
+
+
+class TraceStore:
+    """The traces kept inside one ``shared_traces()`` block, for the last model traced."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self._kept: list[Kept] = []
+        self.hits = 0
+        self.misses = 0
+
+    def lookup(self, model: torch.nn.Module, key: tuple, patches: list[PatchEntry]) -> Kept | None:
+        names = {p.name for p in patches}
+        for kept in self._kept:
+            if kept.model is not model or kept.key != key:
+                continue
+            acted = {n for n in kept.fired if n in kept.installed}
+            added = names - kept.installed
+            if acted <= names and added <= kept.probed and not added & kept.reached:
+                self.hits += 1
+                return kept
+        self.misses += 1
+        return None
+
+    def keep(self, kept: Kept) -> None:
+        self._kept = [k for k in self._kept if k.model is kept.model and k.key != kept.key] + [kept]
+
+
+def _probe(original):
+    """A pass-through wrapper: PatchSet marks its entry as fired when it is called, which is all a probe says."""
+    if not callable(original) or isinstance(original, type):
+        return original
+
+    @functools.wraps(original, updated=())  # not __dict__: an ``acted`` flag of a patch below belongs to it
+    def probe(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    return probe
+
+
+def active_store() -> TraceStore | None:
+    from exporters.quantization.stage0 import in_quantization_trace
+
+    return _ACTIVE[-1] if _ACTIVE and not in_quantization_trace() else None
+
+
+@contextlib.contextmanager
+def shared_traces(registry: Registry | None = None) -> Iterator[TraceStore]:
+    """Within the block, exports of the same model and inputs on several backends share one torch.export
+    trace where their patches agree (see the module docstring). ``registry``: the one whose other patches
+    are probed (the default registry)."""
+    from exporters.utils import DEFAULT_REGISTRY
+
+    store = TraceStore(registry if registry is not None else DEFAULT_REGISTRY)
+    _ACTIVE.append(store)
+    try:
+        yield store
+    finally:
+        _ACTIVE.remove(store)
+
+
+def trace_key(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor], constants: Mapping[str, Any],
+              dynamic_shapes: Any, config) -> tuple | None:
+    """What a trace depends on besides the patches: the model's parameters and buffers and the inputs (by
+    identity and version: an in-place change is a new key), the baked constants and the shape config.
+    None where a constant has no stable repr (then nothing is shared)."""
+    state = tuple((id(t), t._version) for t in (*model.parameters(), *model.buffers()))
+    feed = tuple((k, id(t), t._version, tuple(t.shape), t.dtype) for k, t in tensors.items())
+    try:
+        baked = tuple((k, (id(v), v._version) if isinstance(v, torch.Tensor) else repr(v))
+                      for k, v in constants.items())
+        shapes = repr(dynamic_shapes)
+    except Exception:  # noqa: BLE001 - an object whose repr fails: no key
+        return None
+    return (state, feed, baked, shapes, config.strict, config.accept_size_one)
+
+
+def reuse(kept: Kept, fired: FiredLog):
+    """A copy of the kept trace, its marks added to ``fired``."""
+    fired.extend(kept.fired)
+    return copied(kept.traced)
+
+
+def copied(traced):
+    """An export's own copy of a kept trace: the program, and the specs an artifact may narrow."""
+    return dataclasses.replace(traced, program=copy.deepcopy(traced.program), input_names=list(traced.input_names),
+                               output_names=list(traced.output_names), input_specs=copy.deepcopy(traced.input_specs),
+                               constants=dict(traced.constants))
+
+
+@dataclasses.dataclass
+class Probes:
+    probed: frozenset[str] = frozenset()
+    reached: frozenset[str] = frozenset()
+
+
+@contextlib.contextmanager
+def probing(store: TraceStore, installed: list[PatchEntry]) -> Iterator[Probes]:
+    """Within the block (entered after the real patches, so that a probe sees every call to its target,
+    patched or not), a probe on the target of each registry patch not in ``installed``, among those whose
+    module is already loaded (probing must import nothing; an unprobed patch is never assumed unreached).
+    The yielded Probes are filled in on exit."""
+    names = {p.name for p in installed}
+    probes = [dataclasses.replace(p, factory=_probe, optional=True) for p in store.registry.patches(*BACKENDS)
+              if p.name not in names and _loaded(p.path)]
+    reached = FiredLog()
+    result = Probes()
+    probe_set = PatchSet()
+    try:
+        installed_probes = [p.name for p in probes if probe_set.install(p, reached)]
+        yield result
+    finally:
+        probe_set.undo()
+    result.probed = frozenset(installed_probes)
+    result.reached = frozenset(reached.names())
+
+
+def _loaded(path: str) -> bool:
+    """Whether ``path`` resolves through modules already imported (without importing any)."""
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        obj = sys.modules.get(".".join(parts[:i]))
+        if obj is None:
+            continue
+        for attr in parts[i:-1]:
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                return False
+        return hasattr(obj, parts[-1])
+    return False

@@ -1,0 +1,118 @@
+"""exporters.shared_traces: one torch.export trace shared across exports only where the patches agree."""
+
+import torch
+import torch.nn.functional as F
+
+from exporters import DynamoExporter, shared_traces
+from exporters.utils import Registry, register_patch
+
+SOFTSIGN = "torch.nn.functional.softsign"
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return F.softsign(self.lin(x))
+
+
+def _halving_registry(path: str = SOFTSIGN) -> Registry:
+    registry = Registry()
+    register_patch("dynamo", path, registry=registry)(lambda original: lambda x: x * 0.5)
+    return registry
+
+
+def _inputs():
+    return {"x": torch.randn(2, 4)}
+
+
+def _code(artifact) -> str:
+    return artifact.program.graph_module.code
+
+
+def test_same_patches_share_one_trace_and_the_program_is_the_same():
+    torch.manual_seed(0)
+    model, inputs = _Net().eval(), _inputs()
+    alone = DynamoExporter(registry=Registry()).export(model, inputs)
+    with shared_traces(registry=Registry()) as store:
+        first = DynamoExporter(registry=Registry()).export(model, inputs)
+        second = DynamoExporter(registry=Registry()).export(model, inputs)
+    assert (store.misses, store.hits) == (1, 1)
+    assert _code(first) == _code(second) == _code(alone)
+    assert first.program is not second.program  # each export edits its own copy
+    assert torch.equal(second(**inputs)["output"], model(**inputs))
+
+
+def test_a_patch_that_acted_but_is_absent_later_forces_a_new_trace():
+    model, inputs = _Net().eval(), _inputs()
+    halving = _halving_registry()
+    with shared_traces(registry=halving) as store:
+        patched = DynamoExporter(registry=halving).export(model, inputs)
+        plain = DynamoExporter(registry=Registry()).export(model, inputs)
+    assert (store.misses, store.hits) == (2, 0)
+    assert f"patch:dynamo:{SOFTSIGN}" in patched.workarounds_fired
+    assert f"patch:dynamo:{SOFTSIGN}" not in plain.workarounds_fired
+    assert torch.allclose(plain(**inputs)["output"], model(**inputs))
+    assert torch.allclose(patched(**inputs)["output"], model.lin(inputs["x"]) * 0.5)
+
+
+def test_a_patch_added_later_whose_target_the_first_trace_reached_forces_a_new_trace():
+    model, inputs = _Net().eval(), _inputs()
+    halving = _halving_registry()
+    with shared_traces(registry=halving) as store:
+        DynamoExporter(registry=Registry()).export(model, inputs)  # the probe on softsign records the call
+        patched = DynamoExporter(registry=halving).export(model, inputs)
+    assert (store.misses, store.hits) == (2, 0)
+    assert torch.allclose(patched(**inputs)["output"], model.lin(inputs["x"]) * 0.5)
+
+
+def test_a_patch_added_later_on_a_target_never_reached_keeps_the_trace():
+    model, inputs = _Net().eval(), _inputs()
+    unreached = _halving_registry("torch.nn.functional.softplus")
+    with shared_traces(registry=unreached) as store:
+        DynamoExporter(registry=Registry()).export(model, inputs)
+        DynamoExporter(registry=unreached).export(model, inputs)
+    assert (store.misses, store.hits) == (1, 1)
+    assert F.softplus is not None and F.softsign.__name__ == "softsign"  # probes are gone after the trace
+
+
+def test_an_input_or_parameter_changed_in_place_is_a_new_trace():
+    model, inputs = _Net().eval(), _inputs()
+    with shared_traces(registry=Registry()) as store:
+        DynamoExporter(registry=Registry()).export(model, inputs)
+        inputs["x"].add_(1.0)
+        DynamoExporter(registry=Registry()).export(model, inputs)
+        with torch.no_grad():
+            model.lin.bias.add_(1.0)
+        DynamoExporter(registry=Registry()).export(model, inputs)
+        DynamoExporter(registry=Registry()).export(model, {"x": torch.randn(3, 4)})
+    assert (store.misses, store.hits) == (4, 0)
+
+
+def test_the_kept_program_is_not_edited_by_an_export_that_took_a_copy():
+    model, inputs = _Net().eval(), _inputs()
+    with shared_traces(registry=Registry()) as store:
+        first = DynamoExporter(registry=Registry()).export(model, inputs)
+        before = _code(first)
+        graph = first.program.graph_module.graph
+        out = graph.output_node()
+        (result,) = out.args[0]
+        with graph.inserting_before(out):
+            neg = graph.call_function(torch.ops.aten.neg.default, (result,))
+        out.args = ((neg,),)
+        first.program.graph_module.recompile()
+        assert _code(first) != before
+        second = DynamoExporter(registry=Registry()).export(model, inputs)
+    assert store.hits == 1
+    assert _code(second) == before
+
+
+def test_outside_the_block_nothing_is_kept():
+    from exporters.trace_reuse import active_store
+
+    assert active_store() is None
+    with shared_traces(registry=Registry()) as store:
+        assert active_store() is store
+    assert active_store() is None
