@@ -248,6 +248,16 @@ def test_ngram_bans_are_applied_as_generate_applies_them(llama):
     generator = get_exporter("dynamo").export_for_generation(model, inputs, get_exporter("dynamo").config_class(dynamic=True))
     assert torch.equal(generator.generate(**inputs, max_new_tokens=16), expected)
 
+    # a decoder-only model's encoder_no_repeat_ngram_size: generate bans n-grams of the prompt (its inputs_tensor);
+    # size 1 bans every prompt token
+    model.generation_config.no_repeat_ngram_size = 0
+    model.generation_config.encoder_no_repeat_ngram_size = 1
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=16, do_sample=False)
+    assert not torch.equal(free, expected)
+    generator = get_exporter("dynamo").export_for_generation(model, inputs, get_exporter("dynamo").config_class(dynamic=True))
+    assert torch.equal(generator.generate(**inputs, max_new_tokens=16), expected)
+
     bart = _tiny_bart()
     bart.generation_config.encoder_no_repeat_ngram_size = 2
     src = torch.randint(3, 48, (2, 6), generator=torch.Generator().manual_seed(5))
@@ -276,3 +286,30 @@ def test_an_input_no_rule_explains_is_named():
              call(seq[:, 3:4], torch.tensor([-2.0]), 2)]
     with pytest.raises(GenerationError, match="decode-step input 'noise'"):
         infer_rules(calls, seq, 2)
+
+
+def test_eager_generate_drops_only_the_inputs_generate_itself_refuses_as_unused():
+    from sweeps.generate import _eager_generate
+
+    class _Model:
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, **kwargs):
+            self.calls.append(sorted(k for k in kwargs if isinstance(kwargs[k], torch.Tensor)))
+            if "decoder_input_ids" in kwargs:
+                raise ValueError("The following `model_kwargs` are not used by the model: ['decoder_input_ids'] "
+                                 "(note: typos in the generate arguments will also show up in this list)")
+            if "bad" in kwargs:
+                raise ValueError("bad is not a valid input")
+            return "generated"
+
+    recorded = {}
+    model = _Model()
+    inputs = {"input_ids": torch.ones(1, 3, dtype=torch.long), "decoder_input_ids": torch.ones(1, 1, dtype=torch.long)}
+    assert _eager_generate(model, inputs, recorded.__setitem__) == "generated"
+    assert sorted(inputs) == ["input_ids"]  # the exports get the same inputs as the eager run
+    assert recorded == {"inputs_generate_refused": ["decoder_input_ids"]}
+    assert model.calls == [["decoder_input_ids", "input_ids"], ["input_ids"]]
+    with pytest.raises(ValueError, match="bad is not a valid input"):  # any other refusal is raised
+        _eager_generate(model, {"input_ids": torch.ones(1, 3), "bad": torch.ones(1)}, recorded.__setitem__)

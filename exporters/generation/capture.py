@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -161,9 +162,8 @@ def _recorded(module: torch.nn.Module, calls: list[Call], outputs_of=_trees_of, 
     (``plain_sliding_layers``)."""
 
     def record(forward, args, kwargs):
-        if args:
-            raise GenerationError(f"generate calls {type(module).__name__}.{method} with positional arguments; "
-                                  "generation export takes keyword calls only")
+        if args:  # by name, as the components are called (generate passes pixel_values to get_image_features first)
+            kwargs = _by_name(forward, args, kwargs, f"{type(module).__name__}.{method}")
         plain_sliding_layers(kwargs.get("past_key_values"))
         call = _split(kwargs)
         out = forward(**kwargs)
@@ -173,6 +173,29 @@ def _recorded(module: torch.nn.Module, calls: list[Call], outputs_of=_trees_of, 
         return out
 
     return forward_wrapped(module, record, method)
+
+
+def _by_name(fn, args: tuple, kwargs: dict, what: str) -> dict:
+    """``fn(*args, **kwargs)``'s arguments, all by name; a GenerationError where a positional one has no name
+    (a ``*args`` parameter)."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise GenerationError(f"generate calls {what} with positional arguments that do not bind to its "
+                              f"signature ({exc}); generation export takes keyword calls") from None
+    params = inspect.signature(fn).parameters
+    named = {}
+    for name, value in bound.arguments.items():
+        kind = params[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                raise GenerationError(f"generate calls {what} with positional arguments its *{name} takes; "
+                                      "generation export takes keyword calls only")
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        else:
+            named[name] = value
+    return named
 
 
 MODALITIES = ("image", "video")  # the modalities generate encodes before the first forward, in its order

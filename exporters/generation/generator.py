@@ -99,7 +99,7 @@ class Generator:
             token = greedy_token(self.generation, logits, length=prompt.shape[1] + step, prompt_length=prompt.shape[1],
                                  max_length=prompt.shape[1] + max_new_tokens, eos=eos, pad=pad, unfinished=unfinished,
                                  teacher=None if teacher_tokens is None else teacher_tokens[:, step], sequence=sequence,
-                                 encoder_ids=given.get("input_ids") if self.token_input != "input_ids" else None)
+                                 encoder_ids=given.get("input_ids"))  # generate's inputs_tensor: the prompt, when decoder-only
             new_tokens.append(token)
             step_logits.append(logits)
             if step == max_new_tokens - 1 or not unfinished.any():
