@@ -313,3 +313,14 @@ def test_eager_generate_drops_only_the_inputs_generate_itself_refuses_as_unused(
     assert model.calls == [["decoder_input_ids", "input_ids"], ["input_ids"]]
     with pytest.raises(ValueError, match="bad is not a valid input"):  # any other refusal is raised
         _eager_generate(model, {"input_ids": torch.ones(1, 3), "bad": torch.ones(1)}, recorded.__setitem__)
+
+
+def test_the_decoder_start_column_takes_its_batch_from_any_encoder_input():
+    from exporters.generation.steps import derive_prefill_input
+
+    generation = {"decoder_start_token_id": 7}
+    for name, value in (("input_ids", torch.ones(3, 5, dtype=torch.long)), ("pixel_values", torch.ones(3, 3, 8, 8)),
+                        ("input_values", torch.ones(3, 160)), ("flattened_patches", torch.ones(3, 4, 10))):
+        assert torch.equal(derive_prefill_input("decoder_start", {name: value}, generation), torch.full((3, 1), 7))
+    with pytest.raises(KeyError):  # nothing to read the batch from: the rule does not apply
+        derive_prefill_input("decoder_start", {"attention_mask": torch.ones(3, 5)}, generation)

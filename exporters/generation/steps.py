@@ -50,13 +50,23 @@ def apply_tensor_rule(rule: str, previous: torch.Tensor | None, token: torch.Ten
 PREFILL_RULES = ("positions_from_mask", "decoder_start")
 
 
+ENCODER_MAIN_INPUTS = ("input_ids", "input_features", "input_values", "pixel_values", "flattened_patches")
+
+
+def _batch_of(given: dict[str, torch.Tensor]) -> int:
+    """The batch size: dim 0 of the encoder's main input (text, audio features or samples, pixels, patches)."""
+    main = next((given[k] for k in ENCODER_MAIN_INPUTS if k in given), None)
+    if main is None:
+        raise KeyError(f"none of {ENCODER_MAIN_INPUTS}")
+    return main.shape[0]
+
+
 def derive_prefill_input(rule: str, given: dict[str, torch.Tensor], generation: dict | None = None) -> torch.Tensor:
     if rule == "decoder_start":  # an encoder-decoder's decoder prompt: the start token, then any given
         start = (generation or {}).get("decoder_start_token_id")
         if start is None:
             raise KeyError("decoder_start_token_id")
-        ids = given.get("input_ids", given.get("input_features"))
-        column = torch.full((ids.shape[0], 1), int(start), dtype=torch.long)
+        column = torch.full((_batch_of(given), 1), int(start), dtype=torch.long)
         prompt = given.get("decoder_input_ids")
         return column if prompt is None else torch.cat([column, prompt], dim=-1)
     if rule == "positions_from_mask":
