@@ -128,7 +128,11 @@ def _dynamic_cache_pair(tree: str, eager_cache, got: dict[str, torch.Tensor]):
     from exporters.pytrees import flatten_outputs
 
     want = flatten_outputs({tree: eager_cache})
-    sliding = {f"{tree}.{i}" for i, layer in enumerate(getattr(eager_cache, "layers", None) or [])
+    # the cache's own layers, or an encoder-decoder cache's self-attention ones (T5Gemma)
+    parts = [(tree, eager_cache)] + [(f"{tree}.{k}", getattr(eager_cache, k)) for k in ("self_attention_cache",
+                                                                                        "cross_attention_cache")
+                                     if getattr(eager_cache, k, None) is not None]
+    sliding = {f"{prefix}.{i}" for prefix, cache in parts for i, layer in enumerate(getattr(cache, "layers", None) or [])
                if type(layer).__name__ == "DynamicSlidingWindowLayer"}
     pair_want, pair_got = {}, dict(got)
     for name, tensor in want.items():
