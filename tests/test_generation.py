@@ -324,3 +324,17 @@ def test_the_decoder_start_column_takes_its_batch_from_any_encoder_input():
         assert torch.equal(derive_prefill_input("decoder_start", {name: value}, generation), torch.full((3, 1), 7))
     with pytest.raises(KeyError):  # nothing to read the batch from: the rule does not apply
         derive_prefill_input("decoder_start", {"attention_mask": torch.ones(3, 5)}, generation)
+
+
+def test_suppressed_ids_past_the_vocabulary_mask_nothing_as_in_generate():
+    from transformers.generation.logits_process import SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor
+
+    from exporters.generation.processors import process
+
+    scores = torch.randn(2, 16)
+    generation = {"suppress_tokens": [3, 220], "begin_suppress_tokens": [5, 50257]}
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    expected = SuppressTokensLogitsProcessor([3, 220])(ids, scores)
+    expected = SuppressTokensAtBeginLogitsProcessor([5, 50257], begin_index=4)(ids, expected)
+    got = process(generation, scores, length=4, prompt_length=4, max_length=12)
+    assert torch.equal(got == torch.finfo(got.dtype).min, expected == -float("inf"))

@@ -76,12 +76,15 @@ def process(generation: Mapping[str, Any], scores: torch.Tensor, length: int, pr
     eos = _ids(generation.get("eos_token_id"))
     min_new = generation.get("min_new_tokens")
     min_length = generation.get("min_length") or 0
+    # generate masks these by torch.isin over the vocabulary: an id past the vocabulary (Whisper's
+    # suppress_tokens on a tiny vocabulary) masks nothing
+    vocab = scores.shape[-1]
     if eos and ((min_new and length - prompt_length < min_new) or length < min_length):
-        scores[:, eos] = neg
+        scores[:, [i for i in eos if i < vocab]] = neg
     if generation.get("suppress_tokens"):
-        scores[:, _ids(generation["suppress_tokens"])] = neg
+        scores[:, [i for i in _ids(generation["suppress_tokens"]) if i < vocab]] = neg
     if generation.get("begin_suppress_tokens") and length == prompt_length:
-        scores[:, _ids(generation["begin_suppress_tokens"])] = neg
+        scores[:, [i for i in _ids(generation["begin_suppress_tokens"]) if i < vocab]] = neg
     bos = generation.get("forced_bos_token_id")
     if bos is not None and length == 1:
         scores[:] = neg
