@@ -119,6 +119,13 @@ def _static_cache_pair(eager_cache, static_cache: dict[str, torch.Tensor], writt
     return {k: want[k] for k in got}, got
 
 
+def _cache_tensors(cache) -> dict[str, torch.Tensor]:
+    """The tensors a returned cache holds (none for a cache no layer wrote)."""
+    from exporters.pytrees import flatten_outputs
+
+    return {} if cache is None else {k: v for k, v in flatten_outputs({"cache": cache}).items() if v.numel()}
+
+
 def _dynamic_cache_pair(tree: str, eager_cache, got: dict[str, torch.Tensor]):
     """Eager's cache (``<tree>.<i>.key``...) and the artifact's, the latter cut to the last
     positions where eager keeps fewer: a sliding-window layer keeps its window, the generation export
@@ -231,14 +238,21 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
         else:
             # eager returns the state as past_key_values whatever the model calls it (Mamba: cache_params)
             state = [t for t in generator.trees if generator.rules.get(t) == "outputs"]  # not encoder outputs
-            if len(state) != 1:
+            uncached = "append_token" in generator.rules.values()  # the decode re-reads the whole sequence
+            eager_state = _cache_tensors(eager.past_key_values)
+            if uncached and not state:
+                if eager_state:  # eager's generate kept state this loop does not: say so
+                    raise GenerateMismatch(f"cache: the decode step re-reads the whole sequence and carries no state, "
+                                           f"but eager's generate returns {len(eager_state)} cache tensors")
+                record("cache_checked", False)  # no state on either side: nothing to compare
+                want_cache, got_cache = {}, {}
+            elif len(state) != 1:
                 raise GenerateMismatch(f"cache: the decode step carries {len(state)} trees from step to step "
                                        f"({state}); eager returns one past_key_values to compare them with")
-            (tree,) = state
-            if eager.past_key_values is None:
+            elif eager.past_key_values is None:
                 want_cache, got_cache = {}, forced.cache
             else:
-                want_cache, got_cache = _dynamic_cache_pair(tree, eager.past_key_values, forced.cache)
+                want_cache, got_cache = _dynamic_cache_pair(state[0], eager.past_key_values, forced.cache)
         problems = compare(_attended(want_cache, mask), _attended(got_cache, mask), case.backend)
         if problems:
             raise GenerateMismatch(f"cache after the last step: {problems[0]}")

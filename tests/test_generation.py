@@ -338,3 +338,17 @@ def test_suppressed_ids_past_the_vocabulary_mask_nothing_as_in_generate():
     expected = SuppressTokensAtBeginLogitsProcessor([5, 50257], begin_index=4)(ids, expected)
     got = process(generation, scores, length=4, prompt_length=4, max_length=12)
     assert torch.equal(got == torch.finfo(got.dtype).min, expected == -float("inf"))
+
+
+def test_a_generate_without_cache_that_refeeds_the_sequence_is_read_as_append_rules():
+    from exporters.generation.steps import apply_tensor_rule, infer_rules
+
+    seq = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    calls = [Call({"input_ids": seq[:, :n], "attention_mask": torch.ones(1, n, dtype=torch.long),
+                   "position_ids": torch.arange(n)[None]}, {}, {}, {}) for n in (3, 4, 5, 6)]
+    rules = infer_rules(calls, seq, prompt_length=3)
+    assert rules == {"input_ids": "append_token", "attention_mask": "append_one", "position_ids": "append_position"}
+    assert torch.equal(apply_tensor_rule("append_token", seq[:, :3], torch.tensor([9])), torch.tensor([[1, 2, 3, 9]]))
+    skipping = [calls[0], calls[1], calls[3]]  # lengths 3, 4, 6: neither one token nor the sequence so far
+    with pytest.raises(GenerationError, match="neither one token per call nor the whole sequence"):
+        infer_rules(skipping + [calls[3]], seq, prompt_length=3)

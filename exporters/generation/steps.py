@@ -7,7 +7,11 @@ Rules (``RULES``), tried in this order for each input of the decode step:
 - ``append_one``: the previous value with a column of ones appended (``attention_mask``);
 - ``next_position``: the previous value's last position plus one (``cache_position``, ``position_ids``);
 - ``same``: the value the previous call had (encoder outputs, a speaker embedding);
-- ``repeat_last``: the previous value's last position (``token_type_ids``: the new token's segment).
+- ``repeat_last``: the previous value's last position (``token_type_ids``: the new token's segment);
+- for a model whose generate keeps no cache and feeds the whole sequence at every call (OpenAIGPT,
+  CpmAnt): ``append_token`` (the ids so far, then the chosen token), ``append_position`` (the positions,
+  then the next one) and ``append_last`` (``token_type_ids``: the last segment again). Such a decode
+  step is the prefill's graph over one more token; the loop replays generate's own recomputation.
 An input that none explains stops the export with an error naming it: nothing is guessed.
 
 The prefill's inputs are the caller's, except those ``generate`` derives from them
@@ -23,7 +27,8 @@ import torch
 from exporters.generation.capture import Call, GenerationError
 
 TOKEN_INPUTS = ("input_ids", "decoder_input_ids")
-RULES = ("outputs", "token", "append_one", "next_position", "same", "repeat_last")
+RULES = ("outputs", "token", "append_one", "next_position", "same", "repeat_last", "append_token", "append_position",
+         "append_last")
 
 
 def _equal(a, b) -> bool:
@@ -44,6 +49,12 @@ def apply_tensor_rule(rule: str, previous: torch.Tensor | None, token: torch.Ten
         return previous
     if rule == "repeat_last":
         return previous[..., -1:]
+    if rule == "append_token":
+        return torch.cat([previous, token.reshape(-1, 1).to(previous.dtype)], dim=-1)
+    if rule == "append_position":
+        return torch.cat([previous, previous[..., -1:] + 1], dim=-1)
+    if rule == "append_last":
+        return torch.cat([previous, previous[..., -1:]], dim=-1)
     raise GenerationError(f"unknown step rule {rule!r}")
 
 
@@ -111,9 +122,11 @@ def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int) 
         raise GenerationError(f"generate returned sequences of length {sequences.shape[-1]} for a prompt of "
                               f"{prompt_length} and {len(calls)} forward calls: its sequences are not the prompt "
                               "followed by one token per call (a generate of its own that rewrites them)")
-    if any(c.query_length() != 1 for c in calls[1:]):
-        raise GenerationError("the decode steps do not feed one token per call (query lengths "
-                              f"{[c.query_length() for c in calls]}); generation export needs a cached decode step")
+    lengths = [c.query_length() for c in calls]
+    uncached = all(b is not None and a is not None and b == a + 1 for a, b in zip(lengths, lengths[1:]))
+    if not uncached and any(n != 1 for n in lengths[1:]):
+        raise GenerationError(f"the decode steps feed neither one token per call nor the whole sequence so far "
+                              f"(query lengths {lengths}); generation export reads one of the two")
     for name, (_, spec) in decode.trees.items():
         for later in calls[2:]:
             if later.trees.get(name, (None, None))[1] != spec:
@@ -155,8 +168,10 @@ def _holds(rule: str, name: str, prev: Call, cur: Call, token: torch.Tensor) -> 
             return before_spec == spec and all(_equal(a, b) for a, b in zip(before, leaves))
         return False
     value = cur.tensors[name]
+    if rule in ("token", "append_token") and name not in TOKEN_INPUTS:
+        return False
     if rule == "token":
-        return name in TOKEN_INPUTS and _equal(value, token.reshape(-1, 1))
+        return _equal(value, token.reshape(-1, 1))
     if rule == "outputs":
         return False
     previous = prev.tensors.get(name)
