@@ -349,6 +349,8 @@ def test_a_generate_without_cache_that_refeeds_the_sequence_is_read_as_append_ru
     rules = infer_rules(calls, seq, prompt_length=3)
     assert rules == {"input_ids": "append_token", "attention_mask": "append_one", "position_ids": "append_position"}
     assert torch.equal(apply_tensor_rule("append_token", seq[:, :3], torch.tensor([9])), torch.tensor([[1, 2, 3, 9]]))
+    cross = torch.arange(2 * 3 * 4).reshape(2, 3, 4)  # (batch, text position, image): the decode reads the last row
+    assert torch.equal(apply_tensor_rule("repeat_last_row", cross, torch.tensor([9, 9])), cross[:, 2:3])
     skipping = [calls[0], calls[1], calls[3]]  # lengths 3, 4, 6: neither one token nor the sequence so far
     with pytest.raises(GenerationError, match="neither one token per call nor the whole sequence"):
         infer_rules(skipping + [calls[3]], seq, prompt_length=3)

@@ -8,6 +8,8 @@ Rules (``RULES``), tried in this order for each input of the decode step:
 - ``next_position``: the previous value's last position plus one (``cache_position``, ``position_ids``);
 - ``same``: the value the previous call had (encoder outputs, a speaker embedding);
 - ``repeat_last``: the previous value's last position (``token_type_ids``: the new token's segment);
+- ``repeat_last_row``: the previous value's last position along dim 1, the sequence dim of a mask over
+  (batch, text position, image...): Idefics' ``image_attention_mask``, Mllama's ``cross_attention_mask``;
 - for a model whose generate keeps no cache and feeds the whole sequence at every call (OpenAIGPT,
   CpmAnt): ``append_token`` (the ids so far, then the chosen token), ``append_position`` (the positions,
   then the next one) and ``append_last`` (``token_type_ids``: the last segment again). Such a decode
@@ -28,7 +30,7 @@ from exporters.generation.capture import Call, GenerationError
 
 TOKEN_INPUTS = ("input_ids", "decoder_input_ids")
 RULES = ("outputs", "token", "append_one", "next_position", "same", "repeat_last", "append_token", "append_position",
-         "append_last")
+         "append_last", "repeat_last_row")
 
 
 def _equal(a, b) -> bool:
@@ -49,6 +51,8 @@ def apply_tensor_rule(rule: str, previous: torch.Tensor | None, token: torch.Ten
         return previous
     if rule == "repeat_last":
         return previous[..., -1:]
+    if rule == "repeat_last_row":
+        return previous[:, -1:]
     if rule == "append_token":
         return torch.cat([previous, token.reshape(-1, 1).to(previous.dtype)], dim=-1)
     if rule == "append_position":
