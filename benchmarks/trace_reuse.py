@@ -8,7 +8,8 @@ For each model x variant and each repeat it exports the model on the three backe
 (dynamo, onnx, executorch), once with every export tracing itself ("alone") and once inside
 ``shared_traces()`` ("shared"), alternating which goes first. It prints per row the summed export seconds
 of the three backends (median over repeats), shared/alone, how many of the three exports took the kept
-trace, and whether every program is byte-identical between the two (the .pte, the serialized ONNX
+trace (one at most: only the dynamo export keeps its trace, and the first lowering export takes it
+away; see exporters/trace_reuse.py), and whether every program is byte-identical between the two (the .pte, the serialized ONNX
 model, the dynamo graph's code); where bytes differ, whether the outputs at the traced inputs are
 bit-equal. One warm-up round (imports, first-call caches) is not timed.
 """

@@ -121,6 +121,7 @@ class DynamoExporter(GenerationExport, Exporter):
         fired = FiredLog()
         patches, stage0 = split_quantization_patches(self.registry.patches("dynamo"))
         model, quantized = self._quantize(model, inputs, config, quantization_trace(config, patches, fired), fired, stage0)
-        traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, patches, fired, build_module=False), fired)
+        traced = run_stage("export", self.backend,  # nothing lowers this program: inside shared_traces() it is kept
+                           lambda: trace(model, inputs, config, patches, fired, build_module=False, lowers=False), fired)
         return self._with_reference(DynamoArtifact(traced.program, traced.module, **traced.artifact_kwargs(fired, config)),
                                     quantized)

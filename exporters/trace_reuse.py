@@ -16,8 +16,16 @@ would have given:
 Anything else traces again. So does an export whose model, inputs (tensor identity and version) or shape
 config differ, and stage 0's trace (the model PT2E prepares). Each export gets its own deep copy of the
 kept program, since the backends' fixes and lowerings edit the program in place; a copy of a tiny model's
-program costs about 10 ms against a 0.15-0.9 s trace (results in benchmarks/README.md, "One trace for
-several backends").
+program costs about 10 ms against a 0.15-0.9 s trace.
+
+One shape environment, one lowering. A deep copy shares the program's fake tensor mode and its ShapeEnv,
+and lowering a program re-traces it (run_decompositions) in that ShapeEnv, leaving its own symbols and
+asserts there. Two lowerings of one trace would see each other's: lowering tiny Llava to ExecuTorch after
+ONNX had lowered the same trace failed ("Pending unbacked symbols {u3} not in returned outputs"), where
+each alone passes. So only an export that does not lower its program (the dynamo exporter) keeps its
+trace, and the first lowering export that takes it also removes it from the store: in the sweep's order
+(dynamo, onnx, executorch), onnx takes dynamo's trace and executorch traces itself. What that saves is
+in benchmarks/README.md, "One trace for several backends".
 
 Off unless asked for: nothing is kept outside the block, and the block keeps the traces of the last model
 only. The sweep turns it on for a whole session (items of one class arrive together, in one process) and
@@ -61,7 +69,8 @@ class TraceStore:
         self.hits = 0
         self.misses = 0
 
-    def lookup(self, model: torch.nn.Module, key: tuple, patches: list[PatchEntry]) -> Kept | None:
+    def lookup(self, model: torch.nn.Module, key: tuple, patches: list[PatchEntry], lowers: bool) -> Kept | None:
+        """The kept trace this export may take, if any; an export that ``lowers`` its program takes it away."""
         names = {p.name for p in patches}
         for kept in self._kept:
             if kept.model is not model or kept.key != key:
@@ -70,6 +79,8 @@ class TraceStore:
             added = names - kept.installed
             if acted <= names and added <= kept.probed and not added & kept.reached:
                 self.hits += 1
+                if lowers:  # its ShapeEnv serves one lowering (module docstring)
+                    self._kept.remove(kept)
                 return kept
         self.misses += 1
         return None

@@ -237,10 +237,13 @@ def trace(
     patches: list[PatchEntry],
     fired: FiredLog,
     build_module: bool = True,
+    lowers: bool = True,
 ) -> Traced:
     """Stages 1-5: torch.export ``model(**inputs)`` with ``patches`` installed. With dynamic dims, the
     program's module and its guard function are built here (``build_module``), before a backend's fixes
-    change the graph; the dynamo artifact builds them itself when first called (``DynamoArtifact``)."""
+    change the graph; the dynamo artifact builds them itself when first called (``DynamoArtifact``).
+    ``lowers``: the caller lowers the program (re-traces it in its ShapeEnv); inside ``shared_traces()``
+    only a trace for a caller that does not is kept for later exports (exporters/trace_reuse.py)."""
     baked = set(specialized_inputs(inputs, config.specialize))
     tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in baked}
     constants = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor) or k in baked}
@@ -254,7 +257,7 @@ def trace(
         dynamic_shapes = None
     store = active_store()
     key = trace_key(model, tensors, constants, dynamic_shapes, config) if store is not None else None
-    kept = store.lookup(model, key, patches) if key is not None else None
+    kept = store.lookup(model, key, patches, lowers) if key is not None else None
     if kept is not None:
         return _with_module(reuse(kept, fired), build_module)
     marks = FiredLog()  # this trace's own marks, kept with it
@@ -263,7 +266,7 @@ def trace(
     try:
         with constant_buffers_baked(model) as baked_buffers, \
                 flat_forward_signature(model, names, constants, baked_buffers), apply_patches(patches, marks), \
-                probing(store, patches) if key is not None else contextlib.nullcontext() as probes, \
+                probing(store, patches) if key is not None and not lowers else contextlib.nullcontext() as probes, \
                 size_one_mode(config):
             program = torch.export.export(
                 model, args=(), kwargs=tensors, dynamic_shapes=dynamic_shapes, strict=config.strict
@@ -283,7 +286,7 @@ def trace(
     output_names = output_names_of(program)
     program = drop_constant_outputs(program)
     traced = Traced(program, names, output_names, specs, constants)
-    if key is not None:
+    if key is not None and not lowers:
         store.keep(Kept(model, key, traced, frozenset(p.name for p in patches),
                         tuple(marks.names()), probes.probed, probes.reached))
         traced = copied(traced)  # the kept one stays unedited

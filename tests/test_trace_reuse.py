@@ -116,3 +116,18 @@ def test_outside_the_block_nothing_is_kept():
     with shared_traces(registry=Registry()) as store:
         assert active_store() is store
     assert active_store() is None
+
+
+def test_a_kept_trace_serves_one_lowering_export_and_only_a_non_lowering_export_keeps_one():
+    """A copy shares the program's ShapeEnv, and a lowering re-traces in it: one lowering per kept trace."""
+    from exporters.base import ExportConfig
+    from exporters.tracing import trace
+    from exporters.utils import FiredLog
+
+    model, inputs = _Net().eval(), _inputs()
+    with shared_traces(registry=Registry()) as store:
+        trace(model, inputs, ExportConfig(), [], FiredLog())  # a lowering export's own trace: not kept
+        DynamoExporter(registry=Registry()).export(model, inputs)  # kept
+        trace(model, inputs, ExportConfig(), [], FiredLog())  # takes it, and it leaves the store
+        trace(model, inputs, ExportConfig(), [], FiredLog())  # traces again
+    assert (store.misses, store.hits) == (3, 1)
