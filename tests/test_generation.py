@@ -351,6 +351,17 @@ def test_a_generate_without_cache_that_refeeds_the_sequence_is_read_as_append_ru
     assert torch.equal(apply_tensor_rule("append_token", seq[:, :3], torch.tensor([9])), torch.tensor([[1, 2, 3, 9]]))
     cross = torch.arange(2 * 3 * 4).reshape(2, 3, 4)  # (batch, text position, image): the decode reads the last row
     assert torch.equal(apply_tensor_rule("repeat_last_row", cross, torch.tensor([9, 9])), cross[:, 2:3])
+    segments = torch.zeros(2, 5, dtype=torch.long)  # PaliGemma: a generated token is in the causal suffix, 1
+    assert torch.equal(apply_tensor_rule("ones_column", segments, torch.tensor([9, 9])), torch.ones(2, 1, dtype=torch.long))
     skipping = [calls[0], calls[1], calls[3]]  # lengths 3, 4, 6: neither one token nor the sequence so far
     with pytest.raises(GenerationError, match="neither one token per call nor the whole sequence"):
         infer_rules(skipping + [calls[3]], seq, prompt_length=3)
+
+
+def test_one_indexed_positions_are_derived_from_the_mask_plus_one():
+    from exporters.generation.steps import derive_prefill_input
+
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    zero = derive_prefill_input("positions_from_mask", {"attention_mask": mask})
+    assert torch.equal(zero, torch.tensor([[0, 0, 1, 2], [0, 1, 2, 3]]))
+    assert torch.equal(derive_prefill_input("positions_from_mask_1", {"attention_mask": mask}), zero + 1)

@@ -10,6 +10,8 @@ Rules (``RULES``), tried in this order for each input of the decode step:
 - ``repeat_last``: the previous value's last position (``token_type_ids``: the new token's segment);
 - ``repeat_last_row``: the previous value's last position along dim 1, the sequence dim of a mask over
   (batch, text position, image...): Idefics' ``image_attention_mask``, Mllama's ``cross_attention_mask``;
+- ``ones_column``: a column of ones, whatever came before (PaliGemma's ``token_type_ids``: a generated token
+  belongs to the causal suffix, 1, after a prompt of 0s);
 - for a model whose generate keeps no cache and feeds the whole sequence at every call (OpenAIGPT,
   CpmAnt): ``append_token`` (the ids so far, then the chosen token), ``append_position`` (the positions,
   then the next one) and ``append_last`` (``token_type_ids``: the last segment again). Such a decode
@@ -18,8 +20,9 @@ An input that none explains stops the export with an error naming it: nothing is
 
 The prefill's inputs are the caller's, except those ``generate`` derives from them
 (``PREFILL_RULES``): ``position_ids`` as the running count of attended positions
-(``attention_mask.cumsum(-1) - 1``, 0 on padding) and an encoder-decoder's ``decoder_input_ids``
-(the start token, then the caller's decoder prompt), checked against the captured prefill call.
+(``attention_mask.cumsum(-1) - 1``, 0 on padding; one more where the model counts from 1, PaliGemma)
+and an encoder-decoder's ``decoder_input_ids`` (the start token, then the caller's decoder prompt),
+checked against the captured prefill call.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from exporters.generation.capture import Call, GenerationError
 
 TOKEN_INPUTS = ("input_ids", "decoder_input_ids")
 RULES = ("outputs", "token", "append_one", "next_position", "same", "repeat_last", "append_token", "append_position",
-         "append_last", "repeat_last_row")
+         "append_last", "repeat_last_row", "ones_column")
 
 
 def _equal(a, b) -> bool:
@@ -51,6 +54,8 @@ def apply_tensor_rule(rule: str, previous: torch.Tensor | None, token: torch.Ten
         return previous
     if rule == "repeat_last":
         return previous[..., -1:]
+    if rule == "ones_column":
+        return torch.ones_like(previous[..., -1:])
     if rule == "repeat_last_row":
         return previous[:, -1:]
     if rule == "append_token":
@@ -62,7 +67,7 @@ def apply_tensor_rule(rule: str, previous: torch.Tensor | None, token: torch.Ten
     raise GenerationError(f"unknown step rule {rule!r}")
 
 
-PREFILL_RULES = ("positions_from_mask", "decoder_start")
+PREFILL_RULES = ("positions_from_mask", "decoder_start", "positions_from_mask_1")
 
 
 ENCODER_MAIN_INPUTS = ("input_ids", "input_features", "input_values", "pixel_values", "flattened_patches")
@@ -84,6 +89,8 @@ def derive_prefill_input(rule: str, given: dict[str, torch.Tensor], generation: 
         column = torch.full((_batch_of(given), 1), int(start), dtype=torch.long)
         prompt = given.get("decoder_input_ids")
         return column if prompt is None else torch.cat([column, prompt], dim=-1)
+    if rule == "positions_from_mask_1":  # one-indexed positions (PaliGemma adds 1 in prepare_inputs_for_generation)
+        return derive_prefill_input("positions_from_mask", given, generation) + 1
     if rule == "positions_from_mask":
         mask = given.get("attention_mask")
         if mask is None:
