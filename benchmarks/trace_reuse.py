@@ -11,7 +11,10 @@ of the three backends (median over repeats), shared/alone, how many of the three
 trace (one at most: only the dynamo export keeps its trace, and the first lowering export takes it
 away; see exporters/trace_reuse.py), and whether every program is byte-identical between the two (the .pte, the serialized ONNX
 model, the dynamo graph's code); where bytes differ, whether the outputs at the traced inputs are
-bit-equal. One warm-up round (imports, first-call caches) is not timed.
+bit-equal. One warm-up round (imports, first-call caches) is not timed. Two more columns say what one
+reuse saves at most, without the noise of whole exports: ``trace s``, the dynamo trace alone
+(``exporters.tracing.trace``), and ``copy s``, one deep copy of its program (each export that shares a
+trace makes one).
 """
 
 from __future__ import annotations
@@ -59,6 +62,22 @@ def export_all(tiny, variant: str, shared: bool) -> dict:
     return out
 
 
+def trace_and_copy_seconds(tiny, variant: str) -> tuple[float, float]:
+    import copy
+
+    from exporters import DynamoConfig
+    from exporters.tracing import trace
+    from exporters.utils import DEFAULT_REGISTRY, FiredLog, split_quantization_patches
+
+    patches, _ = split_quantization_patches(DEFAULT_REGISTRY.patches("dynamo"))
+    start = time.perf_counter()
+    traced = trace(tiny.model, tiny.inputs, DynamoConfig(dynamic=variant == "dynamic"), patches, FiredLog(),
+                   build_module=False)
+    middle = time.perf_counter()
+    copy.deepcopy(traced.program)
+    return middle - start, time.perf_counter() - middle
+
+
 def _same(a, b, inputs) -> str:
     import torch
 
@@ -90,12 +109,13 @@ def main() -> int:
 
         keys = list(SMOKE_CLASSES)
     rows = []
-    print(f"{'model':42s} {'variant':8s} {'alone s':>8s} {'shared s':>9s} {'ratio':>6s} {'reused':>6s}  programs")
+    print(f"{'model':42s} {'variant':8s} {'alone s':>8s} {'shared s':>9s} {'ratio':>6s} {'reused':>6s} {'trace s':>8s} "
+          f"{'copy s':>7s}  programs")
     for key in keys:
         name = MODELS.get(key, key)
         tiny = reference(name).tiny
         for variant in args.variants.split(","):
-            times = {"alone": [], "shared": []}
+            times = {"alone": [], "shared": [], "trace": [], "copy": []}
             verdicts, reused, error = [], 0, None
             try:
                 export_all(tiny, variant, shared=False)  # warm-up
@@ -105,6 +125,9 @@ def main() -> int:
                     for mode in order:
                         times[mode].append(sum(s for s, _, _ in runs[mode].values()))
                     reused = sum(r for _, _, r in runs["shared"].values())
+                    trace_s, copy_s = trace_and_copy_seconds(tiny, variant)
+                    times["trace"].append(trace_s)
+                    times["copy"].append(copy_s)
                     verdicts += [f"{b}: {_same(runs['alone'][b][1], runs['shared'][b][1], tiny.inputs)}" for b in BACKENDS]
             except Exception as exc:  # noqa: BLE001 - reported in the row
                 error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
@@ -112,19 +135,23 @@ def main() -> int:
             if error is None:
                 alone, shared = statistics.median(times["alone"]), statistics.median(times["shared"])
                 bad = sorted({v for v in verdicts if not v.endswith("identical")})
+                trace_s, copy_s = statistics.median(times["trace"]), statistics.median(times["copy"])
                 row.update(alone_s=round(alone, 3), shared_s=round(shared, 3), ratio=round(shared / alone, 3),
-                           reused=reused, programs="identical" if not bad else "; ".join(bad))
-                print(f"{name:42s} {variant:8s} {alone:8.2f} {shared:9.2f} {shared / alone:6.3f} {reused:6d}  "
-                      f"{row['programs']}", flush=True)
+                           reused=reused, trace_s=round(trace_s, 3), copy_s=round(copy_s, 4),
+                           programs="identical" if not bad else "; ".join(bad))
+                print(f"{name:42s} {variant:8s} {alone:8.2f} {shared:9.2f} {shared / alone:6.3f} {reused:6d} "
+                      f"{trace_s:8.3f} {copy_s:7.3f}  {row['programs']}", flush=True)
             else:
                 print(f"{name:42s} {variant:8s} {error}", flush=True)
             rows.append(row)
     done = [r for r in rows if r["error"] is None]
     if done:
         alone, shared = sum(r["alone_s"] for r in done), sum(r["shared_s"] for r in done)
+        avoided = sum(r["reused"] * r["trace_s"] - (r["reused"] + 1) * r["copy_s"] for r in done)
         print(f"\n{len(done)} rows: summed alone {alone:.1f} s, shared {shared:.1f} s, saved {alone - shared:.1f} s "
               f"({1 - shared / alone:.1%}); median ratio {statistics.median(r['ratio'] for r in done):.3f}; "
-              f"programs identical in {sum(r['programs'] == 'identical' for r in done)} of {len(done)} rows")
+              f"programs identical in {sum(r['programs'] == 'identical' for r in done)} of {len(done)} rows; "
+              f"traces avoided less copies made: {avoided:.1f} s ({avoided / alone:.1%} of alone)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
