@@ -190,7 +190,7 @@ def _holds(rule: str, name: str, prev: Call, cur: Call, token: torch.Tensor) -> 
         return False
     try:
         return _equal(apply_tensor_rule(rule, previous, token), value)
-    except RuntimeError:
+    except (RuntimeError, IndexError):  # a rule that does not apply to this value's shape (dim 1 of a 1-D tensor)
         return False
 
 
