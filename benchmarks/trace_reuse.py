@@ -33,6 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore")
 
 from benchmarks.export_overhead import MODELS  # noqa: E402
+from benchmarks.lowering_speed import _outputs_equal  # noqa: E402
 
 BACKENDS = ("dynamo", "onnx", "executorch")
 
@@ -79,15 +80,10 @@ def trace_and_copy_seconds(tiny, variant: str) -> tuple[float, float]:
 
 
 def _same(a, b, inputs) -> str:
-    import torch
-
-    from exporters.utils import flatten_outputs
-
     if program_bytes(a) == program_bytes(b):
         return "identical"
-    out_a, out_b = flatten_outputs(a(**inputs)), flatten_outputs(b(**inputs))
-    exact = list(out_a) == list(out_b) and all(torch.equal(out_a[k], out_b[k]) for k in out_a)
-    return "bytes differ, outputs exact" if exact else "bytes differ, OUTPUTS DIFFER"
+    outputs = _outputs_equal(a, b, inputs)
+    return "bytes differ, outputs exact" if outputs.startswith("exact") else f"bytes differ, OUTPUTS DIFFER ({outputs})"
 
 
 def main() -> int:

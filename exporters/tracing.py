@@ -260,13 +260,14 @@ def trace(
     kept = store.lookup(model, key, patches, lowers) if key is not None else None
     if kept is not None:
         return _with_module(reuse(kept, fired), build_module)
+    keeping = key is not None and not lowers  # only a trace no lowering will re-trace is kept (trace_reuse)
     marks = FiredLog()  # this trace's own marks, kept with it
     state = _snapshot_state(model)
     markings = _dim_markings(tensors)
     try:
         with constant_buffers_baked(model) as baked_buffers, \
                 flat_forward_signature(model, names, constants, baked_buffers), apply_patches(patches, marks), \
-                probing(store, patches) if key is not None and not lowers else contextlib.nullcontext() as probes, \
+                probing(store, patches) if keeping else contextlib.nullcontext() as probes, \
                 size_one_mode(config):
             program = torch.export.export(
                 model, args=(), kwargs=tensors, dynamic_shapes=dynamic_shapes, strict=config.strict
@@ -286,7 +287,7 @@ def trace(
     output_names = output_names_of(program)
     program = drop_constant_outputs(program)
     traced = Traced(program, names, output_names, specs, constants)
-    if key is not None and not lowers:
+    if keeping:
         store.keep(Kept(model, key, traced, frozenset(p.name for p in patches),
                         tuple(marks.names()), probes.probed, probes.reached))
         traced = copied(traced)  # the kept one stays unedited
