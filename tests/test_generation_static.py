@@ -205,3 +205,55 @@ def test_runner_form_builds_the_mask_generate_passes():
     with torch.no_grad():
         expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
     assert generator.generate(ids, max_new_tokens=8).tolist() == expected.tolist()
+
+
+def _tiny_bert_lm():
+    from transformers import BertConfig, BertLMHeadModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=64, type_vocab_size=2, is_decoder=True, initializer_range=0.3)
+    return BertLMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_per_token_inputs_follow_their_rule(backend, tmp_path):
+    """BERT's generate passes token_type_ids to every forward call, the last segment again for each new
+    token: the static step takes them like input_ids and the loop repeats the last one (before: the export
+    refused 'passes ['token_type_ids'] to forward'). A prompt ending in segment 1 makes the rule matter."""
+    from exporters import load_generator
+
+    model = _tiny_bert_lm()
+    ids = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(3))
+    types = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+    generator = get_exporter(backend).export_for_generation(model, {"input_ids": ids, "token_type_ids": types},
+                                                            cache="static", max_cache_len=16)
+    assert generator.extras == {"token_type_ids": "repeat_last"}
+    assert sorted(generator.components["step"].dynamic_dims["token_type_ids"]) == [1]
+    with torch.no_grad():
+        expected = model.generate(input_ids=ids, token_type_ids=types, max_new_tokens=8, do_sample=False)
+        zeros = model.generate(input_ids=ids, token_type_ids=torch.zeros_like(types), max_new_tokens=8, do_sample=False)
+    assert not torch.equal(expected, zeros), "the segments change nothing: the test cannot see a wrong rule"
+    assert torch.equal(generator.generate(ids, token_type_ids=types, max_new_tokens=8), expected)
+    generator.save(tmp_path)
+    assert torch.equal(load_generator(tmp_path).generate(ids, token_type_ids=types, max_new_tokens=8), expected)
+    with pytest.raises(GenerationError, match=r"takes \['token_type_ids'\] with the prompt"):
+        generator.generate(ids, max_new_tokens=2)
+    with pytest.raises(GenerationError, match=r"input 'token_type_ids' has shape \(2, 5\)"):
+        generator.generate(ids, token_type_ids=types[:, 1:], max_new_tokens=2)
+
+
+def test_per_token_extras_need_a_rule_for_every_call():
+    from exporters.generation.static import per_token_extras
+
+    ids = [torch.ones(1, 4, dtype=torch.long), torch.ones(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.long)]
+    calls = [{"input_ids": i} for i in ids]
+    segments = [torch.tensor([[0, 0, 1, 1]]), torch.tensor([[1]]), torch.tensor([[1]])]
+    assert per_token_extras([{**c, "token_type_ids": s} for c, s in zip(calls, segments)]) == {"token_type_ids": "repeat_last"}
+    suffix = [torch.tensor([[0, 0, 0, 0]]), torch.tensor([[1]]), torch.tensor([[1]])]
+    assert per_token_extras([{**c, "token_type_ids": s} for c, s in zip(calls, suffix)]) == {"token_type_ids": "ones_column"}
+    # no rule gives a segment that flips at a step; an input not shaped like input_ids is no per-token input
+    flips = [torch.tensor([[0, 0, 1, 1]]), torch.tensor([[0]]), torch.tensor([[1]])]
+    assert per_token_extras([{**c, "token_type_ids": s} for c, s in zip(calls, flips)]) == {}
+    features = [{**c, "pixel_values": torch.zeros(1, 3, 4, 4)} for c in calls]
+    assert per_token_extras(features) == {}

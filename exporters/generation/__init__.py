@@ -115,7 +115,12 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     if state is None:
         raise GenerationError(f"no static cache form for backend {exporter.backend!r}; known: {sorted(STATIC_STATE)}")
     step = static_step_for(model, inputs, max_cache_len, state)
-    example = step_example(step, ids, inputs.get("attention_mask") if step.takes_mask else None)
+    missing = [k for k in step.extras if not isinstance(inputs.get(k), torch.Tensor)]
+    if missing:
+        raise GenerationError(f"{type(model).__name__}.generate passes {missing} to every forward call; give them "
+                              "(shaped like input_ids) for the static step's first call")
+    example = step_example(step, ids, inputs.get("attention_mask") if step.takes_mask else None,
+                           {k: inputs[k] for k in step.extras})
     config = config if config is not None else exporter.config_class()
     # fixed batch and cache; the sequence (a prompt, then one token) is the only dynamic dim, an explicit
     # Dim(min=1): torch does not specialize it at 1 (no backed_size_oblivious needed, whose stride
@@ -134,7 +139,7 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     return StaticGenerator({"step": artifact}, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
                            cache_shapes=step.cache_shapes(), takes_positions=step.takes_positions and not step.runner_form,
                            takes_mask=step.takes_mask, generation=generation, metadata=metadata,
-                           token_by_token=step.token_by_token)
+                           token_by_token=step.token_by_token, extras=step.extras)
 
 
 def _generation_dict(model) -> dict[str, Any]:

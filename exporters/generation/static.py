@@ -153,9 +153,12 @@ class StaticStep(torch.nn.Module):
     """``model`` over a static cache held by this module: see the module docstring."""
 
     def __init__(self, model: torch.nn.Module, batch: int, max_cache_len: int, state: str = "buffers",
-                 takes_positions: bool = True, takes_mask: bool = True, reads_mask: bool = False):
+                 takes_positions: bool = True, takes_mask: bool = True, reads_mask: bool = False,
+                 extras: Mapping[str, str] | None = None):
         """``takes_positions``: the model reads ``position_ids``; ``takes_mask``: it reads an attention
-        mask. A step of batch 1 without a mask (``runner_form``) takes only ``input_ids`` and
+        mask; ``extras``: the other per-token inputs generate passes (``token_type_ids``), each ``[batch, S]``
+        like ``input_ids``, by the rule the loop derives its next value with (``per_token_extras``). A step
+        of batch 1 without a mask or extras (``runner_form``) takes only ``input_ids`` and
         ``cache_position``, and gives the model ``position_ids = cache_position``: the two inputs, in
         that order, that ExecuTorch's LLM runner passes."""
         super().__init__()
@@ -165,7 +168,8 @@ class StaticStep(torch.nn.Module):
         self.state = state
         self.max_cache_len = max_cache_len
         self.takes_positions, self.takes_mask = takes_positions, takes_mask
-        self.runner_form = batch == 1 and not takes_mask
+        self.extras = dict(extras or {})
+        self.runner_form = batch == 1 and not takes_mask and not self.extras
         # the model's generate passes a mask, which a runner does not give: the step builds it from the
         # cache position (every slot written so far), as generate's all-ones mask for one unpadded row
         self.inner_mask = self.runner_form and reads_mask
@@ -192,12 +196,13 @@ class StaticStep(torch.nn.Module):
                 for i, layer in enumerate(self._cache.layers) for part, tensor in _layer_tensors(layer).items()}
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, **cache: torch.Tensor) -> dict[str, torch.Tensor]:
+                attention_mask: torch.Tensor | None = None, **given: torch.Tensor) -> dict[str, torch.Tensor]:
         from transformers.cache_utils import StaticLayer
 
         # a linear-attention state is a running sum, not slots a position masks: the call at position 0
         # starts it from zero (a new sequence over the state the last one left in the program)
         fresh = (cache_position[0] > 0) if self.token_by_token and self.state == "buffers" else None
+        cache = {k: v for k, v in given.items() if k not in self.extras}
         for i, layer in enumerate(self._cache.layers):
             for part in self._parts[i]:
                 if self.state == "inputs":  # updated in place on a copy, returned as the next call's input
@@ -209,7 +214,7 @@ class StaticStep(torch.nn.Module):
                 _set_layer_tensor(layer, part, tensor)
             if isinstance(layer, StaticLayer):
                 layer.cumulative_length = cache_position[0].clone()  # where this call writes; the mask's offset
-        kwargs: dict[str, Any] = {"input_ids": input_ids}
+        kwargs: dict[str, Any] = {"input_ids": input_ids, **{k: given[k] for k in self.extras}}
         if self.runner_form and self.takes_positions:
             position_ids = cache_position.unsqueeze(0)
         if self.takes_positions and position_ids is not None:
@@ -233,17 +238,20 @@ class StaticStep(torch.nn.Module):
 def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache_len: int, state: str,
                     batch: int | None = None) -> StaticStep:
     """The step for ``model``, its inputs read off the model's own ``generate`` run with a static cache:
-    it must be a decoder-only model whose forward calls take only token ids, positions and a mask."""
+    it must be a decoder-only model whose forward calls take token ids, positions, a mask and per-token
+    extras (``per_token_extras``) only."""
     name = type(model).__name__
     if encoder_of(model) is not None:
         raise GenerationError(f"{name} is an encoder-decoder; the static cache form is built for decoder-only "
                               "models (use cache='dynamic')")
     calls = _forward_arguments(model, inputs)
+    extras = per_token_extras(calls)
     for call in calls:
-        other = sorted(k for k in call if k not in STEP_INPUTS and k not in STEP_FLAGS)
+        other = sorted(k for k in call if k not in STEP_INPUTS and k not in STEP_FLAGS and k not in extras)
         if other:
             raise GenerationError(f"{name}.generate with a static cache passes {other} to forward; the static "
-                                  f"step takes only {STEP_INPUTS} and past_key_values")
+                                  f"step takes only {STEP_INPUTS}, past_key_values and per-token inputs "
+                                  "[batch, S] beside input_ids whose next value a step rule gives")
     if not all("past_key_values" in call for call in calls[1:]):
         raise GenerationError(f"{name}.generate(cache_implementation='static') passes no past_key_values")
     takes_positions = any("position_ids" in c for c in calls)
@@ -253,23 +261,57 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     # a batch of one without padding needs no mask: the causal mask over the written slots is all
     reads_mask = any("attention_mask" in c for c in calls)
     takes_mask = reads_mask and not (batch == 1 and unpadded)  # as an input
-    return StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask).eval()
+    return StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras).eval()
 
 
-def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> list[set[str]]:
-    """The names of the arguments (not None) of each forward call ``generate`` makes with a static cache.
-    Only names: the step builds its own cache and mask, so what generate passes (a per-layer-type mask
-    dict, say) is not traced."""
+# how a per-token extra's next value follows from the last one (exporters/generation/steps.py's rules)
+EXTRA_RULES = ("repeat_last", "ones_column", "same")
+
+
+def per_token_extras(calls: list[dict[str, Any]]) -> dict[str, str]:
+    """The inputs besides the step's own that ``generate`` passes to every forward call as ``[batch, S]``
+    tensors shaped like that call's ``input_ids`` (``token_type_ids``), each with the first rule of
+    ``EXTRA_RULES`` that gives every call's value from the call before (checked on every pair)."""
+    from exporters.generation.steps import apply_tensor_rule
+
+    ids = [c.get("input_ids") for c in calls]
+    names = {k for c in calls for k in c if k not in STEP_INPUTS and k not in STEP_FLAGS}
+    extras = {}
+    for key in sorted(names):
+        values = [c.get(key) for c in calls]
+        if not all(isinstance(v, torch.Tensor) and isinstance(i, torch.Tensor) and v.shape == i.shape
+                   for v, i in zip(values, ids)):
+            continue
+        for rule in EXTRA_RULES:
+            if all(_rule_gives(apply_tensor_rule, rule, a, b) for a, b in zip(values, values[1:])):
+                extras[key] = rule
+                break
+    return extras
+
+
+def _rule_gives(apply, rule: str, previous: torch.Tensor, current: torch.Tensor) -> bool:
+    try:
+        got = apply(rule, previous, previous[..., -1])
+    except (GenerationError, IndexError, RuntimeError):
+        return False
+    return got.shape == current.shape and torch.equal(got, current)
+
+
+def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The arguments (not None) of each forward call ``generate`` makes with a static cache, by name: the
+    value where it is a tensor, else True. The step builds its own cache and mask, so what generate
+    passes there (a per-layer-type mask dict, say) is not traced."""
     name = type(model).__name__
-    calls: list[set[str]] = []
+    calls: list[dict[str, Any]] = []
 
     def names(forward, args, kwargs):
-        calls.append({k for k, v in kwargs.items() if v is not None} | ({"<positional>"} if args else set()))
+        call = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else True) for k, v in kwargs.items() if v is not None}
+        calls.append({**call, **({"<positional>": True} if args else {})})
         return forward(*args, **kwargs)
 
     try:
         with forward_wrapped(model, names), torch.no_grad():
-            model.generate(**inputs, max_new_tokens=2, min_new_tokens=2, do_sample=False, cache_implementation="static")
+            model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False, cache_implementation="static")
     except Exception as exc:  # noqa: BLE001 - the model's own generate refuses a static cache
         raise GenerationError(f"{name}.generate(cache_implementation='static') fails: {type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
@@ -278,13 +320,17 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> lis
     return calls
 
 
-def step_example(step: StaticStep, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """The step's inputs for a prompt: every slot of the mask, positions as generate counts them."""
+def step_example(step: StaticStep, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 extras: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The step's inputs for a prompt: every slot of the mask, positions as generate counts them, the
+    per-token extras as given."""
+    extras = {k: (extras or {})[k] for k in step.extras}
     if step.token_by_token:  # one token a call: the first token stands for every call
         input_ids = input_ids[:, :1]
         attention_mask = None if attention_mask is None else attention_mask[:, :1]
+        extras = {k: v[:, :1] for k, v in extras.items()}
     batch, prompt = input_ids.shape
-    example = {"input_ids": input_ids, "cache_position": torch.arange(prompt)}
+    example = {"input_ids": input_ids, "cache_position": torch.arange(prompt), **extras}
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     if step.takes_positions and not step.runner_form:
         example["position_ids"] = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
@@ -305,7 +351,7 @@ def step_dynamic_shapes(step: StaticStep, example: Mapping[str, torch.Tensor]) -
     seq = torch.export.Dim("S", min=1, max=step.max_cache_len)
     shapes: dict[str, Any] = {}
     for name in example:
-        if name in ("input_ids", "position_ids"):
+        if name in ("input_ids", "position_ids") or name in step.extras:
             shapes[name] = {1: seq}
         elif name == "cache_position":
             shapes[name] = {0: seq}

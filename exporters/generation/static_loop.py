@@ -14,6 +14,7 @@ import torch
 from exporters.generation.capture import GenerationError
 from exporters.generation.generator import GENERATOR_FILE, GenerateOutput
 from exporters.generation.processors import end_and_pad, greedy_token
+from exporters.generation.steps import apply_tensor_rule
 
 FORMAT = "exporters.static-generator/1"
 
@@ -21,14 +22,16 @@ FORMAT = "exporters.static-generator/1"
 class StaticGenerator:
     """``components``: ``{"step": artifact}``; ``batch`` and ``max_cache_len``: fixed at export;
     ``state``: "buffers" (the cache lives in the artifact) or "inputs" (``cache_names`` go in and come
-    back out); ``takes_positions`` / ``takes_mask``: which optional step inputs the model reads."""
+    back out); ``takes_positions`` / ``takes_mask``: which optional step inputs the model reads; ``extras``:
+    per-token inputs shaped like ``input_ids`` (``token_type_ids``) the caller gives with the prompt, each
+    by the step rule that gives its next value (exporters/generation/static.py, ``per_token_extras``)."""
 
     cache = "static"
 
     def __init__(self, components: Mapping[str, Any], *, batch: int, max_cache_len: int, state: str,
                  cache_shapes: Mapping[str, tuple[int, ...]], takes_positions: bool, takes_mask: bool,
                  generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None, token_input: str = "input_ids",
-                 token_by_token: bool = False):
+                 token_by_token: bool = False, extras: Mapping[str, str] | None = None):
         self.components = dict(components)
         self.batch, self.max_cache_len, self.state = batch, max_cache_len, state
         self.cache_shapes = {k: tuple(v) for k, v in cache_shapes.items()}
@@ -38,7 +41,8 @@ class StaticGenerator:
         self.token_input = token_input
         # the step takes one token a call (linear-attention states): the prompt goes in token by token
         self.token_by_token = token_by_token
-        self.rules = {"input_ids": "token", "cache_position": "next_position"}
+        self.extras = dict(extras or {})
+        self.rules = {"input_ids": "token", "cache_position": "next_position", **self.extras}
         if takes_positions:
             self.rules["position_ids"] = "next_position"
         if takes_mask:
@@ -52,10 +56,19 @@ class StaticGenerator:
 
     def _check(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, max_new_tokens: int,
                other: Mapping[str, Any]) -> None:
-        if other:
-            raise GenerationError(f"the static step takes input_ids and attention_mask only; unexpected {sorted(other)}")
+        unexpected = sorted(k for k in other if k not in self.extras)
+        if unexpected:
+            raise GenerationError(f"the static step takes input_ids, attention_mask and {sorted(self.extras)} only; "
+                                  f"unexpected {unexpected}")
+        missing = sorted(k for k in self.extras if other.get(k) is None)
+        if missing:
+            raise GenerationError(f"the static step takes {missing} with the prompt (shaped like input_ids); not given")
         if input_ids is None or input_ids.dim() != 2:
             raise GenerationError("input_ids must be a [batch, prompt] tensor")
+        for k in self.extras:
+            if tuple(other[k].shape) != tuple(input_ids.shape):
+                raise GenerationError(f"input {k!r} has shape {tuple(other[k].shape)}; the static step takes it "
+                                      f"shaped like input_ids, {tuple(input_ids.shape)}")
         batch, prompt = input_ids.shape
         if batch != self.batch:
             raise GenerationError(f"input 'input_ids' dim 0 (batch) is {batch}; this static cache was exported for "
@@ -95,20 +108,23 @@ class StaticGenerator:
         full = torch.zeros(batch, self.max_cache_len, dtype=torch.long)
         full[:, :prompt] = mask
         step = self.components["step"]
-        feed: dict[str, torch.Tensor] = {"input_ids": input_ids, "cache_position": torch.arange(prompt)}
+        extras = {k: other[k] for k in self.extras}
+        feed: dict[str, torch.Tensor] = {"input_ids": input_ids, "cache_position": torch.arange(prompt), **extras}
         if self.takes_positions:
             positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
             feed["position_ids"] = positions
         cache = {k: torch.zeros(s) for k, s in self.cache_shapes.items()} if self.state == "inputs" else {}
         if self.token_by_token and prompt > 1:  # all but the prompt's last token, one a call
             for t in range(prompt - 1):
-                part = {"input_ids": input_ids[:, t:t + 1], "cache_position": torch.tensor([t])}
+                part = {"input_ids": input_ids[:, t:t + 1], "cache_position": torch.tensor([t]),
+                        **{k: v[:, t:t + 1] for k, v in extras.items()}}
                 if self.takes_positions:
                     part["position_ids"] = positions[:, t:t + 1]
                 if self.takes_mask:
                     part["attention_mask"] = full
                 _, cache = self._call(step, part, cache)
-            feed = {"input_ids": input_ids[:, -1:], "cache_position": torch.tensor([prompt - 1])}
+            feed = {"input_ids": input_ids[:, -1:], "cache_position": torch.tensor([prompt - 1]),
+                    **{k: v[:, -1:] for k, v in extras.items()}}
             if self.takes_positions:
                 feed["position_ids"] = positions[:, -1:]
         unfinished = torch.ones(batch, dtype=torch.bool)
@@ -129,7 +145,8 @@ class StaticGenerator:
             slot = prompt + i
             full = full.clone()
             full[:, slot] = 1
-            feed = {"input_ids": token[:, None], "cache_position": torch.tensor([slot])}
+            extras = {k: apply_tensor_rule(rule, feed[k], token) for k, rule in self.extras.items()}
+            feed = {"input_ids": token[:, None], "cache_position": torch.tensor([slot]), **extras}
             if self.takes_positions:
                 positions = positions[:, -1:] + 1
                 feed["position_ids"] = positions
@@ -168,6 +185,7 @@ class StaticGenerator:
                "batch": self.batch, "max_cache_len": self.max_cache_len, "state": self.state,
                "cache_shapes": self.cache_shapes, "takes_positions": self.takes_positions,
                "takes_mask": self.takes_mask, "token_input": self.token_input, "token_by_token": self.token_by_token,
+               "extras": self.extras,
                "generation": self.generation,
                **self.metadata}
         path = os.path.join(directory, GENERATOR_FILE)
