@@ -365,3 +365,47 @@ def test_one_indexed_positions_are_derived_from_the_mask_plus_one():
     zero = derive_prefill_input("positions_from_mask", {"attention_mask": mask})
     assert torch.equal(zero, torch.tensor([[0, 0, 1, 2], [0, 1, 2, 3]]))
     assert torch.equal(derive_prefill_input("positions_from_mask_1", {"attention_mask": mask}), zero + 1)
+
+
+def test_a_tree_updated_in_place_and_an_output_of_another_name_are_read_off_what_each_call_left():
+    from exporters.generation.capture import flatten_tree
+    from exporters.generation.generator import Generator
+    from exporters.generation.steps import Returned
+
+    seq = torch.tensor([[1, 2, 3, 4, 5]])
+    caches = [(), (torch.full((1, 2), 1.0),), (torch.full((1, 3), 2.0),), (torch.full((1, 4), 3.0),)]
+    embeds = torch.tensor([[7.0, 8.0]])
+
+    def call(n, cache, extra):
+        leaves, spec = flatten_tree("past_key_values", cache)
+        tensors = {"input_ids": seq[:, n - 1:n] if n > 2 else seq[:, :2], **({"image_embeds": extra} if extra is not None else {})}
+        return Call(tensors, {"past_key_values": (leaves, spec)}, {}, {})
+
+    calls = [call(2, caches[0], None), call(3, caches[1], embeds), call(4, caches[2], embeds)]
+    # each call left the cache it was given grown in place (not returned), and returned the embeddings
+    left = [Returned({"past_key_values": list(caches[i + 1])}, {"logits": torch.zeros(1, 9), "hidden": embeds})
+            for i in range(3)]
+    rules = infer_rules(calls, seq, 2, left)
+    assert rules == {"input_ids": "token", "image_embeds": "previous_output:hidden", "past_key_values": "updated"}
+    with pytest.raises(GenerationError, match="'past_key_values'"):  # what a call left must be what the next takes
+        infer_rules(calls, seq, 2, [Returned({"past_key_values": [c[0] + 1 for c in caches[i + 1:i + 2]]}, left[i].outputs)
+                                    for i in range(3)])
+    with pytest.raises(GenerationError, match="'image_embeds'"):  # no output holds the embeddings
+        infer_rules(calls, seq, 2, [Returned(r.trees, {"logits": torch.zeros(1, 9)}) for r in left])
+    # the loop reads both off the previous component's outputs; an empty cache carried "same" has no leaves
+    loop = Generator({}, {"image_embeds": "previous_output:hidden", "past_key_values": "updated", "empty": "same"},
+                     ["input_ids"], {"past_key_values": 1, "empty": 0}, {})
+    outputs = {"logits": torch.zeros(1, 9), "hidden": embeds, "past_key_values.0": caches[2][0]}
+    tensors, trees = loop._next_inputs({}, {}, outputs, list(outputs), torch.tensor([5]))
+    assert tensors["image_embeds"] is embeds and trees == {"past_key_values": [caches[2][0]], "empty": []}
+
+
+def test_state_a_forward_keeps_in_module_attributes_is_refused():
+    from exporters.generation.steps import Returned, check_no_module_state
+
+    def left(state):
+        return Returned({}, {}, {"block.conv_state": state, "rotary.cos": torch.ones(16, 4)})
+
+    check_no_module_state([left(torch.zeros(2, 3)), left(torch.ones(2, 3)), left(torch.ones(2, 3))], 2, "M")
+    with pytest.raises(GenerationError, match=r"module attributes .*block\.conv_state"):
+        check_no_module_state([left(torch.zeros(2, 3)), left(torch.ones(2, 3)), left(torch.ones(2, 3) * 2)], 2, "M")

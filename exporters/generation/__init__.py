@@ -29,7 +29,7 @@ from exporters.generation.processors import check_supported
 from exporters.generation.runners import llm_runner_methods, vocab_size
 from exporters.generation.static import static_step_for, step_dynamic_shapes, step_example
 from exporters.generation.static_loop import StaticGenerator
-from exporters.generation.steps import TOKEN_INPUTS, infer_prefill_rules, infer_rules
+from exporters.generation.steps import TOKEN_INPUTS, Returned, check_no_module_state, infer_prefill_rules, infer_rules, record_returns
 
 __all__ = ["GenerateOutput", "GenerationError", "GenerationExport", "Generator", "StaticGenerator",
            "export_for_generation"]
@@ -60,8 +60,11 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         return _export_static(exporter, model, inputs, config, generation,
                               max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE_LEN)
     captured_inputs = _padded(inputs)
-    calls, encoder_calls, sequences = capture_generate(model, captured_inputs, CAPTURED_STEPS)
+    returned: list[Returned] = []
+    with record_returns(model, returned):  # what each call left: trees updated in place, output tensors
+        calls, encoder_calls, sequences = capture_generate(model, captured_inputs, CAPTURED_STEPS)
     prefill, decode = calls[0], calls[1]
+    check_no_module_state(returned, sequences.shape[0], type(model).__name__)
     given = {k: v for k, v in captured_inputs.items() if isinstance(v, torch.Tensor)}
     encoder_call = _encoder_calls(model, encoder_calls, given)
     token_input = next((k for k in TOKEN_INPUTS[::-1] if k in prefill.tensors), None)
@@ -70,13 +73,14 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
                               f"({TOKEN_INPUTS}); it takes {sorted(prefill.tensors)}")
     prefill_trees = _prefill_tree_rules(model, prefill, encoder_call)
     prefill_rules = infer_prefill_rules(prefill, given, generation)
-    rules = infer_rules(calls, sequences, prefill.tensors[token_input].shape[-1])
+    rules = infer_rules(calls, sequences, prefill.tensors[token_input].shape[-1], returned)
+    updated = tuple(k for k, r in rules.items() if r == "updated")  # the components return these trees
     for name, rule in rules.items():
         if name in decode.trees and rule == "outputs":
             out = prefill.output_trees.get(name)
             if out is None or out[1] != decode.trees[name][1]:
                 raise GenerationError(f"the prefill's output {name!r} does not have the structure the decode step takes")
-        elif name in decode.trees and rule == "same" and name not in prefill_trees:
+        elif name in decode.trees and rule == "same" and name not in prefill_trees and decode.trees[name][0]:
             raise GenerationError(f"the decode step carries {name!r} from the prefill, which does not say where it "
                                   "comes from")
     config = config if config is not None else exporter.config_class()
@@ -86,12 +90,14 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     components = {}
     for label, module, call in parts:
         baked = tuple(k for k, r in prefill_trees.items() if r == "initial") if label == "prefill" else ()
-        component = FlatComponent(module, call, baked).eval()
+        component = FlatComponent(module, call, baked, updated if label in ("prefill", "decode") else ()).eval()
         artifact = exporter.export(component, {**flat_call_inputs(call, baked), **call.constants}, config)
         artifact.extra_metadata["component"] = label
         components[label] = artifact
     metadata = {"model_class": type(model).__name__, "cache": cache,
                 "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
+    # a cache the model fills in place (given empty to the prefill) is, to the loop, the components' output
+    rules = {k: "outputs" if r == "updated" and not prefill.trees[k][0] else r for k, r in rules.items()}
     caller_inputs = [k for k in prefill.tensors if k not in prefill_rules]
     if encoder_call:
         caller_inputs = list(dict.fromkeys([*(k for c in encoder_call.values() for k in c.tensors), *caller_inputs]))

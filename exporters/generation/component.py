@@ -23,10 +23,12 @@ def leaf_input_name(tree: str, index: int) -> str:
 class FlatComponent(torch.nn.Module):
     """``model(**call)`` with every tensor, tree leaf and constant of ``call`` as the captured call had them."""
 
-    def __init__(self, model: torch.nn.Module, call: Call, baked: tuple[str, ...] = ()):
+    def __init__(self, model: torch.nn.Module, call: Call, baked: tuple[str, ...] = (), returned: tuple[str, ...] = ()):
         """``baked``: trees whose leaves are constants of the component (a fresh cache's initial scalars,
-        the same for every prompt), kept as buffers instead of inputs."""
+        the same for every prompt), kept as buffers instead of inputs. ``returned``: trees the model updates
+        in place and does not return (step rule ``updated``), returned after the call under their name."""
         super().__init__()
+        self.returned = tuple(returned)
         self.model = model
         self.tensor_names = list(call.tensors)
         self.tree_specs = {name: spec for name, (_, spec) in call.trees.items()}
@@ -45,7 +47,11 @@ class FlatComponent(torch.nn.Module):
             else:
                 leaves = [flat[leaf_input_name(name, i)] for i in range(self.tree_sizes[name])]
             kwargs[name] = unflatten_tree(leaves, spec)
-        return self.model(**kwargs, **self.constants)
+        out = self.model(**kwargs, **self.constants)
+        if not self.returned:
+            return out
+        items = out.items() if isinstance(out, Mapping) else vars(out).items()
+        return {**{k: v for k, v in items if k not in self.returned}, **{k: kwargs[k] for k in self.returned}}
 
 
 class MethodCall(torch.nn.Module):

@@ -14,7 +14,7 @@ import torch
 from exporters.generation.capture import GenerationError
 from exporters.generation.component import flat_inputs
 from exporters.generation.processors import end_and_pad, greedy_token
-from exporters.generation.steps import apply_tensor_rule, derive_prefill_input, tree_output_names
+from exporters.generation.steps import PREVIOUS_OUTPUT, apply_tensor_rule, derive_prefill_input, tree_output_names
 
 GENERATOR_FILE = "generator.json"
 FORMAT = "exporters.generator/1"
@@ -135,13 +135,15 @@ class Generator:
         nxt, nxt_trees = {}, {}
         for name, rule in self.rules.items():
             if name in self.trees:
-                if rule == "outputs":
+                if rule in ("outputs", "updated"):  # "updated": a tree the component returns after the call
                     nxt_trees[name] = [outputs[n] for n in tree_output_names(output_names, name)]
-                else:  # "same": what the previous call had (encoder outputs)
-                    nxt_trees[name] = trees[name]
+                else:  # "same": what the previous call had (encoder outputs; an empty cache: no leaves)
+                    nxt_trees[name] = trees.get(name, []) if not self.trees[name] else trees[name]
                 if len(nxt_trees[name]) != self.trees[name]:
                     raise GenerationError(f"{name}: the previous component returned {len(nxt_trees[name])} leaves, "
                                           f"the decode step takes {self.trees[name]}")
+            elif rule.startswith(PREVIOUS_OUTPUT):  # one of the previous component's outputs
+                nxt[name] = outputs[rule[len(PREVIOUS_OUTPUT):]]
             else:
                 nxt[name] = apply_tensor_rule(rule, tensors.get(name), token)
         return nxt, nxt_trees

@@ -12,6 +12,12 @@ Rules (``RULES``), tried in this order for each input of the decode step:
   (batch, text position, image...): Idefics' ``image_attention_mask``, Mllama's ``cross_attention_mask``;
 - ``ones_column``: a column of ones, whatever came before (PaliGemma's ``token_type_ids``: a generated token
   belongs to the causal suffix, 1, after a prompt of 0s);
+- ``updated``: a tree the previous call was given, as that call left it: a cache the model fills in place
+  and does not return (a decoder whose config turns ``use_cache`` off), an encoder output it adds to in
+  place; the components return such a tree after the call, so the loop reads it off their outputs;
+- ``previous_output``: one of the previous call's output tensors, under another name (Idefics'
+  ``image_encoder_embeddings`` is the ``image_hidden_states`` the call before returned); kept as
+  ``previous_output:<output name>``;
 - for a model whose generate keeps no cache and feeds the whole sequence at every call (OpenAIGPT,
   CpmAnt): ``append_token`` (the ids so far, then the chosen token), ``append_position`` (the positions,
   then the next one) and ``append_last`` (``token_type_ids``: the last segment again). Such a decode
@@ -27,13 +33,69 @@ checked against the captured prefill call.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import torch
 
-from exporters.generation.capture import Call, GenerationError
+from exporters.generation.capture import Call, GenerationError, flatten_tree, forward_wrapped
+from exporters.pytrees import leaf_names_and_values
 
 TOKEN_INPUTS = ("input_ids", "decoder_input_ids")
 RULES = ("outputs", "token", "append_one", "next_position", "same", "repeat_last", "append_token", "append_position",
-         "append_last", "repeat_last_row", "ones_column")
+         "append_last", "repeat_last_row", "ones_column", "updated", "previous_output")
+PREVIOUS_OUTPUT = "previous_output:"  # the kept rule of an input read off a previous output: this, then its name
+
+
+@dataclasses.dataclass
+class Returned:
+    """What one forward call of ``generate`` left: the trees it was given as it left them (a cache it
+    updated in place), and its output tensors by artifact name."""
+
+    trees: dict[str, list[torch.Tensor]]
+    outputs: dict[str, torch.Tensor]
+    # tensors kept as plain module attributes (not parameters, buffers or inputs): state a forward may set
+    attributes: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def record_returns(model: torch.nn.Module, returned: list[Returned]):
+    """Within the block, every call of ``model.forward`` appends what it left to ``returned``. Entered
+    before ``capture_generate``, whose recorder then wraps this one: one entry per captured call."""
+
+    def record(forward, args, kwargs):
+        out = forward(*args, **kwargs)
+        trees = {}
+        for name, value in kwargs.items():
+            if value is not None and not isinstance(value, (torch.Tensor, bool, int, float, str)):
+                try:
+                    trees[name] = [v.detach().clone() for v in flatten_tree(name, value)[0]]
+                except GenerationError:
+                    continue
+        outputs = {n: v.detach().clone() for n, v in leaf_names_and_values(out) if isinstance(v, torch.Tensor)}
+        attributes = {f"{prefix}.{k}".lstrip("."): v.detach().clone() for prefix, module in model.named_modules()
+                      for k, v in vars(module).items() if isinstance(v, torch.Tensor)}
+        returned.append(Returned(trees, outputs, attributes))
+        return out
+
+    with forward_wrapped(model, record):
+        yield
+
+
+def check_no_module_state(returned: list[Returned], batch: int, model_name: str) -> None:
+    """Refuse a model that carries per-sequence state from one decode step to the next in plain module
+    attributes (a recurrent or convolution state its forward sets on ``self``): neither given nor returned,
+    it would be a constant of the decode component, its value at export. Read: an attribute of ``batch``
+    rows whose value the second decode step changed."""
+    if len(returned) < 3:
+        return
+    before, after = returned[1].attributes, returned[2].attributes
+    changed = sorted(k for k, v in after.items() if v.dim() and v.shape[0] == batch
+                     and (k not in before or not _equal(before[k], v)))
+    if changed:
+        raise GenerationError(f"{model_name} carries state from step to step in module attributes its forward sets "
+                              f"({changed[:4]}{' ...' if len(changed) > 4 else ''}), neither passed in nor returned: "
+                              "an exported decode step would keep their value at export")
 
 
 def _equal(a, b) -> bool:
@@ -123,8 +185,10 @@ def infer_prefill_rules(call: Call, given: dict[str, torch.Tensor], generation: 
     return rules
 
 
-def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int) -> dict[str, str]:
-    """The rule of each input of the decode step (calls[1:]), checked on every consecutive pair."""
+def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int,
+                returned: list[Returned] | None = None) -> dict[str, str]:
+    """The rule of each input of the decode step (calls[1:]), checked on every consecutive pair;
+    ``returned``: what each call left (``record_returns``), for the rules ``updated`` and ``previous_output``."""
     if len(calls) < 3:
         raise GenerationError(f"generate made {len(calls)} forward calls; at least a prefill and two decode steps "
                               "are needed to read how the inputs evolve")
@@ -145,12 +209,13 @@ def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int) 
                     f"the decode steps' {name!r} changes structure from step to step: {_first_difference(spec, later.trees[name][1])}; "
                     "a Python value kept in it (not a tensor) would be baked into the decode component at its first value"
                 )
+    left = list(returned) if returned is not None and len(returned) == len(calls) else [None] * len(calls)
     rules: dict[str, str] = {}
     for name in list(decode.tensors) + list(decode.trees):
-        for rule in RULES:
-            if all(_holds(rule, name, prev, cur, sequences[:, prompt_length + i])
-                   for i, (prev, cur) in enumerate(zip(calls[1:-1], calls[2:]), start=1)) \
-                    and _holds(rule, name, calls[0], calls[1], sequences[:, prompt_length]):
+        for rule in [r for base in RULES for r in _variants(base, name, calls, left)]:
+            if all(_holds(rule, name, prev, cur, sequences[:, prompt_length + i], after)
+                   for i, (prev, cur, after) in enumerate(zip(calls[1:-1], calls[2:], left[1:-1]), start=1)) \
+                    and _holds(rule, name, calls[0], calls[1], sequences[:, prompt_length], left[0]):
                 rules[name] = rule
                 break
         else:
@@ -168,7 +233,25 @@ def _first_difference(a, b) -> str:
     return f"...{text_a[max(0, i - 80):i + 20]}... becomes ...{text_b[max(0, i - 80):i + 20]}..."
 
 
-def _holds(rule: str, name: str, prev: Call, cur: Call, token: torch.Tensor) -> bool:
+def _variants(rule: str, name: str, calls: list[Call], left: list[Returned | None]) -> list[str]:
+    """``rule`` as it is tried for input ``name``: ``previous_output`` once per output tensor of the call
+    before the first decode step (``previous_output:<output>``), every other rule as it is."""
+    if rule != "previous_output":
+        return [rule]
+    if name not in calls[1].tensors or left[0] is None:
+        return []
+    return [PREVIOUS_OUTPUT + out for out in left[0].outputs]
+
+
+def _holds(rule: str, name: str, prev: Call, cur: Call, token: torch.Tensor, after: Returned | None = None) -> bool:
+    if rule == "updated":  # the tree the previous call was given, as that call left it
+        leaves = cur.trees.get(name, (None,))[0]
+        before = None if after is None else after.trees.get(name)
+        return leaves is not None and before is not None and name in prev.trees and len(before) == len(leaves) \
+            and all(_equal(a, b) for a, b in zip(before, leaves))
+    if rule.startswith(PREVIOUS_OUTPUT):
+        out = None if after is None else after.outputs.get(rule[len(PREVIOUS_OUTPUT):])
+        return name in cur.tensors and _equal(out, cur.tensors[name])
     if name in cur.trees:
         leaves, spec = cur.trees[name]
         if rule == "outputs":
