@@ -38,7 +38,9 @@ from exporters.generation.capture import GenerationError, encoder_of, forward_wr
 STATE_FORMS = ("buffers", "inputs")
 STEP_INPUTS = ("input_ids", "cache_position", "position_ids", "attention_mask")
 # flags generate passes to forward that the step sets itself
-STEP_FLAGS = ("past_key_values", "use_cache", "return_dict", "logits_to_keep", "output_attentions",
+# the names a model's forward takes its cache by: past_key_values, or cache_params (state-space models)
+CACHE_ARGS = ("past_key_values", "cache_params")
+STEP_FLAGS = (*CACHE_ARGS, "use_cache", "return_dict", "logits_to_keep", "output_attentions",
               "output_hidden_states")
 
 
@@ -69,7 +71,8 @@ def _is_linear(layer) -> bool:
     return isinstance(layer, LinearAttentionCacheLayerMixin)
 
 
-def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype):
+def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype,
+                  cache_arg: str = "past_key_values"):
     from transformers.cache_utils import (
         DummyLayer,
         LinearAttentionAndStaticFullAttentionLayer,
@@ -100,16 +103,16 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
     try:
         with torch.no_grad():
             model(input_ids=torch.zeros(batch, 1, dtype=torch.long), cache_position=torch.tensor([0]),
-                  past_key_values=cache, use_cache=True, logits_to_keep=1)
+                  **{cache_arg: cache}, use_cache=True, logits_to_keep=1)
     except Exception as exc:  # noqa: BLE001 - the model refuses a one-token call over its static cache
         raise GenerationError(f"{type(model).__name__}: one token over a static cache fails ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}), so its layers cannot be sized") from exc
-    text = model.config.get_text_config(decoder=True)
-    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     for layer in cache.layers:
         if isinstance(layer, StaticLayer) and not layer.is_initialized:
             # not written by a text token (Mllama's cross-attention): the config's sizes
+            text = model.config.get_text_config(decoder=True)
+            heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+            head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
             empty = torch.zeros(batch, heads, 0, head_dim, dtype=dtype)
             StaticLayer.lazy_initialization(layer, empty, empty)
     cache.reset()
@@ -154,13 +157,14 @@ class StaticStep(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, batch: int, max_cache_len: int, state: str = "buffers",
                  takes_positions: bool = True, takes_mask: bool = True, reads_mask: bool = False,
-                 extras: Mapping[str, str] | None = None):
+                 extras: Mapping[str, str] | None = None, cache_arg: str = "past_key_values"):
         """``takes_positions``: the model reads ``position_ids``; ``takes_mask``: it reads an attention
         mask; ``extras``: the other per-token inputs generate passes (``token_type_ids``), each ``[batch, S]``
         like ``input_ids``, by the rule the loop derives its next value with (``per_token_extras``). A step
         of batch 1 without a mask or extras (``runner_form``) takes only ``input_ids`` and
         ``cache_position``, and gives the model ``position_ids = cache_position``: the two inputs, in
-        that order, that ExecuTorch's LLM runner passes."""
+        that order, that ExecuTorch's LLM runner passes. ``cache_arg``: the forward argument the cache goes
+        in by (``CACHE_ARGS``)."""
         super().__init__()
         if state not in STATE_FORMS:
             raise GenerationError(f"state={state!r}: the static step keeps its cache as one of {STATE_FORMS}")
@@ -174,7 +178,8 @@ class StaticStep(torch.nn.Module):
         # cache position (every slot written so far), as generate's all-ones mask for one unpadded row
         self.inner_mask = self.runner_form and reads_mask
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-        self._cache = _static_cache(model, batch, max_cache_len, dtype)
+        self.cache_arg = cache_arg
+        self._cache = _static_cache(model, batch, max_cache_len, dtype, cache_arg)
         self.layer_count = len(self._cache.layers)
         # linear-attention states run one token a call: the model's state update is its one-token path
         self.token_by_token = any(_is_linear(layer) for layer in self._cache.layers)
@@ -224,7 +229,7 @@ class StaticStep(torch.nn.Module):
         elif self.inner_mask:
             slots = torch.arange(self.max_cache_len, device=cache_position.device)
             kwargs["attention_mask"] = (slots <= cache_position[-1]).long().unsqueeze(0)
-        out = self.model(**kwargs, past_key_values=self._cache, use_cache=True, logits_to_keep=1, return_dict=True)
+        out = self.model(**kwargs, **{self.cache_arg: self._cache}, use_cache=True, logits_to_keep=1, return_dict=True)
         outputs = {"logits": out.logits[:, -1, :]}
         for i, layer in enumerate(self._cache.layers):
             for part, tensor in _layer_tensors(layer).items():
@@ -252,8 +257,9 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
             raise GenerationError(f"{name}.generate with a static cache passes {other} to forward; the static "
                                   f"step takes only {STEP_INPUTS}, past_key_values and per-token inputs "
                                   "[batch, S] beside input_ids whose next value a step rule gives")
-    if not all("past_key_values" in call for call in calls[1:]):
-        raise GenerationError(f"{name}.generate(cache_implementation='static') passes no past_key_values")
+    cache_arg = next((a for a in CACHE_ARGS if all(a in call for call in calls[1:])), None)
+    if cache_arg is None:
+        raise GenerationError(f"{name}.generate(cache_implementation='static') passes no cache ({' or '.join(CACHE_ARGS)})")
     takes_positions = any("position_ids" in c for c in calls)
     batch = batch if batch is not None else int(inputs["input_ids"].shape[0])
     mask = inputs.get("attention_mask")
@@ -261,7 +267,8 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     # a batch of one without padding needs no mask: the causal mask over the written slots is all
     reads_mask = any("attention_mask" in c for c in calls)
     takes_mask = reads_mask and not (batch == 1 and unpadded)  # as an input
-    return StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras).eval()
+    return StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras,
+                      cache_arg).eval()
 
 
 # how a per-token extra's next value follows from the last one (exporters/generation/steps.py's rules)
