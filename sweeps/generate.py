@@ -9,12 +9,19 @@ Checks, in order (the item stops at the first that fails; ``stage`` says which):
   logits are closer than the tolerance: recorded as ``tie_steps``, not a failure.
 Properties: ``new_tokens``, ``distinct_tokens`` (a loop that repeats one token would hide a broken
 cache from the token check; models are built with ``GENERATE_INIT_RANGES``, see there), ``init_range``,
-``rules`` (how each decode input follows from the step before), ``workarounds_fired``.
+``rules`` (how each decode input follows from the step before), ``workarounds_fired``; where generate is
+called unlike the forward (the zoo's ``generate`` overrides, ``sweeps.zoo.generate_setup``),
+``inputs_generate`` and ``generation_config_set``; ``inputs_generate_ignores``: inputs eager generate passed
+to none of its captured calls (CTRL's token_type_ids), left out of the artifact loop's calls as eager's
+forward calls never had them; ``generation_config_restored``: the model's generate changed its generation
+config (Pop2Piano's), put back before the export. A class whose generate needs a package not installed here
+is blocked like a build (``BlockedByPackage``, xfailed).
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import re
 import time
 from collections.abc import Callable
@@ -43,12 +50,23 @@ def _eager_generate(model, inputs: dict[str, torch.Tensor], record: Callable[[st
     ``inputs_embeds``: Blip2, InstructBlip), they are dropped, from the exports' inputs too, and recorded
     as ``inputs_generate_refused``; anything else generate raises, this raises."""
     def run():
-        with torch.no_grad():
-            return model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                  return_dict_in_generate=True, output_logits=True)
+        # a generate that updates model.generation_config with its keyword arguments (Pop2Piano's) would leave
+        # return_dict_in_generate set for the export's own generate calls: the config is put back as it was
+        saved = copy.deepcopy(getattr(model, "generation_config", None))
+        try:
+            with torch.no_grad():
+                return model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                      return_dict_in_generate=True, output_logits=True)
+        finally:
+            if saved is not None and model.generation_config.to_dict() != saved.to_dict():
+                record("generation_config_restored", True)
+                model.generation_config = saved
 
     try:
         return run()
+    except ImportError as exc:
+        _raise_if_blocked(model, exc)
+        raise
     except ValueError as exc:
         found = _UNUSED_KWARGS.search(str(exc))
         refused = set(ast.literal_eval(found.group(1))) if found else set()
@@ -58,6 +76,23 @@ def _eager_generate(model, inputs: dict[str, torch.Tensor], record: Callable[[st
     for name in refused:
         del inputs[name]
     return run()
+
+
+_NEEDS_PACKAGE = re.compile(r"requires `(\w+)`|requires the (\w+) library|No module named '(\w+)'")
+
+
+def _raise_if_blocked(model, exc: ImportError) -> None:
+    """A generate that needs a package not installed here (VibeVoice's default noise scheduler: diffusers) is
+    blocked like a build that needs one: raise ``BlockedByPackage`` (the sweep xfails it, "build: needs ...")."""
+    import importlib.util
+
+    from sweeps.zoo import BlockedByPackage
+
+    found = _NEEDS_PACKAGE.search(str(exc))
+    package = next((g for g in found.groups() if g), None) if found else None
+    if package and importlib.util.find_spec(package) is None:
+        raise BlockedByPackage(f"{type(model).__name__}: generate needs {package} (not installed here): "
+                               f"{str(exc).splitlines()[0][:200]}") from exc
 
 
 def _tolerance(backend: str) -> float:
@@ -159,19 +194,41 @@ class GenerateMismatch(AssertionError):
 
 
 def _build(case, init_range: float):
-    from sweeps.runner import reference
+    """The tiny model, generate's inputs and the generation-config settings the zoo gives for generate
+    (``sweeps.zoo.generate_setup``: the override's ``generate`` entry, where generate is called unlike the
+    forward; else the forward's inputs)."""
+    from sweeps.runner import SEED, reference
+    from sweeps.zoo import generate_setup
 
     tiny = reference(case.entry.class_name, init_range=init_range).tiny
     model = tiny.model
+    if not (hasattr(model, "can_generate") and model.can_generate()):
+        raise TypeError(f"{case.entry.class_name}.can_generate() is False: it is listed under a generative task "
+                        "but cannot run generate (list it in sweeps/plugin.py NOT_TOKEN_GENERATORS)")
+    inputs, settings = generate_setup(tiny, seed=SEED)
+    notes = {}  # properties: what the zoo gives generate unlike the forward
+    if settings:
+        notes["generation_config_set"] = {k: repr(v) for k, v in settings.items()}
+    if inputs is not tiny.inputs:
+        notes["inputs_generate"] = {k: list(v.shape) for k, v in generate_inputs(inputs).items()}
     generation = getattr(model, "generation_config", None)
     if getattr(model.config, "is_encoder_decoder", False) and generation is not None \
             and generation.decoder_start_token_id is None:
         # the tiny config names no start token; any id the vocabulary has will do for a random model
         generation.decoder_start_token_id = generation.pad_token_id or generation.bos_token_id or 0
-    if not (hasattr(model, "can_generate") and model.can_generate()):
-        raise TypeError(f"{case.entry.class_name}.can_generate() is False: it is listed under a generative task "
-                        "but cannot run generate")
-    return model, generate_inputs(tiny.inputs)
+    return model, generate_inputs(inputs), notes
+
+
+def _loop_takes(generator) -> set[str]:
+    """The inputs the artifact loop takes: those generate passed to its captured calls (the encoders' and the
+    prefill's; the static step's forward calls take only tokens, positions and a mask, static_step_for checks),
+    an attention mask (the loop checks it itself) and, where the prefill starts the decoder, decoder_input_ids."""
+    if getattr(generator, "cache", None) == "static":
+        return {"input_ids", "attention_mask", *generator.extras}
+    takes = set(generator.prefill_inputs) | {"attention_mask"}
+    if "decoder_start" in generator.prefill_rules.values():
+        takes.add("decoder_input_ids")
+    return takes
 
 
 def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
@@ -186,7 +243,7 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
     try:
         for init_range in GENERATE_INIT_RANGES:
             stage = "build"
-            model, inputs = _build(case, init_range)
+            model, inputs, notes = _build(case, init_range)
             stage = "eager"
             record("stage", stage)
             eager = _eager_generate(model, inputs, record)
@@ -195,6 +252,8 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
             if len(set(new.flatten().tolist())) >= MIN_DISTINCT_TOKENS:
                 break
         record("init_range", init_range)
+        for k, v in notes.items():
+            record(k, v)
         record("new_tokens", int(new.shape[1]))
         record("distinct_tokens", len(set(new.flatten().tolist())))
         stage = "export"
@@ -211,6 +270,10 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
             record("cache_state", generator.state)
         else:
             generator = exporter.export_for_generation(model, inputs, config)
+        ignored = sorted(set(inputs) - _loop_takes(generator))
+        if ignored:  # eager generate passed them to no forward call: the artifact loop is called as eager was
+            record("inputs_generate_ignores", ignored)
+            inputs = {k: v for k, v in inputs.items() if k not in ignored}
         record("rules", {**generator.rules, **{f"prefill:{k}": v for k, v in generator.prefill_rules.items()}})
         record("workarounds_fired", sorted({w for a in generator.components.values() for w in a.workarounds_fired}))
         components = generator.components.items()

@@ -63,9 +63,22 @@ GENERATE_VARIANTS = ("static", "dynamic")  # a fixed-size cache updated in place
 GENERATIVE_TASKS = ("causal_lm", "seq_to_seq_causal_lm", "image_text_to_text", "multimodal_lm", "speech_seq_2_seq")
 
 
+# classes the auto mappings list under a generative task whose generate is no token-by-token loop of forward
+# calls, so there is no prefill and decode step to export: not generate items (class name -> why)
+NOT_TOKEN_GENERATORS = {
+    "PI0ForConditionalGeneration": "a vision-language-action policy listed under image-text-to-text: it does not "
+                                   "inherit GenerationMixin (can_generate() is False); its sample_actions denoises an "
+                                   "action chunk by flow matching, it generates no tokens",
+    "DiffusionGemmaForBlockDiffusion": "block diffusion: its generate (DiffusionGemmaGenerationMixin) runs the encoder "
+                                       "over the prompt, then denoises a canvas of canvas_length tokens over several "
+                                       "decoder passes per block, not one new token per forward call",
+}
+
+
 def generative(entry) -> bool:
-    """Whether a catalog entry's class is one that generates (by the auto mappings it is listed in)."""
-    return any(task in GENERATIVE_TASKS for task in entry.tasks)
+    """Whether a catalog entry's class is one that generates token by token (by the auto mappings it is listed
+    in, less NOT_TOKEN_GENERATORS)."""
+    return any(task in GENERATIVE_TASKS for task in entry.tasks) and entry.class_name not in NOT_TOKEN_GENERATORS
 
 HYPOTHESIS_PROFILES = {
     "ci": dict(max_examples=3, derandomize=True),

@@ -316,3 +316,41 @@ def test_reinit_redraws_matching_parameters_seeded_and_names_a_pattern_that_matc
     assert torch.equal(a[0].weight, before)  # only the matching parameter is re-drawn
     with pytest.raises(KeyError, match=r"reinit pattern '\*\.router\.gate\.weight' matches no parameter"):
         _reinit(a, {"*.router.gate.weight": 0.02}, seed=0, model_type="toy")
+
+
+def test_generate_setup_gives_generate_its_own_inputs_and_generation_settings():
+    """An override's ``generate`` entry: Dia's generate takes the text alone (its decoder prompt is a 3-D audio
+    prompt) and starts the decoder at its BOS, named (ids are remapped by shrinking); Kyutai's generate takes the
+    waveform input_values, which its forward does not; a class without an entry gets the forward's inputs."""
+    from sweeps.zoo import generate_setup
+
+    dia = build_tiny("DiaForConditionalGeneration", check=False)
+    inputs, settings = generate_setup(dia)
+    assert "decoder_input_ids" in dia.inputs and "decoder_input_ids" not in inputs
+    assert torch.equal(inputs["input_ids"], dia.inputs["input_ids"])  # rebuilt from the same seed
+    assert settings == {"decoder_start_token_id": dia.model.generation_config.bos_token_id}
+    assert dia.model.generation_config.decoder_start_token_id == dia.model.generation_config.bos_token_id
+
+    kyutai = build_tiny("KyutaiSpeechToTextForConditionalGeneration", check=False)
+    inputs, _ = generate_setup(kyutai)
+    assert kyutai.inputs["input_ids"].dim() == 3 and inputs["input_ids"].dim() == 2
+    frame = kyutai.config.codec_config.frame_size
+    assert inputs["input_values"].shape == (inputs["input_ids"].shape[0], 1, frame * 16)
+
+    llama = build_tiny("LlamaForCausalLM", check=False)
+    assert generate_setup(llama) == (llama.inputs, {})
+
+
+def test_generation_values_name_a_generation_config_field_or_a_config_path():
+    from types import SimpleNamespace
+
+    from sweeps.zoo.generate_call import _generation_value
+
+    model = SimpleNamespace(generation_config=SimpleNamespace(pad_token_id=7, bos_token_id=None),
+                            config=SimpleNamespace(bos_token_id=3, audio=SimpleNamespace(width=5)))
+    assert _generation_value(model, "pad_token_id") == 7
+    assert _generation_value(model, "bos_token_id") == 3  # unset in the generation config: the config's
+    assert _generation_value(model, "audio.width") == 5
+    assert _generation_value(model, 1) == 1
+    with pytest.raises(KeyError, match="nothing_here"):
+        _generation_value(model, "nothing_here")

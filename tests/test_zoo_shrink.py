@@ -150,3 +150,12 @@ def test_overrides_need_a_reason(monkeypatch):
     monkeypatch.setattr(audio, "OVERRIDES", {"x": {"config": {}}})
     with pytest.raises(ValueError, match="reason"):
         overrides._merge()
+
+
+def test_overrides_generate_entry_takes_inputs_and_generation_config_only(monkeypatch):
+    from sweeps.zoo import overrides
+    from sweeps.zoo.overrides import audio
+
+    monkeypatch.setattr(audio, "OVERRIDES", {"x": {"reason": "r", "generate": {"config": {}}}})
+    with pytest.raises(ValueError, match="'generate' takes"):
+        overrides._merge()

@@ -14,7 +14,7 @@ from .catalog import CatalogEntry, UnknownModelError, catalog, resolve_models
 _FROM_BUILD = ("BlockedByPackage", "NoTensorForward", "NonFiniteOutputError", "TinyModel", "build_tiny", "run_eager",
                "tiny_config")
 
-__all__ = ["CatalogEntry", "UnknownModelError", "catalog", "resolve_models", *_FROM_BUILD]
+__all__ = ["CatalogEntry", "UnknownModelError", "catalog", "generate_setup", "resolve_models", *_FROM_BUILD]
 
 
 def __getattr__(name):
@@ -22,4 +22,8 @@ def __getattr__(name):
         from . import build
 
         return getattr(build, name)
+    if name == "generate_setup":
+        from .generate_call import generate_setup
+
+        return generate_setup
     raise AttributeError(f"module 'sweeps.zoo' has no attribute {name!r}")

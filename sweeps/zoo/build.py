@@ -16,8 +16,8 @@ from .inputs import make_inputs
 from .overrides import get_override
 from .shrink import shrink_config_dict
 
-__all__ = ["TinyModel", "BlockedByPackage", "NoTensorForward", "NonFiniteOutputError", "build_tiny", "run_eager",
-           "tiny_config"]
+__all__ = ["TinyModel", "BlockedByPackage", "NoTensorForward", "NonFiniteOutputError", "build_tiny", "override_for",
+           "place_multimodal_tokens", "run_eager", "tiny_config"]
 
 # Attention implementation.  We set "sdpa" explicitly wherever the class supports it: it is
 # what users get by default and what they export, so the conformance suite must exercise
@@ -494,11 +494,7 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True, init_range: float | 
         raise NotImplementedError(
             f"{entry.class_name} defines no forward() (a generate-only wrapper); there is no eager forward to run "
             "(list it in sweeps/zoo/blocked.py NO_TENSOR_FORWARD_BY_CLASS)")
-    ov = get_override(entry.model_type)
-    ov_cls = get_override(entry.class_name)  # rare class-specific entries (keyed by class name)
-    if ov_cls:
-        ov = {**ov, **{k: v for k, v in ov_cls.items() if k != "config"},
-              "inputs": {**ov.get("inputs", {}), **ov_cls.get("inputs", {})}}
+    ov, ov_cls = override_for(entry)
     try:
         config = tiny_config(entry.model_type, config_overrides=ov_cls.get("config"))
     except ImportError as exc:
@@ -547,6 +543,18 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True, init_range: float | 
     if check:
         run_eager(tiny, seed)
     return tiny
+
+
+def override_for(entry) -> tuple[dict, dict]:
+    """(the override to apply, the class-specific one alone): a class-specific entry (keyed by class name, rare)
+    merged over its model type's; ``inputs`` and ``generate`` merged key by key, ``config`` left to ``tiny_config``."""
+    ov = get_override(entry.model_type)
+    ov_cls = get_override(entry.class_name)
+    if ov_cls:
+        ov = {**ov, **{k: v for k, v in ov_cls.items() if k != "config"},
+              "inputs": {**ov.get("inputs", {}), **ov_cls.get("inputs", {})},
+              "generate": {**ov.get("generate", {}), **ov_cls.get("generate", {})}}
+    return ov, ov_cls
 
 
 def _reinit(model: torch.nn.Module, spec: dict[str, float] | None, seed: int, model_type: str) -> None:

@@ -17,6 +17,14 @@ can add entries in parallel.  Each entry::
                                                   # e.g. sample=False; baked by the exporters)
         "reinit": {"param.name.glob": std},       # re-drawn from normal(0, std) after init, seeded
                                                   # (a constant init that degenerates the tiny model)
+        "generate": {                             # only for model.generate (sweeps/generate.py), where
+                                                  # it is called unlike the forward:
+            "inputs": {...},                      # an input spec (keys as "inputs") used instead of
+                                                  # the forward's: generate's inputs are built from it
+            "generation_config": {field: value},  # set on model.generation_config; a string value
+                                                  # names a generation-config field or a dotted config
+                                                  # path ("pad_token_id": ids are remapped by shrinking)
+        },
     }
 
 Merged here; a model type defined in two modules is an error.  Prefer a better generic
@@ -28,6 +36,7 @@ from __future__ import annotations
 from . import audio, multimodal, multimodal2, text, vision
 
 _MODULES = (text, vision, audio, multimodal, multimodal2)
+GENERATE_KEYS = {"inputs", "generation_config"}
 
 
 def _merge() -> dict[str, dict]:
@@ -41,6 +50,10 @@ def _merge() -> dict[str, dict]:
                 )
             if not isinstance(entry, dict) or not entry.get("reason"):
                 raise ValueError(f"override {key!r} in {mod.__name__} needs a dict with a one-line 'reason'")
+            unknown = sorted(set(entry.get("generate", {})) - GENERATE_KEYS)
+            if unknown:
+                raise ValueError(f"override {key!r} in {mod.__name__}: 'generate' takes {sorted(GENERATE_KEYS)}, "
+                                 f"not {unknown}")
             merged[key] = entry
             owner[key] = mod.__name__
     return merged

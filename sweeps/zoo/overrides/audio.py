@@ -56,8 +56,13 @@ OVERRIDES: dict[str, dict] = {
     },
     "kyutai_speech_to_text": {
         "reason": "input_ids are (B, S, 1 + num_codebooks): a text column plus one audio-codebook column each, offset into "
-                  "one shared table; codebooks 32 x 2049 ids shrunk to 2 x 16 (ids < 16 are valid in every column)",
-        "config": {"num_codebooks": 2, "codebook_vocab_size": 16},
+                  "one shared table; codebooks 32 x 2049 ids shrunk to 2 x 17 (ids < 17 are valid in every column: the "
+                  "codec's 16 codes, a power of 2, and the audio BOS 16, as 2048 codes + BOS 2048 upstream); generate takes the text "
+                  "prompt (B, S) and the waveform input_values (B, 1, samples), whose frames (frame_size samples each) "
+                  "bound the new tokens: 16 frames; the Mimi codec that encodes them as mimi's own entry (quantizer width == codebook_dim)",
+        "config": {"num_codebooks": 2, "codebook_vocab_size": 17, "codec_config.codebook_size": 16,
+                   "audio_bos_token_id": 16, "codec_config.vector_quantization_hidden_dimension": 32},
+        "generate": {"inputs": {"tensors": {"input_values": {"shape": ["B", 1, "codec_config.frame_size * 16"]}}}},
         "inputs": {"tensors": {"input_ids": {"shape": ["B", "S", "num_codebooks + 1"], "kind": "int", "low": 3,
                                              "high": "codebook_vocab_size"}}},
     },
@@ -78,27 +83,47 @@ OVERRIDES: dict[str, dict] = {
     },
     "pop2piano": {
         "reason": "the encoder takes input_features (B, T, d_model) as its inputs_embeds, so not input_ids too; feature_size "
-                  "(read only by the zoo) gives width d_model",
+                  "(read only by the zoo) gives width d_model; generate prepends a composer embedding, whose index it "
+                  "reads from generation_config.composer_to_feature_token (a checkpoint's generation_config.json: one "
+                  "id per composer, composer_vocab_size 21 consecutive ids)",
         "config": {"feature_size": 32},
         "inputs": {"drop": ["input_ids", "attention_mask"]},
+        "generate": {"generation_config": {"composer_to_feature_token": {f"composer{i + 1}": i for i in range(21)}}},
     },
     "voxtral_realtime": {
         "reason": "audio embeddings are added position-wise to the text embeddings: the 64 generic frames give 8 audio steps, "
-                  "so 8 text tokens",
+                  "so 8 text tokens; generate stops at one token per audio step (audio_length_per_tok 8 frames), so it "
+                  "takes 128 frames for the 8-token prompt and 8 new tokens",
         "inputs": {"seq_len": 8},
+        "generate": {"inputs": {"seq_len": 8, "tensors": {"input_features": {
+            "shape": ["B", "audio_config.num_mel_bins", "audio_length_per_tok * 16"]}}}},
     },
     "dia": {
-        "reason": "2-D decoder ids are read as (B, num_channels * T): one channel (delay pattern [0]) makes the generic (B, 5) ids 5 steps",
+        "reason": "2-D decoder ids are read as (B, num_channels * T): one channel (delay pattern [0]) makes the generic (B, 5) ids 5 steps; "
+                  "generate takes decoder ids only as (B, T, channels) audio prompts with their mask (DiaProcessor): the "
+                  "text alone, the decoder started from its BOS (generation_config.json; the pad id would be read as "
+                  "padding and leave no prompt)",
         "config": {"decoder_config.num_channels": 1, "delay_pattern": [0]},
+        "generate": {"inputs": {"drop": ["decoder_input_ids"]},
+                     "generation_config": {"decoder_start_token_id": "bos_token_id"}},
     },
     "musicgen": {
-        "reason": "decoder ids are (B * num_codebooks, T); with one codebook the generic (B, T) ids keep the text encoder's batch",
+        "reason": "decoder ids are (B * num_codebooks, T); with one codebook the generic (B, T) ids keep the text encoder's batch; "
+                  "MusicgenForCausalLM.generate pads its delay pattern with decoder_start_token_id (the pad id in "
+                  "generation_config.json) and reads num_return_sequences without the generic defaults; a decoder prompt "
+                  "starts with that id (the delay pattern writes it over position 0)",
         "config": {"decoder.num_codebooks": 1},
+        "generate": {"inputs": {"place": {"pad_token_id": [0]}},
+                     "generation_config": {"decoder_start_token_id": "pad_token_id", "num_return_sequences": 1}},
     },
     "musicgen_melody": {
         "reason": "decoder ids are (B * num_codebooks, T): one codebook keeps the batch; the melody conditioning is "
-                  "(B, T, num_chroma=12) chroma, feature_size (read only by the zoo) gives that width",
+                  "(B, T, num_chroma=12) chroma, feature_size (read only by the zoo) gives that width; generate pads its "
+                  "delay pattern with decoder_start_token_id (the pad id in generation_config.json); a decoder prompt starts with "
+                  "that id (the delay pattern writes it over position 0)",
         "config": {"decoder.num_codebooks": 1, "feature_size": 12},
+        "generate": {"inputs": {"place": {"pad_token_id": [0]}},
+                     "generation_config": {"decoder_start_token_id": "pad_token_id"}},
     },
     "xcodec2": _XCODEC2,
     "neucodec": _XCODEC2,

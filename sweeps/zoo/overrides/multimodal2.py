@@ -35,6 +35,12 @@ OVERRIDES: dict[str, dict] = {
         "reason": "pixel_values are (num_patches, 3*p*p) rows, one per placeholder token: a one-patch image (image_size == patch_size) makes the patch-sequence layout (B, 1, 3*p*p) count one token per row",
         "config": {"image_size": 8, "patch_size": 8},
     },
+    "pp_formulanet": {
+        "reason": "a vision encoder-decoder whose main input is pixel_values; forward's input_ids only stand in for "
+                  "decoder ids (shifted right when decoder_input_ids are absent): generate takes the image and the decoder "
+                  "prompt (input_ids would reach generate's _expand_inputs_for_generation twice)",
+        "generate": {"inputs": {"drop": ["input_ids", "attention_mask"]}},
+    },
     "pi0": {
         "reason": "robot state (B, max_state_dim), flow-matching noise/time (drawn inside forward when absent: passed so the "
                   "forward is deterministic) and the DiT's action embeddings (state token + chunk) have no generic recipe; chunk 50 -> 4",
