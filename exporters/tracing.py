@@ -117,8 +117,12 @@ def shape_arithmetic_patches(patches: list[PatchEntry]) -> list[PatchEntry]:
 def auto_dynamic_shapes(inputs: Mapping[str, torch.Tensor], max_dim: int, min_dim: int = 2) -> dict[str, Any]:
     from torch.export import Dim
 
+    # a dim traced at 0 stays static under min=1 (size-one mode): its own range would not hold it, and the
+    # symbol it got instead of torch's 0 could not match a size 0 the model's weights give (a latent-attention
+    # cache whose rope part is empty in a tiny config: cat asked s83 == 0, Glm5Next and MistralLarge4)
     return {
-        name: {d: Dim.AUTO(min=min_dim, max=max(max_dim, size)) if min_dim < 2 else Dim.AUTO(max=max(max_dim, size))
+        name: {d: None if size < min_dim and min_dim < 2 else
+               Dim.AUTO(min=min_dim, max=max(max_dim, size)) if min_dim < 2 else Dim.AUTO(max=max(max_dim, size))
                for d, size in enumerate(t.shape)}
         for name, t in inputs.items()
     }

@@ -234,3 +234,16 @@ def test_output_names_follow_the_program_order_not_the_dataclass_order(backend):
     assert out["hidden_states.0"].shape == (2, 3) and out["pooler_output"].shape == (2,)
     torch.testing.assert_close(out["hidden_states.0"], x * 2)
     torch.testing.assert_close(out["pooler_output"], x.sum(-1))
+
+
+def test_a_dim_traced_at_zero_stays_static_in_size_one_mode():
+    """Under min=1 a size-0 dim would be a symbol its own range does not hold, which a model's size 0 (an empty
+    rotary key part of a latent-attention cache: Glm5Next, MistralLarge4) cannot match in torch.cat; it is left
+    static. Without size-one mode torch specializes 0 itself."""
+    from exporters.tracing import auto_dynamic_shapes
+
+    inputs = {"values": torch.zeros(2, 1, 13, 0), "ids": torch.zeros(2, 5)}
+    shapes = auto_dynamic_shapes(inputs, max_dim=64, min_dim=1)
+    assert shapes["values"][3] is None
+    assert all(shapes["values"][d] is not None for d in range(3)) and all(v is not None for v in shapes["ids"].values())
+    assert all(v is not None for v in auto_dynamic_shapes(inputs, max_dim=64)["values"].values())

@@ -40,34 +40,47 @@ class Call:
         return None if ids is None else ids.shape[-1]
 
 
+CONSTANT_LEAVES = (bool, int, float, str)  # plain values a tree may hold beside its tensors
+
+
 @dataclasses.dataclass(frozen=True)
 class TreeLayout:
     """A tree's pytree spec and where its ``None`` leaves sit (an encoder output with an absent field in a
-    list): the tensors are the component's inputs, the Nones are rebuilt as they were."""
+    list), and its plain constant leaves with their values (the decoder layer each of Granite4Vision's
+    deepstack features goes to): the tensors are the component's inputs, the Nones and constants are
+    rebuilt as they were (a constant is part of the layout: two calls that differ in one differ in
+    layout)."""
 
     spec: Any
     nones: tuple[int, ...] = ()
+    constants: tuple[tuple[int, Any], ...] = ()  # (leaf index, value)
 
     def __str__(self) -> str:
-        return f"{self.spec}" + (f" (None at leaves {list(self.nones)})" if self.nones else "")
+        return (f"{self.spec}" + (f" (None at leaves {list(self.nones)})" if self.nones else "")
+                + (f" (constants {dict(self.constants)})" if self.constants else ""))
 
 
 def flatten_tree(name: str, value: Any) -> tuple[list[torch.Tensor], TreeLayout]:
-    """The tensor leaves of ``value`` and its layout; any leaf other than a tensor or None is refused."""
+    """The tensor leaves of ``value`` and its layout; a leaf other than a tensor, None or a plain constant
+    (``CONSTANT_LEAVES``) is refused."""
     register_pytree_nodes(value)
     leaves, spec = pytree.tree_flatten(value)
-    odd = sorted({type(v).__name__ for v in leaves if v is not None and not isinstance(v, torch.Tensor)})
+    odd = sorted({type(v).__name__ for v in leaves
+                  if v is not None and not isinstance(v, (torch.Tensor, *CONSTANT_LEAVES))})
     if odd:
         raise GenerationError(f"generate passes {name!r} ({type(value).__name__}) holding non-tensor leaves "
                               f"{odd}: it cannot be an input of an exported component")
     nones = tuple(i for i, v in enumerate(leaves) if v is None)
-    return [v for v in leaves if v is not None], TreeLayout(spec, nones)
+    constants = tuple((i, v) for i, v in enumerate(leaves) if isinstance(v, CONSTANT_LEAVES))
+    return [v for v in leaves if isinstance(v, torch.Tensor)], TreeLayout(spec, nones, constants)
 
 
 def unflatten_tree(tensors: list[torch.Tensor], layout: TreeLayout) -> Any:
     it = iter(tensors)
     nones = set(layout.nones)
-    leaves = [None if i in nones else next(it) for i in range(len(tensors) + len(nones))]
+    constants = dict(layout.constants)
+    count = len(tensors) + len(nones) + len(constants)
+    leaves = [None if i in nones else constants[i] if i in constants else next(it) for i in range(count)]
     return pytree.tree_unflatten(leaves, layout.spec)
 
 
