@@ -224,7 +224,7 @@ def _loop_takes(generator) -> set[str]:
     prefill's; the static step's forward calls take only tokens, positions and a mask, static_step_for checks),
     an attention mask (the loop checks it itself) and, where the prefill starts the decoder, decoder_input_ids."""
     if getattr(generator, "cache", None) == "static":
-        return {"input_ids", "attention_mask", *generator.extras}
+        return {"input_ids", "attention_mask", *generator.extras, *(generator.embed_inputs or ())}
     takes = set(generator.prefill_inputs) | {"attention_mask"}
     if "decoder_start" in generator.prefill_rules.values():
         takes.add("decoder_input_ids")

@@ -257,3 +257,28 @@ def test_per_token_extras_need_a_rule_for_every_call():
     assert per_token_extras([{**c, "token_type_ids": s} for c, s in zip(calls, flips)]) == {}
     features = [{**c, "pixel_values": torch.zeros(1, 3, 4, 4)} for c in calls]
     assert per_token_extras(features) == {}
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_a_prompt_with_image_features_runs_over_embeddings(backend, tmp_path):
+    """Llava's generate passes the image features to the prompt's call only: the static form exports the
+    model's forward up to its decoder (embed), the embedding table (embed_tokens) and a step over
+    inputs_embeds (before: 'passes ['mm_encoder_outputs'] to forward'). Tokens equal eager's, also after a
+    save and load, and the caller's image input is required."""
+    from exporters import load_generator
+    from sweeps.generate import generate_inputs
+    from sweeps.runner import reference
+
+    tiny = reference("LlavaForConditionalGeneration", init_range=0.2).tiny
+    model, inputs = tiny.model, generate_inputs(tiny.inputs)
+    generator = get_exporter(backend).export_for_generation(model, inputs, cache="static", max_cache_len=40)
+    assert sorted(generator.components) == ["embed", "embed_tokens", "step"]
+    assert "inputs_embeds" in generator.components["step"].input_names
+    assert "input_ids" not in generator.components["step"].input_names
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    assert torch.equal(generator.generate(**inputs, max_new_tokens=8), expected)
+    generator.save(tmp_path)
+    assert torch.equal(load_generator(tmp_path).generate(**inputs, max_new_tokens=8), expected)
+    with pytest.raises(GenerationError, match=r"takes \['pixel_values'\] with the prompt"):
+        generator.generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=2)

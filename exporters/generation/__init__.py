@@ -28,6 +28,7 @@ from exporters.generation.generator import GenerateOutput, Generator
 from exporters.generation.processors import check_supported
 from exporters.generation.runners import llm_runner_methods, vocab_size
 from exporters.generation.static import static_step_for, step_dynamic_shapes, step_example
+from exporters.generation.static_embeds import TokenEmbeds, prefill_embeds
 from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.steps import TOKEN_INPUTS, Returned, check_no_module_state, infer_prefill_rules, infer_rules, record_returns
 
@@ -125,9 +126,19 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     if missing:
         raise GenerationError(f"{type(model).__name__}.generate passes {missing} to every forward call; give them "
                               "(shaped like input_ids) for the static step's first call")
-    example = step_example(step, ids, inputs.get("attention_mask") if step.takes_mask else None,
-                           {k: inputs[k] for k in step.extras})
     config = config if config is not None else exporter.config_class()
+    components, embedded, embed_inputs = {}, None, None
+    if step.embeds:  # the prompt's call takes image / audio features: embed and embed_tokens components
+        given = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        embed, embedded = prefill_embeds(model, given)
+        embed_inputs = list(given)
+        fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None)
+        components["embed"] = exporter.export(embed, given, fixed)
+        components["embed_tokens"] = exporter.export(TokenEmbeds(model).eval(), {"input_ids": ids[:, :1]}, fixed)
+        for label in ("embed", "embed_tokens"):
+            components[label].extra_metadata.update({"component": label, "cache": "static"})
+    example = step_example(step, ids, inputs.get("attention_mask") if step.takes_mask else None,
+                           {k: inputs[k] for k in step.extras}, embedded)
     # fixed batch and cache; the sequence (a prompt, then one token) is the only dynamic dim, an explicit
     # Dim(min=1): torch does not specialize it at 1 (no backed_size_oblivious needed, whose stride
     # questions would put the guard S != 1 on the step's reshapes)
@@ -140,12 +151,14 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     artifact = exporter.export(step, example, config)
     artifact.extra_metadata.update({"component": "step", "cache": "static", "max_cache_len": max_cache_len,
                                     "cache_state": state, "cache_layout": step.cache_shapes()})
+    components["step"] = artifact
     metadata = {"model_class": type(model).__name__, "cache": "static", "vocab_size": vocab_size(model),
-                "workarounds_fired": {"step": artifact.workarounds_fired}}
-    return StaticGenerator({"step": artifact}, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
+                "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
+    return StaticGenerator(components, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
                            cache_shapes=step.cache_shapes(), takes_positions=step.takes_positions and not step.runner_form,
                            takes_mask=step.takes_mask, generation=generation, metadata=metadata,
-                           token_by_token=step.token_by_token, extras=step.extras)
+                           token_by_token=step.token_by_token, extras=step.extras,
+                           embed_inputs=embed_inputs)
 
 
 def _generation_dict(model) -> dict[str, Any]:

@@ -157,14 +157,15 @@ class StaticStep(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, batch: int, max_cache_len: int, state: str = "buffers",
                  takes_positions: bool = True, takes_mask: bool = True, reads_mask: bool = False,
-                 extras: Mapping[str, str] | None = None, cache_arg: str = "past_key_values"):
+                 extras: Mapping[str, str] | None = None, cache_arg: str = "past_key_values", embeds: bool = False):
         """``takes_positions``: the model reads ``position_ids``; ``takes_mask``: it reads an attention
         mask; ``extras``: the other per-token inputs generate passes (``token_type_ids``), each ``[batch, S]``
         like ``input_ids``, by the rule the loop derives its next value with (``per_token_extras``). A step
         of batch 1 without a mask or extras (``runner_form``) takes only ``input_ids`` and
         ``cache_position``, and gives the model ``position_ids = cache_position``: the two inputs, in
         that order, that ExecuTorch's LLM runner passes. ``cache_arg``: the forward argument the cache goes
-        in by (``CACHE_ARGS``)."""
+        in by (``CACHE_ARGS``). ``embeds``: the step takes ``inputs_embeds`` ``[batch, S, hidden]`` instead of
+        ``input_ids`` (exporters/generation/static_embeds.py)."""
         super().__init__()
         if state not in STATE_FORMS:
             raise GenerationError(f"state={state!r}: the static step keeps its cache as one of {STATE_FORMS}")
@@ -173,7 +174,8 @@ class StaticStep(torch.nn.Module):
         self.max_cache_len = max_cache_len
         self.takes_positions, self.takes_mask = takes_positions, takes_mask
         self.extras = dict(extras or {})
-        self.runner_form = batch == 1 and not takes_mask and not self.extras
+        self.embeds = embeds
+        self.runner_form = batch == 1 and not takes_mask and not self.extras and not embeds
         # the model's generate passes a mask, which a runner does not give: the step builds it from the
         # cache position (every slot written so far), as generate's all-ones mask for one unpadded row
         self.inner_mask = self.runner_form and reads_mask
@@ -200,14 +202,15 @@ class StaticStep(torch.nn.Module):
         return {f"past_{i}_{part}": torch.zeros_like(tensor)
                 for i, layer in enumerate(self._cache.layers) for part, tensor in _layer_tensors(layer).items()}
 
-    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, **given: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor | None = None, cache_position: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                **given: torch.Tensor) -> dict[str, torch.Tensor]:
         from transformers.cache_utils import StaticLayer
 
         # a linear-attention state is a running sum, not slots a position masks: the call at position 0
         # starts it from zero (a new sequence over the state the last one left in the program)
         fresh = (cache_position[0] > 0) if self.token_by_token and self.state == "buffers" else None
-        cache = {k: v for k, v in given.items() if k not in self.extras}
+        cache = {k: v for k, v in given.items() if k not in self.extras and k != "inputs_embeds"}
         for i, layer in enumerate(self._cache.layers):
             for part in self._parts[i]:
                 if self.state == "inputs":  # updated in place on a copy, returned as the next call's input
@@ -219,7 +222,8 @@ class StaticStep(torch.nn.Module):
                 _set_layer_tensor(layer, part, tensor)
             if isinstance(layer, StaticLayer):
                 layer.cumulative_length = cache_position[0].clone()  # where this call writes; the mask's offset
-        kwargs: dict[str, Any] = {"input_ids": input_ids, **{k: given[k] for k in self.extras}}
+        kwargs: dict[str, Any] = {"inputs_embeds": given["inputs_embeds"]} if self.embeds else {"input_ids": input_ids}
+        kwargs.update({k: given[k] for k in self.extras})
         if self.runner_form and self.takes_positions:
             position_ids = cache_position.unsqueeze(0)
         if self.takes_positions and position_ids is not None:
@@ -251,8 +255,12 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
                               "models (use cache='dynamic')")
     calls = _forward_arguments(model, inputs)
     extras = per_token_extras(calls)
+    # what generate passes to the prompt's call only (image or audio features): the step takes embeddings
+    prompt_only = sorted(k for k in calls[0] if k not in STEP_INPUTS and k not in STEP_FLAGS and k not in extras
+                         and not any(k in call for call in calls[1:]))
     for call in calls:
-        other = sorted(k for k in call if k not in STEP_INPUTS and k not in STEP_FLAGS and k not in extras)
+        other = sorted(k for k in call if k not in STEP_INPUTS and k not in STEP_FLAGS and k not in extras
+                       and k not in prompt_only)
         if other:
             raise GenerationError(f"{name}.generate with a static cache passes {other} to forward; the static "
                                   f"step takes only {STEP_INPUTS}, past_key_values and per-token inputs "
@@ -268,7 +276,7 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     reads_mask = any("attention_mask" in c for c in calls)
     takes_mask = reads_mask and not (batch == 1 and unpadded)  # as an input
     return StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras,
-                      cache_arg).eval()
+                      cache_arg, embeds=bool(prompt_only)).eval()
 
 
 # how a per-token extra's next value follows from the last one (exporters/generation/steps.py's rules)
@@ -328,18 +336,25 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> lis
 
 
 def step_example(step: StaticStep, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                 extras: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                 extras: Mapping[str, torch.Tensor] | None = None,
+                 embedded: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The step's inputs for a prompt: every slot of the mask, positions as generate counts them, the
-    per-token extras as given."""
+    per-token extras as given; for a step over embeddings, the embed component's outputs (``embedded``:
+    ``inputs_embeds``, and ``position_ids`` where the model computes them) instead of the ids."""
     extras = {k: (extras or {})[k] for k in step.extras}
+    embedded = dict(embedded or {})
     if step.token_by_token:  # one token a call: the first token stands for every call
         input_ids = input_ids[:, :1]
         attention_mask = None if attention_mask is None else attention_mask[:, :1]
         extras = {k: v[:, :1] for k, v in extras.items()}
+        embedded = {k: v[:, :1] if k == "inputs_embeds" else v[..., :1] for k, v in embedded.items()}
     batch, prompt = input_ids.shape
-    example = {"input_ids": input_ids, "cache_position": torch.arange(prompt), **extras}
+    tokens = {"inputs_embeds": embedded["inputs_embeds"]} if step.embeds else {"input_ids": input_ids}
+    example = {**tokens, "cache_position": torch.arange(prompt), **extras}
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-    if step.takes_positions and not step.runner_form:
+    if step.takes_positions and "position_ids" in embedded:
+        example["position_ids"] = embedded["position_ids"]
+    elif step.takes_positions and not step.runner_form:
         example["position_ids"] = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
     if step.takes_mask:
         full = torch.zeros(batch, step.max_cache_len, dtype=torch.long)
@@ -358,8 +373,10 @@ def step_dynamic_shapes(step: StaticStep, example: Mapping[str, torch.Tensor]) -
     seq = torch.export.Dim("S", min=1, max=step.max_cache_len)
     shapes: dict[str, Any] = {}
     for name in example:
-        if name in ("input_ids", "position_ids") or name in step.extras:
+        if name in ("input_ids", "inputs_embeds") or name in step.extras:
             shapes[name] = {1: seq}
+        elif name == "position_ids":  # [batch, S], or [3, batch, S] (multimodal rotary positions)
+            shapes[name] = {example[name].dim() - 1: seq}
         elif name == "cache_position":
             shapes[name] = {0: seq}
         else:

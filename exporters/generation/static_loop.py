@@ -24,14 +24,17 @@ class StaticGenerator:
     ``state``: "buffers" (the cache lives in the artifact) or "inputs" (``cache_names`` go in and come
     back out); ``takes_positions`` / ``takes_mask``: which optional step inputs the model reads; ``extras``:
     per-token inputs shaped like ``input_ids`` (``token_type_ids``) the caller gives with the prompt, each
-    by the step rule that gives its next value (exporters/generation/static.py, ``per_token_extras``)."""
+    by the step rule that gives its next value (exporters/generation/static.py, ``per_token_extras``);
+    ``embed_inputs``: where the step takes embeddings, the caller's inputs the ``embed`` component takes
+    (exporters/generation/static_embeds.py), None where it takes token ids."""
 
     cache = "static"
 
     def __init__(self, components: Mapping[str, Any], *, batch: int, max_cache_len: int, state: str,
                  cache_shapes: Mapping[str, tuple[int, ...]], takes_positions: bool, takes_mask: bool,
                  generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None, token_input: str = "input_ids",
-                 token_by_token: bool = False, extras: Mapping[str, str] | None = None):
+                 token_by_token: bool = False, extras: Mapping[str, str] | None = None,
+                 embed_inputs: list[str] | None = None):
         self.components = dict(components)
         self.batch, self.max_cache_len, self.state = batch, max_cache_len, state
         self.cache_shapes = {k: tuple(v) for k, v in cache_shapes.items()}
@@ -42,6 +45,7 @@ class StaticGenerator:
         # the step takes one token a call (linear-attention states): the prompt goes in token by token
         self.token_by_token = token_by_token
         self.extras = dict(extras or {})
+        self.embed_inputs = list(embed_inputs) if embed_inputs is not None else None
         self.rules = {"input_ids": "token", "cache_position": "next_position", **self.extras}
         if takes_positions:
             self.rules["position_ids"] = "next_position"
@@ -56,13 +60,16 @@ class StaticGenerator:
 
     def _check(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, max_new_tokens: int,
                other: Mapping[str, Any]) -> None:
-        unexpected = sorted(k for k in other if k not in self.extras)
+        takes = set(self.extras) | set(self.embed_inputs or ())
+        unexpected = sorted(k for k in other if k not in takes)
         if unexpected:
-            raise GenerationError(f"the static step takes input_ids, attention_mask and {sorted(self.extras)} only; "
+            raise GenerationError(f"the static step takes input_ids, attention_mask and {sorted(takes)} only; "
                                   f"unexpected {unexpected}")
-        missing = sorted(k for k in self.extras if other.get(k) is None)
+        missing = sorted(k for k in takes if other.get(k) is None and k not in ("input_ids", "attention_mask"))
         if missing:
-            raise GenerationError(f"the static step takes {missing} with the prompt (shaped like input_ids); not given")
+            what = "per-token inputs shaped like input_ids" if not self.embed_inputs else \
+                "the embed component's inputs, as at export, and per-token inputs shaped like input_ids"
+            raise GenerationError(f"the static step takes {missing} with the prompt ({what}); not given")
         if input_ids is None or input_ids.dim() != 2:
             raise GenerationError("input_ids must be a [batch, prompt] tensor")
         for k in self.extras:
@@ -109,24 +116,31 @@ class StaticGenerator:
         full[:, :prompt] = mask
         step = self.components["step"]
         extras = {k: other[k] for k in self.extras}
-        feed: dict[str, torch.Tensor] = {"input_ids": input_ids, "cache_position": torch.arange(prompt), **extras}
+        tokens, embedded = {"input_ids": input_ids}, {}
+        if self.embed_inputs is not None:  # the embed component over the caller's inputs: the prompt's embeddings
+            given = {"input_ids": input_ids, "attention_mask": attention_mask, **other}
+            embedded = self.components["embed"](**{k: given[k] for k in self.embed_inputs if given.get(k) is not None})
+            tokens = {"inputs_embeds": embedded["inputs_embeds"]}
+        feed: dict[str, torch.Tensor] = {**tokens, "cache_position": torch.arange(prompt), **extras}
         if self.takes_positions:
-            positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+            positions = embedded.get("position_ids")
+            if positions is None:
+                positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
             feed["position_ids"] = positions
         cache = {k: torch.zeros(s) for k, s in self.cache_shapes.items()} if self.state == "inputs" else {}
         if self.token_by_token and prompt > 1:  # all but the prompt's last token, one a call
             for t in range(prompt - 1):
-                part = {"input_ids": input_ids[:, t:t + 1], "cache_position": torch.tensor([t]),
+                part = {**{k: v[:, t:t + 1] for k, v in tokens.items()}, "cache_position": torch.tensor([t]),
                         **{k: v[:, t:t + 1] for k, v in extras.items()}}
                 if self.takes_positions:
-                    part["position_ids"] = positions[:, t:t + 1]
+                    part["position_ids"] = positions[..., t:t + 1]
                 if self.takes_mask:
                     part["attention_mask"] = full
                 _, cache = self._call(step, part, cache)
-            feed = {"input_ids": input_ids[:, -1:], "cache_position": torch.tensor([prompt - 1]),
+            feed = {**{k: v[:, -1:] for k, v in tokens.items()}, "cache_position": torch.tensor([prompt - 1]),
                     **{k: v[:, -1:] for k, v in extras.items()}}
             if self.takes_positions:
-                feed["position_ids"] = positions[:, -1:]
+                feed["position_ids"] = positions[..., -1:]
         unfinished = torch.ones(batch, dtype=torch.bool)
         new_tokens, step_logits = [], []
         for i in range(max_new_tokens):
@@ -146,9 +160,12 @@ class StaticGenerator:
             full = full.clone()
             full[:, slot] = 1
             extras = {k: apply_tensor_rule(rule, feed[k], token) for k, rule in self.extras.items()}
-            feed = {"input_ids": token[:, None], "cache_position": torch.tensor([slot]), **extras}
+            tokens = {"input_ids": token[:, None]}
+            if self.embed_inputs is not None:
+                tokens = {"inputs_embeds": self.components["embed_tokens"](input_ids=token[:, None])["inputs_embeds"]}
+            feed = {**tokens, "cache_position": torch.tensor([slot]), **extras}
             if self.takes_positions:
-                positions = positions[:, -1:] + 1
+                positions = positions[..., -1:] + 1
                 feed["position_ids"] = positions
         sequences = torch.cat([input_ids, torch.stack(new_tokens, dim=1)], dim=1)
         if not return_dict_in_generate:
@@ -185,7 +202,7 @@ class StaticGenerator:
                "batch": self.batch, "max_cache_len": self.max_cache_len, "state": self.state,
                "cache_shapes": self.cache_shapes, "takes_positions": self.takes_positions,
                "takes_mask": self.takes_mask, "token_input": self.token_input, "token_by_token": self.token_by_token,
-               "extras": self.extras,
+               "extras": self.extras, "embed_inputs": self.embed_inputs,
                "generation": self.generation,
                **self.metadata}
         path = os.path.join(directory, GENERATOR_FILE)

@@ -1,0 +1,117 @@
+"""The static cache form of a model whose prompt call takes more than token ids: a multimodal model's
+image or audio features, which ``generate`` passes to the first forward call only. One step program
+cannot take them at the prompt and not after, so the step takes embeddings (``inputs_embeds``) at every
+call, and two stateless components make them:
+
+- ``embed``: the model's own forward over the caller's inputs (ids, pixels, audio features, their
+  layout inputs), stopped where it calls its decoder: what it hands the decoder, ``inputs_embeds`` (the
+  image features already merged at their placeholder tokens) and, where the model computes them itself,
+  ``position_ids`` (multimodal rotary positions, ``[3, batch, S]``);
+- ``embed_tokens``: the model's input embedding table, for each new token.
+
+This is the split ExecuTorch's multimodal runner loads (an encoder, a token embedding, a text decoder
+over embeddings with its cache as buffers). Where the model hands its decoder another tensor as well
+(deepstack features, per-layer inputs), the step could not be given it at the decode steps: the export
+stops and names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from exporters.generation.capture import GenerationError
+
+# what the embed component may hand on besides inputs_embeds: the step takes positions, builds its own mask
+EMBED_PASSES = ("inputs_embeds", "position_ids", "attention_mask", "cache_position", "past_key_values", "use_cache",
+                "return_dict", "output_attentions", "output_hidden_states")
+
+
+def decoder_path(model: torch.nn.Module) -> str:
+    """The qualified name of the decoder a multimodal model hands its embeddings to (``get_decoder()``)."""
+    get = getattr(model, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    if decoder is None or decoder is model:
+        raise GenerationError(f"{type(model).__name__} names no decoder (get_decoder()) to hand embeddings to: the "
+                              "static form of a model whose prompt takes more than token ids needs one")
+    for name, module in model.named_modules():
+        if module is decoder:
+            return name
+    raise GenerationError(f"{type(model).__name__}.get_decoder() is not a submodule of the model")
+
+
+def _stand_in_output(embeds: torch.Tensor):
+    """The decoder's output as the rest of the forward reads it: the embeddings as hidden states, None for
+    any other field it asks for (a MoE decoder's router_logits)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    class StandIn(BaseModelOutputWithPast):
+        def __getattr__(self, name: str):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return None
+
+    return StandIn(last_hidden_state=embeds)
+
+
+class PrefillEmbeds(torch.nn.Module):
+    """``model(**inputs)`` up to its decoder call: returns what the decoder would have been given
+    (``inputs_embeds``, ``position_ids`` where the model passes them). The decoder is swapped, for the
+    call, for a stand-in returning the embeddings as its hidden states; the rest of the model's forward
+    (the head over them) is dead code the export drops."""
+
+    def __init__(self, model: torch.nn.Module, path: str):
+        super().__init__()
+        self.model = model
+        self.path = path
+        self.handed: dict[str, Any] = {}  # the last call's decoder kwargs (names and values), for the checks
+
+    def forward(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        decoder = self.model.get_submodule(self.path)
+        seen: dict[str, Any] = {}
+
+        def stand_in(*args, **kwargs):
+            if args:
+                raise GenerationError(f"{type(self.model).__name__} calls its decoder with positional arguments; "
+                                      "the embed component reads them by name")
+            seen.update(kwargs)
+            return _stand_in_output(kwargs["inputs_embeds"])
+
+        decoder.forward = stand_in
+        try:
+            self.model(**inputs, use_cache=False)
+        finally:
+            del decoder.forward  # the class's forward again
+        self.handed = seen
+        if not isinstance(seen.get("inputs_embeds"), torch.Tensor):
+            raise GenerationError(f"{type(self.model).__name__}'s forward hands its decoder no inputs_embeds")
+        out = {"inputs_embeds": seen["inputs_embeds"]}
+        if isinstance(seen.get("position_ids"), torch.Tensor):
+            out["position_ids"] = seen["position_ids"]
+        return out
+
+
+class TokenEmbeds(torch.nn.Module):
+    """The model's input embedding table over ``input_ids``: a new token's ``inputs_embeds``."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"inputs_embeds": self.model.get_input_embeddings()(input_ids)}
+
+
+def prefill_embeds(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]) -> tuple[PrefillEmbeds, dict[str, torch.Tensor]]:
+    """The embed component and its outputs at ``inputs``, checked to hand the decoder nothing the step
+    cannot take."""
+    module = PrefillEmbeds(model, decoder_path(model)).eval()
+    with torch.no_grad():
+        out = module(**inputs)
+    other = sorted(k for k, v in module.handed.items() if k not in EMBED_PASSES and isinstance(v, torch.Tensor))
+    if other:
+        raise GenerationError(f"{type(model).__name__}'s forward hands its decoder {other} beside the embeddings; the "
+                              "static step over embeddings takes inputs_embeds and positions only")
+    return module, out
