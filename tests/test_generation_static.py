@@ -282,3 +282,21 @@ def test_a_prompt_with_image_features_runs_over_embeddings(backend, tmp_path):
     assert torch.equal(load_generator(tmp_path).generate(**inputs, max_new_tokens=8), expected)
     with pytest.raises(GenerationError, match=r"takes \['pixel_values'\] with the prompt"):
         generator.generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=2)
+
+
+def test_a_model_that_branches_on_one_token_runs_token_by_token():
+    """AriaText's MoE puts ``S * Min(32, 32 * S) == 32 * S`` on the sequence, which torch cannot prove over
+    S in [1, max_cache_len] (a constraint violation; Lfm2, Llama4 and Mllama put ``S != 1``): the step is
+    exported at one token a call, and the loop feeds the prompt token by token. Before: the export failed."""
+    from sweeps.generate import generate_inputs
+    from sweeps.runner import reference
+
+    tiny = reference("AriaTextForCausalLM", init_range=0.2).tiny
+    model, inputs = tiny.model, generate_inputs(tiny.inputs)
+    generator = get_exporter("dynamo").export_for_generation(model, inputs, cache="static", max_cache_len=24)
+    assert generator.token_by_token
+    assert generator.components["step"].extra_metadata["sequence_dim"].startswith("one token a call")
+    assert not any(generator.components["step"].dynamic_dims.values())
+    with torch.no_grad():
+        expected = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    assert torch.equal(generator.generate(**inputs, max_new_tokens=8), expected)

@@ -148,7 +148,8 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
         config = dataclasses.replace(config, constant_methods={**llm_runner_methods(model, generation, max_cache_len,
                                                                                     step.token_by_token),
                                                                **(config.constant_methods or {})})
-    artifact = exporter.export(step, example, config)
+    artifact = _export_step(exporter, step, example, config, lambda: step_example(
+        step, ids, inputs.get("attention_mask") if step.takes_mask else None, {k: inputs[k] for k in step.extras}, embedded))
     artifact.extra_metadata.update({"component": "step", "cache": "static", "max_cache_len": max_cache_len,
                                     "cache_state": state, "cache_layout": step.cache_shapes()})
     components["step"] = artifact
@@ -159,6 +160,30 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                            takes_mask=step.takes_mask, generation=generation, metadata=metadata,
                            token_by_token=step.token_by_token, extras=step.extras,
                            embed_inputs=embed_inputs)
+
+
+def _export_step(exporter, step, example: dict[str, torch.Tensor], config, retry_example):
+    """The step exported with its sequence as ``Dim("S", min=1)``. Where torch cannot take S over that range
+    (a model that branches on one token against many: ``32 * S != 32`` in a MoE's capacity, ``S != 1`` in
+    an attention path; torch reports a constraint violation), the step is exported at one token a call
+    (``token_by_token``, every dim fixed) and the loop feeds the prompt one token at a time through the
+    model's one-token path: ``retry_example()`` gives that example. Recorded as ``sequence_dim``."""
+    import dataclasses
+
+    try:
+        return exporter.export(step, example, config)
+    except Exception as exc:  # noqa: BLE001 - only torch's constraint violation is retried, the rest re-raised
+        if "Constraints violated" not in str(exc) or step.token_by_token:
+            raise
+        first = str(exc).splitlines()[0]
+    step.token_by_token = True
+    example = retry_example()
+    config = dataclasses.replace(config, dynamic_shapes=step_dynamic_shapes(step, example))
+    if "enable_dynamic_shape" in (getattr(config, "constant_methods", None) or {}):  # the LLM runner prefills token by token
+        config = dataclasses.replace(config, constant_methods={**config.constant_methods, "enable_dynamic_shape": False})
+    artifact = exporter.export(step, example, config)
+    artifact.extra_metadata["sequence_dim"] = f"one token a call: S over [1, {step.max_cache_len}] refused ({first})"
+    return artifact
 
 
 def _generation_dict(model) -> dict[str, Any]:
