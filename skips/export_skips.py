@@ -68,16 +68,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "count as a tensor, or the capture swaps each subclass for a form that carries it as one",
     ),
     ExportSkip(
-        classes=("T5ForConditionalGeneration",),
-        tests=("generate",),
-        variants=("static",),
-        stage="export",
-        reason="an encoder-decoder's cache is an EncoderDecoderCache (self-attention and cross-attention halves); "
-               "the static step (exporters/generation/static.py) builds a decoder-only StaticCache and refuses it "
-               "with a GenerationError naming the encoder-decoder. Remove when the static step holds an "
-               "EncoderDecoderCache of two StaticCaches and takes the encoder's outputs as an input",
-    ),
-    ExportSkip(
         classes=("MambaForCausalLM",),
         backends=("dynamo",),
         tests=("generate",),

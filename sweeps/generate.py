@@ -142,6 +142,7 @@ def _static_cache_pair(eager_cache, static_cache: dict[str, torch.Tensor], writt
 
     if not static_cache or eager_cache is None:
         return {}, {}
+    eager_cache = getattr(eager_cache, "self_attention_cache", eager_cache)  # an encoder-decoder's: its decoder's
     want = flatten_outputs({"past_key_values": eager_cache})
     got = {}
     for name, tensor in static_cache.items():
@@ -224,7 +225,9 @@ def _loop_takes(generator) -> set[str]:
     prefill's; the static step's forward calls take only tokens, positions and a mask, static_step_for checks),
     an attention mask (the loop checks it itself) and, where the prefill starts the decoder, decoder_input_ids."""
     if getattr(generator, "cache", None) == "static":
-        return {"input_ids", "attention_mask", *generator.extras, *(generator.embed_inputs or ())}
+        encoder = generator.encoder or {"inputs": (), "same": {}}
+        return {"input_ids", "attention_mask", *generator.extras, *(generator.embed_inputs or ()), *encoder["inputs"],
+                *encoder["same"].values(), *(("decoder_input_ids",) if generator.encoder else ())}
     takes = set(generator.prefill_inputs) | {"attention_mask"}
     if "decoder_start" in generator.prefill_rules.values():
         takes.add("decoder_input_ids")

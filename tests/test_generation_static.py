@@ -104,15 +104,35 @@ def test_limits_are_named_before_anything_runs(llama):
         get_exporter("dynamo").export_for_generation(llama, {"input_ids": ids}, cache="static", max_cache_len=4)
 
 
-def test_encoder_decoder_is_refused_by_name():
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_encoder_decoder_runs_its_decoder_one_token_a_call(backend, tmp_path):
+    """An encoder-decoder's static form: the encoder component, then a one-token decoder step over a static
+    self-attention cache, the encoder's outputs and mask an input of every call (before: refused as 'an
+    encoder-decoder'). The tokens equal eager's, the decoder's sequences as generate returns them, after a
+    save and load too; the encoder's input is required."""
     from transformers import BartConfig, BartForConditionalGeneration
 
-    model = BartForConditionalGeneration(BartConfig(vocab_size=48, d_model=16, encoder_layers=1, decoder_layers=1,
-                                                    encoder_attention_heads=2, decoder_attention_heads=2,
-                                                    encoder_ffn_dim=32, decoder_ffn_dim=32)).eval()
-    ids = torch.randint(3, 48, (1, 4))
-    with pytest.raises(GenerationError, match="BartForConditionalGeneration is an encoder-decoder"):
-        get_exporter("dynamo").export_for_generation(model, {"input_ids": ids}, cache="static")
+    from exporters import load_generator
+
+    torch.manual_seed(0)
+    model = BartForConditionalGeneration(BartConfig(
+        vocab_size=48, d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, init_std=1.0, forced_eos_token_id=None)).eval()
+    ids, mask = _prompt(2, 6, seed=5)
+    ids = ids % 48
+    generator = get_exporter(backend).export_for_generation(model, {"input_ids": ids, "attention_mask": mask},
+                                                            cache="static", max_cache_len=16)
+    assert sorted(generator.components) == ["encoder", "step"] and generator.token_by_token
+    assert not any(generator.components["step"].dynamic_dims.values())
+    with torch.no_grad():
+        expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    got = generator.generate(ids, mask, max_new_tokens=8)
+    assert torch.equal(got, expected), (got.tolist(), expected.tolist())
+    assert len(set(expected[:, 1:].flatten().tolist())) > 3, "degenerate tiny model"
+    generator.save(tmp_path)
+    assert torch.equal(load_generator(tmp_path).generate(ids, mask, max_new_tokens=8), expected)
+    with pytest.raises(GenerationError, match=r"takes \['input_ids'"):
+        generator.generate(None, mask, max_new_tokens=2)
 
 
 _LOAD = """

@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 
-from exporters.generation.capture import GenerationError, capture_generate, encoders_of
+from exporters.generation.capture import GenerationError, capture_generate, encoder_of, encoders_of
 from exporters.generation.component import FlatComponent, component_module, flat_call_inputs
 from exporters.generation.generator import GenerateOutput, Generator
 from exporters.generation.processors import check_supported
 from exporters.generation.runners import llm_runner_methods, vocab_size
-from exporters.generation.static import static_step_for, step_dynamic_shapes, step_example
+from exporters.generation.static import CrossAttention, StaticStep, static_step_for, step_dynamic_shapes, step_example
 from exporters.generation.static_embeds import TokenEmbeds, prefill_embeds
+from exporters.generation.static_encdec import encoder_spec, same_inputs
 from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.steps import TOKEN_INPUTS, Returned, check_no_module_state, infer_prefill_rules, infer_rules, record_returns
 
@@ -112,6 +113,8 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
 def _export_static(exporter, model, inputs, config, generation, max_cache_len: int) -> StaticGenerator:
     import dataclasses
 
+    if encoder_of(model) is not None:
+        return _export_static_encoder_decoder(exporter, model, inputs, config, generation, max_cache_len)
     ids = inputs.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise GenerationError("the static cache form takes input_ids [batch, prompt] (a decoder-only model)")
@@ -160,6 +163,54 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                            takes_mask=step.takes_mask, generation=generation, metadata=metadata,
                            token_by_token=step.token_by_token, extras=step.extras,
                            embed_inputs=embed_inputs)
+
+
+def _export_static_encoder_decoder(exporter, model, inputs, config, generation, max_cache_len: int) -> StaticGenerator:
+    """An encoder-decoder's static form: the ``encoder`` component and a one-token decoder ``step``
+    (exporters/generation/static_encdec.py)."""
+    import dataclasses
+
+    state = STATIC_STATE.get(exporter.backend)
+    if state is None:
+        raise GenerationError(f"no static cache form for backend {exporter.backend!r}; known: {sorted(STATIC_STATE)}")
+    name = type(model).__name__
+    calls, encoder_calls, _ = capture_generate(model, inputs, CAPTURED_STEPS)
+    given = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    encoder_call = _encoder_calls(model, encoder_calls, given)
+    prefill = calls[0]
+    if list(encoder_call) != ["encoder"] or _prefill_tree_rules(model, prefill, encoder_call).get("encoder_outputs") != "encoder":
+        raise GenerationError(f"{name}'s decoder does not take its encoder's outputs as encoder_outputs, from one encoder "
+                              f"call ({sorted(encoder_call)}); the static encoder-decoder form needs that")
+    if not all("past_key_values" in c.trees for c in calls[1:]):
+        raise GenerationError(f"{name}.generate passes its decoder no past_key_values")
+    same = same_inputs(name, calls, given)
+    leaves, layout = prefill.trees["encoder_outputs"]
+    ids = prefill.tensors["decoder_input_ids"]
+    if ids.shape[1] + 1 > max_cache_len:
+        raise GenerationError(f"the decoder prompt ({ids.shape[1]} tokens) does not fit max_cache_len={max_cache_len}")
+    cross_example = {**{f"encoder_outputs__{i}": leaf for i, leaf in enumerate(leaves)},
+                     **{step_name: prefill.tensors[arg] for step_name, arg in same.items()}}
+    step = StaticStep(model, int(ids.shape[0]), max_cache_len, state, takes_positions=False, takes_mask=False,
+                      cross=CrossAttention(layout, len(leaves), same, cross_example)).eval()
+    config = config if config is not None else exporter.config_class()
+    fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None, accept_size_one=False)
+    owner, method = encoders_of(model)["encoder"]
+    call = encoder_call["encoder"]
+    encoder = exporter.export(FlatComponent(component_module(owner, method), call).eval(),
+                              {**flat_call_inputs(call), **call.constants}, fixed)
+    example = {"input_ids": ids[:, :1], "cache_position": torch.tensor([0]), **cross_example,
+               **(step.initial_cache() if state == "inputs" else {})}
+    artifact = exporter.export(step, example, dataclasses.replace(fixed, dynamic_shapes={k: None for k in example}))
+    for label, a in (("encoder", encoder), ("step", artifact)):
+        a.extra_metadata.update({"component": label, "cache": "static"})
+    artifact.extra_metadata.update({"max_cache_len": max_cache_len, "cache_state": state, "cache_layout": step.cache_shapes()})
+    components = {"encoder": encoder, "step": artifact}
+    metadata = {"model_class": name, "cache": "static", "vocab_size": vocab_size(model),
+                "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
+    return StaticGenerator(components, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
+                           cache_shapes=step.cache_shapes(), takes_positions=False, takes_mask=False,
+                           generation=generation, metadata=metadata, token_input="decoder_input_ids",
+                           token_by_token=True, encoder=encoder_spec(call, same))
 
 
 def _export_step(exporter, step, example: dict[str, torch.Tensor], config, retry_example):

@@ -72,7 +72,7 @@ def _is_linear(layer) -> bool:
 
 
 def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype,
-                  cache_arg: str = "past_key_values"):
+                  cache_arg: str = "past_key_values", cross: CrossAttention | None = None):
     from transformers.cache_utils import (
         DummyLayer,
         LinearAttentionAndStaticFullAttentionLayer,
@@ -82,7 +82,8 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
         StaticSlidingWindowLayer,
     )
 
-    cache = _step_cache_class()(config=model.config, max_cache_len=max_cache_len)
+    config = model.config.get_text_config(decoder=True) if cross is not None else model.config
+    cache = _step_cache_class()(config=config, max_cache_len=max_cache_len)
     for i, layer in enumerate(cache.layers):
         if type(layer) is StaticSlidingWindowLayer:
             # a full-length layer: the model's sliding-window mask (from its config's layer types, over
@@ -102,8 +103,12 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
     # the lazily sized cache, then every slot zeroed again
     try:
         with torch.no_grad():
-            model(input_ids=torch.zeros(batch, 1, dtype=torch.long), cache_position=torch.tensor([0]),
-                  **{cache_arg: cache}, use_cache=True, logits_to_keep=1)
+            token = torch.zeros(batch, 1, dtype=torch.long)
+            if cross is None:
+                model(input_ids=token, cache_position=torch.tensor([0]), **{cache_arg: cache}, use_cache=True,
+                      logits_to_keep=1)
+            else:
+                model(**cross.model_kwargs(token, cross.example, cache), cache_position=torch.tensor([0]), use_cache=True)
     except Exception as exc:  # noqa: BLE001 - the model refuses a one-token call over its static cache
         raise GenerationError(f"{type(model).__name__}: one token over a static cache fails ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}), so its layers cannot be sized") from exc
@@ -152,12 +157,39 @@ def _set_layer_tensor(layer, part: str, tensor: torch.Tensor) -> None:
         getattr(layer, f"{kind}_states")[int(j)] = tensor
 
 
+class CrossAttention:
+    """An encoder-decoder's step: the decoder's own tokens (``decoder_input_ids``) over the static self-attention
+    cache, and, at every call, the encoder's outputs (inputs ``encoder_outputs__<i>``, rebuilt as ``layout``) and
+    the inputs generate passes unchanged to every decoder call (``same``: step input name -> forward argument,
+    the encoder's mask as ``encoder_attention_mask`` -> ``attention_mask``). The cross-attention keys and values
+    are computed from the encoder outputs at each call into a fresh cache (``is_updated`` False): the step
+    keeps no cross-attention state, so the encoder's outputs are an input, not a buffer."""
+
+    def __init__(self, layout, count: int, same: Mapping[str, str], example: Mapping[str, torch.Tensor]):
+        self.layout, self.count, self.same = layout, count, dict(same)
+        self.example = dict(example)  # the step inputs besides tokens: for sizing the cache
+
+    def names(self) -> list[str]:
+        return [f"encoder_outputs__{i}" for i in range(self.count)] + list(self.same)
+
+    def model_kwargs(self, token: torch.Tensor, given: Mapping[str, torch.Tensor], cache) -> dict[str, Any]:
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+        from exporters.generation.capture import unflatten_tree
+
+        leaves = [given[f"encoder_outputs__{i}"] for i in range(self.count)]
+        return {"decoder_input_ids": token, "encoder_outputs": unflatten_tree(leaves, self.layout),
+                **{arg: given[name] for name, arg in self.same.items()},
+                "past_key_values": EncoderDecoderCache(cache, DynamicCache())}
+
+
 class StaticStep(torch.nn.Module):
     """``model`` over a static cache held by this module: see the module docstring."""
 
     def __init__(self, model: torch.nn.Module, batch: int, max_cache_len: int, state: str = "buffers",
                  takes_positions: bool = True, takes_mask: bool = True, reads_mask: bool = False,
-                 extras: Mapping[str, str] | None = None, cache_arg: str = "past_key_values", embeds: bool = False):
+                 extras: Mapping[str, str] | None = None, cache_arg: str = "past_key_values", embeds: bool = False,
+                 cross: CrossAttention | None = None):
         """``takes_positions``: the model reads ``position_ids``; ``takes_mask``: it reads an attention
         mask; ``extras``: the other per-token inputs generate passes (``token_type_ids``), each ``[batch, S]``
         like ``input_ids``, by the rule the loop derives its next value with (``per_token_extras``). A step
@@ -165,7 +197,8 @@ class StaticStep(torch.nn.Module):
         ``cache_position``, and gives the model ``position_ids = cache_position``: the two inputs, in
         that order, that ExecuTorch's LLM runner passes. ``cache_arg``: the forward argument the cache goes
         in by (``CACHE_ARGS``). ``embeds``: the step takes ``inputs_embeds`` ``[batch, S, hidden]`` instead of
-        ``input_ids`` (exporters/generation/static_embeds.py)."""
+        ``input_ids`` (exporters/generation/static_embeds.py). ``cross``: an encoder-decoder's step
+        (``CrossAttention``), one decoder token a call."""
         super().__init__()
         if state not in STATE_FORMS:
             raise GenerationError(f"state={state!r}: the static step keeps its cache as one of {STATE_FORMS}")
@@ -175,16 +208,17 @@ class StaticStep(torch.nn.Module):
         self.takes_positions, self.takes_mask = takes_positions, takes_mask
         self.extras = dict(extras or {})
         self.embeds = embeds
-        self.runner_form = batch == 1 and not takes_mask and not self.extras and not embeds
+        self.cross = cross
+        self.runner_form = batch == 1 and not takes_mask and not self.extras and not embeds and cross is None
         # the model's generate passes a mask, which a runner does not give: the step builds it from the
         # cache position (every slot written so far), as generate's all-ones mask for one unpadded row
         self.inner_mask = self.runner_form and reads_mask
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.cache_arg = cache_arg
-        self._cache = _static_cache(model, batch, max_cache_len, dtype, cache_arg)
+        self._cache = _static_cache(model, batch, max_cache_len, dtype, cache_arg, cross)
         self.layer_count = len(self._cache.layers)
         # linear-attention states run one token a call: the model's state update is its one-token path
-        self.token_by_token = any(_is_linear(layer) for layer in self._cache.layers)
+        self.token_by_token = cross is not None or any(_is_linear(layer) for layer in self._cache.layers)
         self._parts = [list(_layer_tensors(layer)) for layer in self._cache.layers]
         for i, layer in enumerate(self._cache.layers):
             if state == "buffers":
@@ -210,7 +244,8 @@ class StaticStep(torch.nn.Module):
         # a linear-attention state is a running sum, not slots a position masks: the call at position 0
         # starts it from zero (a new sequence over the state the last one left in the program)
         fresh = (cache_position[0] > 0) if self.token_by_token and self.state == "buffers" else None
-        cache = {k: v for k, v in given.items() if k not in self.extras and k != "inputs_embeds"}
+        taken = set(self.extras) | {"inputs_embeds"} | set(self.cross.names() if self.cross is not None else ())
+        cache = {k: v for k, v in given.items() if k not in taken}
         for i, layer in enumerate(self._cache.layers):
             for part in self._parts[i]:
                 if self.state == "inputs":  # updated in place on a copy, returned as the next call's input
@@ -233,7 +268,11 @@ class StaticStep(torch.nn.Module):
         elif self.inner_mask:
             slots = torch.arange(self.max_cache_len, device=cache_position.device)
             kwargs["attention_mask"] = (slots <= cache_position[-1]).long().unsqueeze(0)
-        out = self.model(**kwargs, **{self.cache_arg: self._cache}, use_cache=True, logits_to_keep=1, return_dict=True)
+        if self.cross is not None:  # the decoder's token, the encoder's outputs, a fresh cross-attention cache
+            out = self.model(**self.cross.model_kwargs(input_ids, given, self._cache), cache_position=cache_position,
+                             use_cache=True, return_dict=True)
+        else:
+            out = self.model(**kwargs, **{self.cache_arg: self._cache}, use_cache=True, logits_to_keep=1, return_dict=True)
         outputs = {"logits": out.logits[:, -1, :]}
         for i, layer in enumerate(self._cache.layers):
             for part, tensor in _layer_tensors(layer).items():

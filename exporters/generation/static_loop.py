@@ -26,7 +26,8 @@ class StaticGenerator:
     per-token inputs shaped like ``input_ids`` (``token_type_ids``) the caller gives with the prompt, each
     by the step rule that gives its next value (exporters/generation/static.py, ``per_token_extras``);
     ``embed_inputs``: where the step takes embeddings, the caller's inputs the ``embed`` component takes
-    (exporters/generation/static_embeds.py), None where it takes token ids."""
+    (exporters/generation/static_embeds.py), None where it takes token ids; ``encoder``: an encoder-decoder's
+    encoder component, its inputs and outputs (exporters/generation/static_encdec.py), else None."""
 
     cache = "static"
 
@@ -34,7 +35,7 @@ class StaticGenerator:
                  cache_shapes: Mapping[str, tuple[int, ...]], takes_positions: bool, takes_mask: bool,
                  generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None, token_input: str = "input_ids",
                  token_by_token: bool = False, extras: Mapping[str, str] | None = None,
-                 embed_inputs: list[str] | None = None):
+                 embed_inputs: list[str] | None = None, encoder: Mapping[str, Any] | None = None):
         self.components = dict(components)
         self.batch, self.max_cache_len, self.state = batch, max_cache_len, state
         self.cache_shapes = {k: tuple(v) for k, v in cache_shapes.items()}
@@ -46,6 +47,7 @@ class StaticGenerator:
         self.token_by_token = token_by_token
         self.extras = dict(extras or {})
         self.embed_inputs = list(embed_inputs) if embed_inputs is not None else None
+        self.encoder = dict(encoder) if encoder is not None else None
         self.rules = {"input_ids": "token", "cache_position": "next_position", **self.extras}
         if takes_positions:
             self.rules["position_ids"] = "next_position"
@@ -108,6 +110,18 @@ class StaticGenerator:
                  **other: torch.Tensor) -> torch.Tensor | GenerateOutput:
         """Greedy generation through the step artifact; arguments as ``Generator.generate``."""
         max_new_tokens = max_new_tokens if max_new_tokens is not None else self.generation.get("max_new_tokens") or 20
+        if self.encoder is not None:  # an encoder-decoder: the encoder, then the decoder one token a call
+            from exporters.generation.static_encdec import generate_encoder_decoder
+
+            if max_new_tokens < 1:
+                raise GenerationError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+            eos, pad = end_and_pad(self.generation, eos_token_id, pad_token_id)
+            given = {k: v for k, v in {"input_ids": input_ids, "attention_mask": attention_mask, **other}.items()
+                     if v is not None}
+            sequences, step_logits, cache = generate_encoder_decoder(self, given, max_new_tokens, eos, pad, teacher_tokens)
+            if not return_dict_in_generate:
+                return sequences
+            return GenerateOutput(sequences, tuple(step_logits) if output_logits else (), cache, len(step_logits))
         self._check(input_ids, attention_mask, max_new_tokens, other)
         eos, pad = end_and_pad(self.generation, eos_token_id, pad_token_id)
         batch, prompt = input_ids.shape
@@ -202,7 +216,7 @@ class StaticGenerator:
                "batch": self.batch, "max_cache_len": self.max_cache_len, "state": self.state,
                "cache_shapes": self.cache_shapes, "takes_positions": self.takes_positions,
                "takes_mask": self.takes_mask, "token_input": self.token_input, "token_by_token": self.token_by_token,
-               "extras": self.extras, "embed_inputs": self.embed_inputs,
+               "extras": self.extras, "embed_inputs": self.embed_inputs, "encoder": self.encoder,
                "generation": self.generation,
                **self.metadata}
         path = os.path.join(directory, GENERATOR_FILE)

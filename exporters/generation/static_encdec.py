@@ -1,0 +1,93 @@
+"""The static cache form of an encoder-decoder: two components, ``encoder`` (the encoder ``generate`` runs
+once, exported from its captured call as in the dynamic form) and ``step`` (the decoder, one token a call,
+over a static self-attention cache; the encoder's outputs and the inputs generate passes unchanged to every
+decoder call are inputs of each call: ``CrossAttention`` in static.py).
+
+The loop runs the encoder over the caller's inputs, then the decoder prompt ``generate`` starts from (the
+decoder start token, then any ``decoder_input_ids`` the caller gives) one token a call, then one new token a
+call. It returns the decoder's sequences, as the model's ``generate`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from exporters.generation.capture import GenerationError
+from exporters.generation.processors import greedy_token
+from exporters.generation.steps import derive_prefill_input
+
+# generate's decoder-call inputs the step sets itself, or that a one-token decoder call does not need
+STEP_SET = ("decoder_input_ids", "cache_position", "past_key_values", "use_cache", "return_dict", "output_attentions",
+            "output_hidden_states", "logits_to_keep")
+
+
+def same_inputs(model_name: str, calls, given: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """The tensors generate passes to every decoder call unchanged, each the caller's input of the same name
+    (the encoder's attention mask): ``{step input name: forward argument}``; the step input is prefixed
+    ``encoder_`` where the name is one of the step's own. Anything else a decoder call takes is refused by name."""
+    same = {}
+    for name, value in calls[0].tensors.items():
+        if name in STEP_SET:
+            continue
+        if not all(name in c.tensors and torch.equal(c.tensors[name], value) for c in calls[1:]) \
+                or name not in given or not torch.equal(given[name], value):
+            raise GenerationError(f"{model_name}.generate passes {name!r} to its decoder calls, changed from call to call "
+                                  "or not as the caller gave it; the static encoder-decoder step takes the decoder's "
+                                  "token, the encoder's outputs and unchanged caller inputs only")
+        same[f"encoder_{name}" if name in ("input_ids", "attention_mask", "position_ids") else name] = name
+    other = sorted(k for c in calls for k in c.trees if k not in ("encoder_outputs", "past_key_values"))
+    if other:
+        raise GenerationError(f"{model_name}.generate passes {other} to its decoder; the static encoder-decoder step "
+                              "takes encoder_outputs and its own cache only")
+    return same
+
+
+def generate_encoder_decoder(gen, given: dict[str, torch.Tensor], max_new_tokens: int, eos, pad,
+                             teacher_tokens: torch.Tensor | None):
+    """The loop (module docstring) for a ``StaticGenerator`` with ``encoder`` set; returns (sequences, logits
+    per step, the last cache)."""
+    spec = gen.encoder
+    missing = [k for k in [*spec["inputs"], *spec["same"].values()] if given.get(k) is None]
+    if missing:
+        raise GenerationError(f"the encoder-decoder generator takes {missing} (the encoder's inputs, as at export); "
+                              "not given")
+    encoded = gen.components["encoder"](**{k: given[k] for k in spec["inputs"]})
+    fixed = {f"encoder_outputs__{i}": encoded[name] for i, name in enumerate(spec["outputs"])}
+    fixed.update({step_name: given[name] for step_name, name in spec["same"].items()})
+    ids = derive_prefill_input("decoder_start", given, gen.generation)
+    batch, prompt = ids.shape
+    if batch != gen.batch:
+        raise GenerationError(f"the batch is {batch}; this static cache was exported for batch {gen.batch} exactly")
+    if prompt + max_new_tokens - 1 > gen.max_cache_len:
+        raise GenerationError(f"a decoder prompt of {prompt} plus max_new_tokens={max_new_tokens} needs "
+                              f"{prompt + max_new_tokens - 1} cache slots; max_cache_len is {gen.max_cache_len}")
+    step = gen.components["step"]
+    cache = {k: torch.zeros(s) for k, s in gen.cache_shapes.items()} if gen.state == "inputs" else {}
+    for t in range(prompt - 1):
+        _, cache = gen._call(step, {"input_ids": ids[:, t:t + 1], "cache_position": torch.tensor([t]), **fixed}, cache)
+    unfinished = torch.ones(batch, dtype=torch.bool)
+    token_in, new_tokens, step_logits = ids[:, -1:], [], []
+    for i in range(max_new_tokens):
+        outputs, cache = gen._call(step, {"input_ids": token_in, "cache_position": torch.tensor([prompt - 1 + i]),
+                                          **fixed}, cache)
+        logits = outputs["logits"]
+        token = greedy_token(gen.generation, logits, length=prompt + i, prompt_length=prompt,
+                             max_length=prompt + max_new_tokens, eos=eos, pad=pad, unfinished=unfinished,
+                             teacher=None if teacher_tokens is None else teacher_tokens[:, i],
+                             sequence=torch.cat([ids, *(t[:, None] for t in new_tokens)], dim=1),
+                             encoder_ids=given.get("input_ids"))
+        new_tokens.append(token)
+        step_logits.append(logits)
+        if not unfinished.any():
+            break
+        token_in = token[:, None]
+    return torch.cat([ids, torch.stack(new_tokens, dim=1)], dim=1), step_logits, cache
+
+
+def encoder_spec(call, same: Mapping[str, str]) -> dict[str, Any]:
+    """What the loop needs of the encoder component: its inputs (the caller's, by name), its outputs in the order
+    of the decoder's ``encoder_outputs__<i>`` inputs, and the ``same`` inputs."""
+    return {"inputs": list(call.tensors), "outputs": list(call.output_names), "same": dict(same)}
