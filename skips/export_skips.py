@@ -594,4 +594,18 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "much (test_generate dynamo/static at bb55dd9). Remove when GPTNeo indexes the bias by cache_position "
                "(or builds its local mask with masking_utils' sliding-window mask)",
     ),
+    ExportSkip(
+        classes=("NemotronHForCausalLM", "NemotronH_Omni_Reasoning_V3", "Nemotron3_5TranscribeForConditionalGeneration"),
+        tests=("generate",),
+        variants=("static",),
+        stage="compare",
+        reason="NemotronH's Mamba2 mixer computes a prompt and a one-token step two ways that disagree: the chunked "
+               "scan clamps dt to time_step_limit (torch.clamp(dt, min=time_step_min), "
+               "models/nemotron_h/modeling_nemotron_h.py:295, limit set at :414) and the one-token state update "
+               "(mamba2_selective_state_update, :555) does not. The static step holds linear-attention states, so it "
+               "feeds the prompt one token a call through the unclamped path, where eager's prefill clamps: the last "
+               "prompt logits differ by 2.0e-3 (NemotronH; 9.5e-4 Omni_V3, 1.7e-4 Transcribe; 1.8e-6 with the clamp "
+               "off in both; test_generate dynamo/static at bb55dd9). Remove when the one-token update clamps dt as "
+               "the scan does (or the static form runs the prompt through the model's multi-token path)",
+    ),
 )
