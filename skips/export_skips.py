@@ -154,17 +154,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "generator argument (or an eval-time switch to disable the always-on dropout)",
     ),
     ExportSkip(
-        classes=("BltForCausalLM", "BltModel"),
-        stage="export",
-        reason="entropy patching is data-dependent: BltPatcher.forward builds "
-               "torch.distributions.Categorical(logits=logits) (models/blt/modeling_blt.py:909), whose argument "
-               "validation branches on tensor values (Eq(u0, 1)), and the number of patches then comes from the "
-               "entropies (patch_starts[:, :max_valid_patches] at line 967, int(segment_counts.max().item()) in "
-               "process_patch_lengths at line 821). Remove when the patcher yields a fixed number of patches with a "
-               "mask (and validate_args=False), or the sweep passes precomputed patch_lengths so the patcher is not "
-               "traced",
-    ),
-    ExportSkip(
         classes=("VideoMAEForPreTraining",),
         variants=("dynamic",),
         stage="export",

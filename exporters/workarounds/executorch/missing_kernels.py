@@ -338,6 +338,12 @@ def _fix_scatter_reduce_by_segment(gm: torch.fx.GraphModule, node: torch.fx.Node
             amax:     values, order = topk(src, N, largest=False)   (ascending; amin: descending)
                       r = scatter(self, 0, index[order], values)     (an empty segment keeps self)
                       with self: maximum(r, self)                    (amin: minimum)
+
+    An n-D scatter whose index and src have one shape, equal to self's off ``dim`` (Blt pools byte
+    states into patches: scatter_reduce(zeros[B, P, D], 1, ids[B, T, D], h[B, T, D], "amax",
+    include_self=False)), is that 1-D one over flattened tensors (``_flatten_scatter``): ``dim`` moved
+    first, element (i, r) of the other R positions goes to index[i, r] * R + r, and the result is
+    reshaped and permuted back.
     """
     if node.op != "call_function" or node.target is not torch.ops.aten.scatter_reduce.two:
         return False
@@ -345,15 +351,22 @@ def _fix_scatter_reduce_by_segment(gm: torch.fx.GraphModule, node: torch.fx.Node
     args = {"include_self": True, **dict(zip(names, node.args)), **node.kwargs}
     vals = [fake_val(args[k]) for k in ("self", "index", "src")]
     reduce, include_self = args["reduce"], args["include_self"]
-    if (reduce not in ("sum", "mean", "amax", "amin") or any(v is None or v.dim() != 1 for v in vals)
-            or args["dim"] not in (0, -1) or not vals[2].is_floating_point() or vals[1].dtype != torch.int64):
+    if (reduce not in ("sum", "mean", "amax", "amin") or any(v is None or v.dim() == 0 for v in vals)
+            or not vals[2].is_floating_point() or vals[1].dtype != torch.int64):
+        return False
+    rank = vals[0].dim()
+    dim = args["dim"] % rank if -rank <= args["dim"] < rank else None
+    if dim is None or (rank > 1 and not _scatters_whole_rows(vals, dim)):
         return False
     aten, made = torch.ops.aten, NewNodes(gm.graph)
     call = made.call
     self_, index, src = args["self"], args["index"], args["src"]
     with gm.graph.inserting_before(node):
-        if reduce in ("amax", "amin"):
+        if rank > 1:
+            self_, index, src, n, restore = _flatten_scatter(made, args["self"], index, src, dim, vals)
+        else:
             n = size_value(made, src, 0, vals[2].shape[0])
+        if reduce in ("amax", "amin"):
             ordered = call(aten.topk.default, src, n, 0, reduce == "amin", True)
             values, order = call(operator.getitem, ordered, 0), call(operator.getitem, ordered, 1)
             reduced = call(aten.scatter.src, self_, 0, call(aten.index_select.default, index, 0, order), values)
@@ -370,8 +383,54 @@ def _fix_scatter_reduce_by_segment(gm: torch.fx.GraphModule, node: torch.fx.Node
                                else call(aten.clamp_min.default, count, 1.0))
             if not include_self:
                 call(aten.where.self, call(aten.gt.Scalar, count, 0), reduced, self_)
+        if rank > 1:
+            restore(made[-1])
     replace_node(gm, node, made)
     return True
+
+
+def _scatters_whole_rows(vals, dim: int) -> bool:
+    """An n-D scatter_reduce whose index and src have one shape, equal to self's off ``dim`` (Blt's
+    patch pooling: ``zeros[B, P, D].scatter_reduce(1, patch_ids[B, T, 1].expand(B, T, D), h[B, T, D],
+    "amax", include_self=False)``): every element of src goes to the position of self that differs from
+    its own only along ``dim``, so the scatter is a 1-D one over the flattened tensors."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    self_val, index_val, src_val = vals
+    if not (self_val.dim() == index_val.dim() == src_val.dim()):
+        return False
+    return all(statically_known_true(a == b) for a, b in zip(index_val.shape, src_val.shape)) and all(
+        statically_known_true(index_val.shape[d] == self_val.shape[d]) for d in range(self_val.dim()) if d != dim)
+
+
+def _flatten_scatter(made: NewNodes, self_, index, src, dim: int, vals):
+    """``dim`` moved first and the rest flattened: self [S, R], index and src [N, R] with R the product of
+    the other sizes, and the target of element (i, r) is index[i, r] * R + r, so a 1-D scatter over
+    self.reshape(S * R). Returns the 1-D self, index, src, their length N * R, and a function that adds
+    the nodes turning a 1-D result back into self's layout."""
+    aten, call = torch.ops.aten, made.call
+    rank = vals[0].dim()
+    order = [dim, *(d for d in range(rank) if d != dim)]
+    inverse = [order.index(d) for d in range(rank)]
+    rest = [size_value(made, self_, d, vals[0].shape[d]) for d in order[1:]]
+    width = 1
+    for size in rest:
+        width = width * size if isinstance(width, int) and isinstance(size, int) else call(operator.mul, width, size)
+    length = size_value(made, index, dim, vals[1].shape[dim])
+    n = length * width if isinstance(length, int) and isinstance(width, int) else call(operator.mul, length, width)
+
+    def flat(x):
+        return call(aten.reshape.default, call(aten.permute.default, x, order), [-1])
+
+    offsets = call(aten.reshape.default, call(aten.arange.start_step, 0, width, 1, dtype=torch.int64), rest)
+    target = call(aten.add.Tensor, call(aten.mul.Tensor, call(aten.permute.default, index, order), width), offsets)
+    target = call(aten.reshape.default, target, [-1])
+
+    def restore(result):
+        rows = size_value(made, self_, dim, vals[0].shape[dim])
+        call(aten.permute.default, call(aten.reshape.default, result, [rows, *rest]), inverse)
+
+    return flat(self_), target, flat(src), n, restore
 
 
 
