@@ -597,4 +597,17 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "off in both; test_generate dynamo/static at bb55dd9). Remove when the one-token update clamps dt as "
                "the scan does (or the static form runs the prompt through the model's multi-token path)",
     ),
+    ExportSkip(
+        classes=("XLMWithLMHeadModel",),
+        tests=("generate",),
+        variants=("dynamic",),
+        stage="export",
+        reason="XLMWithLMHeadModel.prepare_inputs_for_generation (models/xlm/modeling_xlm.py:930-955) appends a "
+               "mask_token_id column to the ids and builds langs filled with lang_id, both from config values, at "
+               "every call, so the prefill's input_ids (prompt + mask token) and langs match no prefill rule "
+               "(GenerationError 'the prefill call of generate takes input_ids, which the caller does not give', "
+               "test_generate dynamo/dynamic at bc76b56). Remove when exporters/generation has prefill rules that "
+               "carry a value (append an id column, a tensor filled with an id) and a decode rule that puts the "
+               "chosen token before the trailing mask token (or XLM's generate feeds forward the plain ids)",
+    ),
 )
