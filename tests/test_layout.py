@@ -14,7 +14,9 @@ from exporters import utils
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_LINES = 600
 # modules allowed past MAX_LINES, each with why: data tables only
-DATA_TABLES: dict[str, str] = {}
+DATA_TABLES: dict[str, str] = {
+    "skips/export_skips.py": "EXPORT_SKIPS: one ExportSkip entry per cause (classes, scope, reason), data only",
+}
 
 
 def _python_files():
