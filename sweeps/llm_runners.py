@@ -44,7 +44,9 @@ def run_runner_case(case, record: Callable[[str, Any], None]) -> None:
     try:
         for init_range in GENERATE_INIT_RANGES:
             stage = "build"
-            model, inputs = _build(case, init_range)
+            model, inputs, notes = _build(case, init_range)
+            for k, v in notes.items():  # what the zoo gives generate unlike the forward
+                record(k, v)
             if "input_ids" not in inputs:
                 raise TypeError(f"{case.entry.class_name}'s zoo inputs hold no input_ids {sorted(inputs)}")
             prompt = inputs["input_ids"][:1]  # the runners feed one unpadded sequence
