@@ -79,11 +79,15 @@ class PrefillEmbeds(torch.nn.Module):
             seen.update(kwargs)
             return _stand_in_output(kwargs["inputs_embeds"])
 
+        own = vars(decoder).get("forward")  # an instance-level forward someone set: put back as it was
         decoder.forward = stand_in
         try:
             self.model(**inputs, use_cache=False)
         finally:
-            del decoder.forward  # the class's forward again
+            if own is not None:
+                decoder.forward = own
+            else:
+                del decoder.forward  # the class's forward again
         self.handed = seen
         if not isinstance(seen.get("inputs_embeds"), torch.Tensor):
             raise GenerationError(f"{type(self.model).__name__}'s forward hands its decoder no inputs_embeds")
