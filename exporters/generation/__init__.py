@@ -113,17 +113,17 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
 def _export_static(exporter, model, inputs, config, generation, max_cache_len: int) -> StaticGenerator:
     import dataclasses
 
+    state = STATIC_STATE.get(exporter.backend)
+    if state is None:
+        raise GenerationError(f"no static cache form for backend {exporter.backend!r}; known: {sorted(STATIC_STATE)}")
     if encoder_of(model) is not None:
-        return _export_static_encoder_decoder(exporter, model, inputs, config, generation, max_cache_len)
+        return _export_static_encoder_decoder(exporter, model, inputs, config, generation, max_cache_len, state)
     ids = inputs.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise GenerationError("the static cache form takes input_ids [batch, prompt] (a decoder-only model)")
     if ids.shape[1] > max_cache_len:
         raise GenerationError(f"input 'input_ids' dim 1 (prompt) is {ids.shape[1]}, longer than "
                               f"max_cache_len={max_cache_len}")
-    state = STATIC_STATE.get(exporter.backend)
-    if state is None:
-        raise GenerationError(f"no static cache form for backend {exporter.backend!r}; known: {sorted(STATIC_STATE)}")
     step = static_step_for(model, inputs, max_cache_len, state)
     missing = [k for k in step.extras if not isinstance(inputs.get(k), torch.Tensor)]
     if missing:
@@ -165,14 +165,12 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                            embed_inputs=embed_inputs)
 
 
-def _export_static_encoder_decoder(exporter, model, inputs, config, generation, max_cache_len: int) -> StaticGenerator:
+def _export_static_encoder_decoder(exporter, model, inputs, config, generation, max_cache_len: int,
+                                   state: str) -> StaticGenerator:
     """An encoder-decoder's static form: the ``encoder`` component and a one-token decoder ``step``
     (exporters/generation/static_encdec.py)."""
     import dataclasses
 
-    state = STATIC_STATE.get(exporter.backend)
-    if state is None:
-        raise GenerationError(f"no static cache form for backend {exporter.backend!r}; known: {sorted(STATIC_STATE)}")
     name = type(model).__name__
     calls, encoder_calls, _ = capture_generate(model, inputs, CAPTURED_STEPS)
     given = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}

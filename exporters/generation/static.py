@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped
+from exporters.generation.steps import apply_tensor_rule
 
 STATE_FORMS = ("buffers", "inputs")
 STEP_INPUTS = ("input_ids", "cache_position", "position_ids", "attention_mask")
@@ -326,8 +327,6 @@ def per_token_extras(calls: list[dict[str, Any]]) -> dict[str, str]:
     """The inputs besides the step's own that ``generate`` passes to every forward call as ``[batch, S]``
     tensors shaped like that call's ``input_ids`` (``token_type_ids``), each with the first rule of
     ``EXTRA_RULES`` that gives every call's value from the call before (checked on every pair)."""
-    from exporters.generation.steps import apply_tensor_rule
-
     ids = [c.get("input_ids") for c in calls]
     names = {k for c in calls for k in c if k not in STEP_INPUTS and k not in STEP_FLAGS}
     extras = {}
@@ -337,15 +336,15 @@ def per_token_extras(calls: list[dict[str, Any]]) -> dict[str, str]:
                    for v, i in zip(values, ids)):
             continue
         for rule in EXTRA_RULES:
-            if all(_rule_gives(apply_tensor_rule, rule, a, b) for a, b in zip(values, values[1:])):
+            if all(_rule_gives(rule, a, b) for a, b in zip(values, values[1:])):
                 extras[key] = rule
                 break
     return extras
 
 
-def _rule_gives(apply, rule: str, previous: torch.Tensor, current: torch.Tensor) -> bool:
+def _rule_gives(rule: str, previous: torch.Tensor, current: torch.Tensor) -> bool:
     try:
-        got = apply(rule, previous, previous[..., -1])
+        got = apply_tensor_rule(rule, previous, previous[..., -1])
     except (GenerationError, IndexError, RuntimeError):
         return False
     return got.shape == current.shape and torch.equal(got, current)

@@ -17,6 +17,7 @@ stops and names it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,9 +43,10 @@ def decoder_path(model: torch.nn.Module) -> str:
     raise GenerationError(f"{type(model).__name__}.get_decoder() is not a submodule of the model")
 
 
-def _stand_in_output(embeds: torch.Tensor):
-    """The decoder's output as the rest of the forward reads it: the embeddings as hidden states, None for
-    any other field it asks for (a MoE decoder's router_logits)."""
+@functools.cache
+def _stand_in_class():
+    """The decoder's output type as the rest of the forward reads it: the embeddings as hidden states, None
+    for any other field it asks for (a MoE decoder's router_logits). Made once (transformers imported lazily)."""
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
     class StandIn(BaseModelOutputWithPast):
@@ -53,7 +55,7 @@ def _stand_in_output(embeds: torch.Tensor):
                 raise AttributeError(name)
             return None
 
-    return StandIn(last_hidden_state=embeds)
+    return StandIn
 
 
 class PrefillEmbeds(torch.nn.Module):
@@ -77,7 +79,7 @@ class PrefillEmbeds(torch.nn.Module):
                 raise GenerationError(f"{type(self.model).__name__} calls its decoder with positional arguments; "
                                       "the embed component reads them by name")
             seen.update(kwargs)
-            return _stand_in_output(kwargs["inputs_embeds"])
+            return _stand_in_class()(last_hidden_state=kwargs["inputs_embeds"])
 
         own = vars(decoder).get("forward")  # an instance-level forward someone set: put back as it was
         decoder.forward = stand_in
