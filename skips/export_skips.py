@@ -271,13 +271,26 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
         classes=("MambaForCausalLM", "Mamba2ForCausalLM", "FalconMambaForCausalLM", "xLSTMForCausalLM",
                  "RwkvForCausalLM"),
         tests=("runner",),
+        variants=("dynamic",),
         stage="export",
         reason="the recurrent state is not a transformers Cache: Mamba, Mamba2, FalconMamba and xLSTM pass "
                "cache_params (a cache class of their own), Rwkv passes state; onnxruntime-genai's graph "
-               "(genai.py) rebuilds past_key_values and refuses them ('returns no past_key_values', at 86526eb), "
-               "and the static step ExecuTorch's runner loads refuses cache_params / state by name (at 95d2c43). "
-               "Remove when the static step and GenaiStep keep each model's own state tensors as their state "
-               "(buffers / conv and recurrent inputs), as they keep a LinearAttentionLayer's",
+               "(genai.py) rebuilds past_key_values and refuses them ('returns no past_key_values', at 86526eb). "
+               "Remove when GenaiStep keeps each model's own state tensors as its conv and recurrent inputs, as "
+               "it keeps a LinearAttentionLayer's",
+    ),
+    ExportSkip(
+        classes=("xLSTMForCausalLM", "RwkvForCausalLM"),
+        tests=("generate", "runner"),
+        variants=("static",),
+        stage="export",
+        reason="the static step (the .pte ExecuTorch's runner loads) holds a transformers StaticCache (past_key_values or "
+               "cache_params), and these two keep their state elsewhere: xLSTM's forward reads "
+               "cache_params.rnn_state, an attribute of its own xLSTMCache ('StepCache' object has no attribute "
+               "'rnn_state'), and Rwkv's generate passes state, a list of tensors, with no cache at all "
+               "(GenerationError 'passes [state] to forward', test_generate dynamo/static at bc76b56, test_runner "
+               "executorch at 705c599; Mamba, Mamba2 and FalconMamba pass there). Remove when the static step keeps "
+               "a model's own state tensors as buffers (xLSTMCache's rnn_state, Rwkv's state list)",
     ),
     ExportSkip(
         classes=("RecurrentGemmaForCausalLM", "MiniMaxForCausalLM"),
@@ -334,6 +347,20 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "length 1' (models/prophetnet/modeling_prophetnet.py), so no one graph can take the prompt at once "
                "and return a cache, as onnxruntime-genai's decoder does (export, at 86526eb). Remove when ProphetNet's "
                "decoder computes a multi-token step with a cache",
+    ),
+    ExportSkip(
+        classes=("CpmAntForCausalLM",),
+        backends=("onnx",),
+        variants=("dynamic",),
+        tests=("runner",),
+        stage="run",
+        reason="CpmAntModel.forward prepends config.prompt_length (32) learned prompt tokens to input_ids at every "
+               "call (models/cpmant/modeling_cpmant.py:606-617), so a call over S tokens writes S + 32 positions to "
+               "the cache; onnxruntime-genai allocates each present_* output as past + S positions and the run stops "
+               "('output present_0_key has shape {1,4,7,8} but the computed output shape is {1,4,39,8}', test_runner "
+               "onnx/genai at 705c599). genai_config.json has no key for a cache that grows by more than the tokens "
+               "fed. Remove when onnxruntime-genai lets the graph size its present outputs, or CpmAnt keeps its "
+               "prompt tokens out of the cache",
     ),
     # ── test_runner, both runners: generation settings and inputs a runner cannot express ──
     ExportSkip(
@@ -394,17 +421,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "past_key_values of type ...'), so the static step's StaticCache cannot be sized by a forward call "
                "(GenerationError at 11d4116). Remove when the static step builds MiniMax's own cache class and keeps "
                "its tensors as buffers",
-    ),
-    ExportSkip(
-        classes=("InklingForCausalLM", "Inkling2ForCausalLM"),
-        backends=("executorch",),
-        variants=("static",),
-        tests=("runner",),
-        stage="export",
-        reason="the model's own generate(cache_implementation='static') fails in eager PyTorch, before anything is "
-               "exported: 'The size of tensor a (4) must match the size of tensor b (8) at non-singleton dimension 3' "
-               "(Inkling2: 8 and 7) in its linear-attention + sliding-window layers over a static cache (at 95d2c43 "
-               "and 11d4116). Remove when transformers' static cache runs Inkling's generate",
     ),
     ExportSkip(
         classes=("KimiLinearForCausalLM",),
@@ -558,8 +574,7 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ),
     ExportSkip(
         classes=("MoshiForCausalLM",),
-        tests=("generate",),
-        variants=("dynamic",),
+        tests=("generate", "runner"),
         stage="compare",
         reason="Moshi's config sets sliding_window, so DynamicCache(config) builds DynamicSlidingWindowLayers that keep "
                "only the last sliding_window - 1 positions, but MoshiModel.forward masks with create_causal_mask "
@@ -567,12 +582,14 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "and each decode step only to what the cache kept (tiny config: window 4, prompt 7), while the "
                "generation export keeps every position (plain_sliding_layers) and leaves the window to the model's "
                "mask: teacher-forced logits differ from step 1 (abs err 3.19, test_generate dynamo/dynamic at "
-               "8f88f7d). Remove when MoshiModel builds create_sliding_window_causal_mask when config.sliding_window "
+               "8f88f7d; the static step keeps every position too: 3.19 at step 1, dynamo/static at bc76b56; both "
+               "runners give the same tokens, off eager's from step 2, test_runner at 705c599). Remove when "
+               "MoshiModel builds create_sliding_window_causal_mask when config.sliding_window "
                "is set (as Mistral does)",
     ),
     ExportSkip(
         classes=("GPTNeoForCausalLM",),
-        tests=("generate",),
+        tests=("generate", "runner"),
         variants=("static",),
         stage="compare",
         reason="GPTNeoSelfAttention._attn slices its causal/local-window bias as bias[:, :, key_length - query_length "
@@ -581,7 +598,8 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "rows take the bias rows of the cache's last positions and the local window lands elsewhere. The "
                "model's own generate(cache_implementation='static') differs from its default generate by 1.13 at "
                "step 0 (eager, tiny config window_size 4, prompt 7), and the static step, over the same cache, as "
-               "much (test_generate dynamo/static at bb55dd9). Remove when GPTNeo indexes the bias by cache_position "
+               "much (test_generate dynamo/static at bb55dd9; ExecuTorch's runner, over that step, differs from eager's "
+               "tokens at step 1, test_runner executorch at 705c599). Remove when GPTNeo indexes the bias by cache_position "
                "(or builds its local mask with masking_utils' sliding-window mask)",
     ),
     ExportSkip(
@@ -612,30 +630,53 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "chosen token before the trailing mask token (or XLM's generate feeds forward the plain ids)",
     ),
     ExportSkip(
-        classes=("CpmAntForCausalLM", "GitForCausalLM", "DeepseekV4ForCausalLM", "InklingForCausalLM",
+        classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "InklingForCausalLM",
                  "InklingForConditionalGeneration", "Inkling2ForCausalLM", "Inkling2ForConditionalGeneration",
                  "ProphetNetForCausalLM"),
-        tests=("generate",),
+        tests=("generate", "runner"),
         variants=("static",),
         stage="export",
         reason="the model's own generate(cache_implementation='static') fails before anything is exported, so there is "
-               "no static-cache call to read the step from (test_generate dynamo/static at bc76b56): CpmAnt prepends "
-               "prompt_length tokens the cache was not sized for (index_copy_(): index 9 out of bounds for size 9); Git "
-               "builds a 2-D mask where the static cache's is 4-D ('Tensors must have same number of dimensions: got 2 "
-               "and 4'); DeepseekV4 has no static layer for its compressed attention (KeyError "
+               "no static-cache call to read the step from (test_generate dynamo/static at bc76b56; the same errors in "
+               "test_runner executorch, whose .pte is that static step, at 95d2c43 and 705c599): CpmAnt prepends "
+               "prompt_length tokens the cache was not sized for (index_copy_(): index 9 out of bounds for size 9); "
+               "DeepseekV4 has no static layer for its compressed attention (KeyError "
                "'heavily_compressed_attention'); Inkling and Inkling2 mask over their own sliding lengths, not the static "
                "cache's ('size of tensor a (4) must match ... b (9) at non-singleton dimension 3'); ProphetNet's n-gram "
                "stream mask does not fit the static cache (dimension 5: 7 vs 9). Remove when each model's generate runs "
                "with a static cache (transformers)",
     ),
     ExportSkip(
-        classes=("BltForCausalLM", "EvollaForProteinText2Text", "MptForCausalLM"),
+        classes=("GitForCausalLM",),
         tests=("generate",),
+        variants=("static",),
+        stage="export",
+        reason="the model's own generate(cache_implementation='static') fails before anything is exported, so there is "
+               "no static-cache call to read the step from: Git builds a 2-D mask where the static cache's is 4-D "
+               "('Tensors must have same number of dimensions: got 2 and 4', test_generate dynamo/static at bc76b56). "
+               "Remove when Git's generate runs with a static cache (transformers)",
+    ),
+    ExportSkip(
+        classes=("GitForCausalLM",),
+        backends=("executorch",),
+        tests=("runner",),
+        variants=("static",),
+        stage="export",
+        reason="GitModel.forward branches in Python on the cache's length (models/git/modeling_git.py:839-852: past "
+               "length > 0 with a 2-D mask widens the mask by image_patch_tokens, for image tokens the cache would "
+               "hold), so one step cannot serve both the prompt (position 0) and the later calls: "
+               "GuardOnDataDependentSymNode 'u0 > 0' (test_runner executorch at 705c599). Remove when Git widens the "
+               "mask without a branch on the cache length (for example only when the cache holds image tokens)",
+    ),
+    ExportSkip(
+        classes=("BltForCausalLM", "EvollaForProteinText2Text", "MptForCausalLM"),
+        tests=("generate", "runner"),
         variants=("static",),
         stage="export",
         reason="with cache_implementation='static' their generate passes the model no cache at all (Mpt and Evolla "
                "re-feed the whole sequence each step, Blt's byte-level decoder builds its own), so there is no cache "
-               "for a static step to hold (GenerationError 'passes no cache', test_generate dynamo/static at bc76b56). "
-               "Remove when the model's generate keeps its state in the cache it is given",
+               "for a static step to hold (GenerationError 'passes no cache', test_generate dynamo/static at bc76b56; "
+               "test_runner executorch, the same step, at 705c599). Remove when the model's generate keeps its state "
+               "in the cache it is given",
     ),
 )

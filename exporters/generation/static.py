@@ -59,9 +59,23 @@ def _step_cache_class():
         mask is always built. In eager calls the cache stays compileable (there the test keeps a
         one-token query from dropping the mask over unwritten slots)."""
 
+        # the step's past length as an int while it is traced (StaticStep.forward sets it)
+        traced_past = None
+
         @property
         def is_compileable(self) -> bool:
             return not torch.compiler.is_exporting() and all(layer.is_compileable for layer in self.layers)
+
+        def get_seq_length(self, layer_idx: int = 0):
+            """A StaticLayer answers with its 0-d ``cumulative_length`` tensor. Models that build positions
+            from it (``torch.arange(past, past + S)``: RoFormer, TrOCR, Mvp) then read the tensor twice, as
+            two unbacked ints whose difference has no bound, and ExecuTorch's memory planning refuses the
+            ``u1 - u0`` size. While traced the step answers with one int, read once and bounded by the
+            cache (``traced_past``), so the size is ``S``."""
+            length = super().get_seq_length(layer_idx)
+            if self.traced_past is not None and isinstance(length, torch.Tensor):
+                return self.traced_past
+            return length
 
     return StepCache
 
@@ -258,6 +272,12 @@ class StaticStep(torch.nn.Module):
                 _set_layer_tensor(layer, part, tensor)
             if isinstance(layer, StaticLayer):
                 layer.cumulative_length = cache_position[0].clone()  # where this call writes; the mask's offset
+        self._cache.traced_past = None
+        if torch.compiler.is_exporting():
+            past = cache_position[0].item()
+            torch._check(past >= 0)
+            torch._check(past < self.max_cache_len)
+            self._cache.traced_past = past
         kwargs: dict[str, Any] = {"inputs_embeds": given["inputs_embeds"]} if self.embeds else {"input_ids": input_ids}
         kwargs.update({k: given[k] for k in self.extras})
         if self.runner_form and self.takes_positions:
