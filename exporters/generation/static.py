@@ -93,6 +93,7 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
         LinearAttentionAndStaticFullAttentionLayer,
         LinearAttentionAndStaticSlidingWindowAttentionLayer,
         LinearAttentionLayer,
+        StaticIndexedLayer,
         StaticLayer,
         StaticSlidingWindowLayer,
     )
@@ -109,10 +110,11 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
         elif type(layer) is LinearAttentionAndStaticSlidingWindowAttentionLayer:  # the same, beside its states
             cache.layers[i] = LinearAttentionAndStaticFullAttentionLayer(max_cache_len=max_cache_len,
                                                                          number_of_states=layer.number_of_states)
-        elif type(layer) not in (StaticLayer, LinearAttentionLayer, LinearAttentionAndStaticFullAttentionLayer, DummyLayer):
+        elif type(layer) not in (StaticLayer, StaticIndexedLayer, LinearAttentionLayer,
+                                 LinearAttentionAndStaticFullAttentionLayer, DummyLayer):
             raise GenerationError(f"{type(model).__name__}: static cache layer {i} is a {type(layer).__name__}; the "
-                                  "static step builds key/value (StaticLayer), linear-attention state and empty "
-                                  "(DummyLayer) layers only")
+                                  "static step builds key/value (StaticLayer, with an indexer's keys: "
+                                  "StaticIndexedLayer), linear-attention state and empty (DummyLayer) layers only")
     # each layer's shapes as the model writes them (per-layer head counts and sizes; keys and values of
     # different sizes under multi-head latent attention; conv and recurrent states): one eager token into
     # the lazily sized cache, then every slot zeroed again
@@ -148,11 +150,15 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
 
 
 def _layer_tensors(layer) -> dict[str, torch.Tensor]:
-    """A step cache layer's tensors by part: ``key`` / ``value`` for its attention, ``conv_<j>`` /
-    ``recurrent_<j>`` for its linear-attention states."""
-    from transformers.cache_utils import StaticLayer
+    """A step cache layer's tensors by part: ``key`` / ``value`` for its attention, ``indexer_key`` for a
+    sparse-attention indexer's keys (StaticIndexedLayer, DeepSeek-V3.2 DSA: ``[batch, max_cache_len,
+    index_head_dim]``, written at the same positions), ``conv_<j>`` / ``recurrent_<j>`` for its
+    linear-attention states."""
+    from transformers.cache_utils import StaticIndexedLayer, StaticLayer
 
     parts = {"key": layer.keys, "value": layer.values} if isinstance(layer, StaticLayer) else {}
+    if isinstance(layer, StaticIndexedLayer) and layer.is_indexer_initialized:
+        parts["indexer_key"] = layer.indexer_keys
     if _is_linear(layer):
         for j in range(layer.number_of_states):
             if layer.is_conv_states_initialized[j]:
@@ -167,6 +173,8 @@ def _set_layer_tensor(layer, part: str, tensor: torch.Tensor) -> None:
         layer.keys = tensor
     elif part == "value":
         layer.values = tensor
+    elif part == "indexer_key":
+        layer.indexer_keys = tensor
     else:
         kind, j = part.rsplit("_", 1)
         getattr(layer, f"{kind}_states")[int(j)] = tensor
@@ -254,7 +262,7 @@ class StaticStep(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor | None = None, cache_position: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 **given: torch.Tensor) -> dict[str, torch.Tensor]:
-        from transformers.cache_utils import StaticLayer
+        from transformers.cache_utils import StaticIndexedLayer, StaticLayer
 
         # a linear-attention state is a running sum, not slots a position masks: the call at position 0
         # starts it from zero (a new sequence over the state the last one left in the program)
@@ -267,11 +275,13 @@ class StaticStep(torch.nn.Module):
                     tensor = cache[f"past_{i}_{part}"].clone()
                 else:
                     tensor = getattr(self, f"cache_{i}_{part}")
-                    if fresh is not None and part not in ("key", "value"):
+                    if fresh is not None and part not in ("key", "value", "indexer_key"):
                         tensor = tensor * fresh.to(tensor.dtype)
                 _set_layer_tensor(layer, part, tensor)
             if isinstance(layer, StaticLayer):
                 layer.cumulative_length = cache_position[0].clone()  # where this call writes; the mask's offset
+            if isinstance(layer, StaticIndexedLayer) and layer.is_indexer_initialized:
+                layer.indexer_cumulative_length = cache_position[0].clone()  # the indexer writes there too
         self._cache.traced_past = None
         if torch.compiler.is_exporting():
             past = cache_position[0].item()
