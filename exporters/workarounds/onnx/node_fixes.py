@@ -234,3 +234,30 @@ def _fix_sym_numel_as_sizes(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bo
             total = new[-1]
     replace_node(gm, node, new)  # computes the new nodes' vals (exporters.utils.set_fake_val)
     return True
+
+
+_RESHAPES = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default)
+
+
+@register_fx_node_fix("onnx")
+def _fix_reshape_to_empty(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """A view to a shape with a literal 0 beside a dynamic size (``k_rot.view(b, 1, S, 0)`` where the
+    config's qk_rope_head_dim is 0: Glm5Next, MistralLarge4's language model) lowers to an ONNX Reshape
+    whose target the ONNX passes turn into ``[b, 1, -1, 0]``; ONNX Runtime refuses it at load ("Invalid
+    Target shape product of 0. Product cannot be 0 in combination with -1"). The tensor has no elements,
+    so nothing of the input is read: make it as zeros of the view's shape (ConstantOfShape), which keeps
+    every dim.
+
+    before: y = view(x, [b, 1, S, 0])    after: y = new_zeros(x, [b, 1, S, 0])
+    """
+    if node.op != "call_function" or node.target not in _RESHAPES or len(node.args) < 2:
+        return False
+    shape = node.args[1]
+    if not isinstance(shape, (list, tuple)) or 0 not in [d for d in shape if isinstance(d, int)]:
+        return False
+    if all(isinstance(d, int) for d in shape):  # a constant target: no -1 is made
+        return False
+    with gm.graph.inserting_before(node):
+        out = gm.graph.call_function(torch.ops.aten.new_zeros.default, (node.args[0], list(shape)))
+    replace_node(gm, node, (out,))
+    return True
