@@ -462,7 +462,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
         classes=("MusicgenForCausalLM",),
         tests=("generate",),
-        variants=("dynamic",),
         stage="export",
         reason="MusicgenForCausalLM.prepare_inputs_for_generation keeps only the last token whenever past_key_values "
                "is not None (models/musicgen/modeling_musicgen.py:789), and generate hands it an empty cache on the "
@@ -472,12 +471,13 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "8f88f7d, with the zoo's generate settings: decoder_start_token_id, num_return_sequences). Besides, "
                "its generate returns (batch, num_codebooks, length) sequences with the delay pattern applied and the "
                "pad ids filtered out, as MusicgenMelody's. Remove when Musicgen slices on the cache's length (or "
-               "is_first_iteration, as MusicgenMelody does) and exporters/generation reads codebook sequences",
+               "is_first_iteration, as MusicgenMelody does) and exporters/generation reads codebook sequences; static: "
+               "the item sizes its cache from those sequences and asks for max_cache_len=0 (GenerationError 'prompt is 7, "
+               "longer than max_cache_len=0'), test_generate dynamo/static at 5cb5c06",
     ),
     ExportSkip(
         classes=("MusicgenMelodyForCausalLM",),
         tests=("generate",),
-        variants=("dynamic",),
         stage="export",
         reason="MusicgenMelodyForCausalLM.generate returns the sequences reshaped to (batch, num_codebooks, length) "
                "after applying the delay pattern and filtering out every pad id (the decoder start included), so "
@@ -485,12 +485,12 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "size 1' in steps.infer_rules, test_generate dynamo/dynamic at 8f88f7d; its prompt's first position "
                "is the start id, as the delay pattern writes). Remove when exporters/generation reads the chosen "
                "tokens from the captured calls instead of the returned sequences (as Whisper's entry) and handles "
-               "codebook rows",
+               "codebook rows; static: the item sizes its cache from those sequences and asks for max_cache_len=0 "
+               "(GenerationError 'prompt is 7, longer than max_cache_len=0'), test_generate dynamo/static at 5cb5c06",
     ),
     ExportSkip(
         classes=("DiaForConditionalGeneration",),
         tests=("generate",),
-        variants=("dynamic",),
         stage="export",
         reason="Dia's generate (generation_dia.py) starts the decoder with (batch, 1, num_channels) ids built from "
                "a delay mask in _prepare_decoder_input_ids_for_generation, reshapes them to 2-D between steps and "
@@ -498,19 +498,22 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "match no prefill rule (the decoder_start rule makes (batch, 1); GenerationError 'the prefill call "
                "of generate takes decoder_input_ids, which the caller does not give', test_generate dynamo/dynamic "
                "at 8f88f7d). Remove when exporters/generation has a rule for channel-wise decoder starts and the "
-               "delay mask (or Dia's generate feeds forward the 2-D layout)",
+               "delay mask (or Dia's generate feeds forward the 2-D layout); static: the same Python-built decoder "
+               "inputs, GenerationError 'passes decoder_attention_mask to its decoder calls, changed from call to call', "
+               "test_generate dynamo/static at 5cb5c06",
     ),
     ExportSkip(
         classes=("XLNetLMHeadModel",),
         tests=("generate",),
-        variants=("dynamic",),
         stage="export",
         reason="XLNet's prepare_inputs_for_generation appends a dummy token to the prompt, builds perm_mask and "
                "target_mapping over it in Python, and each later step re-feeds the last two tokens plus a dummy "
                "with mems cut by two, so the prefill's input_ids (prompt + dummy) cannot be derived from the "
                "caller's (GenerationError 'the prefill call of generate takes input_ids, which the caller does not "
                "give', test_generate dynamo/dynamic at 8f88f7d). Remove when exporters/generation has rules for "
-               "an appended dummy token and a re-fed window (or XLNet's generate feeds forward one token a step)",
+               "an appended dummy token and a re-fed window (or XLNet's generate feeds forward one token a step); static: "
+               "GenerationError 'generate with a static cache passes [perm_mask, target_mapping] to forward', "
+               "test_generate dynamo/static at 5cb5c06",
     ),
     ExportSkip(
         classes=("Pop2PianoForConditionalGeneration", "VoxtralRealtimeForConditionalGeneration",
@@ -544,24 +547,25 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
         classes=("FSMTForConditionalGeneration",),
         tests=("generate",),
-        variants=("dynamic",),
         stage="export",
         reason="FSMTConfig defaults to num_beams=5 (models/fsmt/configuration_fsmt.py), so generate(do_sample=False) "
                "runs beam search, and the exported loop is greedy: check_supported refuses the setting by name "
                "(GenerationError 'generation config sets [num_beams] ...', test_generate dynamo/dynamic at 8f88f7d). "
-               "Remove when the generation loop implements beam search (reordering the cache by beam)",
+               "Remove when the generation loop implements beam search (reordering the cache by beam); static: "
+               "GenerationError 'generation config sets [num_beams]', test_generate dynamo/static at 5cb5c06",
     ),
     ExportSkip(
         classes=("Florence2ForConditionalGeneration",),
         tests=("generate",),
-        variants=("dynamic",),
         stage="export",
         reason="Florence2's _maybe_prepare_encoder_kwargs_for_generation (models/florence2/modeling_florence2.py) "
                "builds the encoder's inputs_embeds in Python (the text embeddings with get_image_features' pooled "
                "output scattered in) and calls the encoder with inputs_embeds alone, so the encoder component cannot "
                "take the caller's input_ids and pixel_values (GenerationError 'encoder takes [inputs_embeds], which "
                "the caller does not give', test_generate dynamo/dynamic at 8f88f7d). Remove when exporters/generation "
-               "exports that preparation as an encoder component (or the model does it inside a module)",
+               "exports that preparation as an encoder component (or the model does it inside a module); static: "
+               "GenerationError 'encoder takes [inputs_embeds], which the caller does not give', test_generate "
+               "dynamo/static at 5cb5c06",
     ),
     ExportSkip(
         classes=("Qwen2_5OmniThinkerForConditionalGeneration", "Qwen3OmniMoeThinkerForConditionalGeneration"),
@@ -574,6 +578,20 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "models/qwen3_omni_moe/modeling_qwen3_omni_moe.py:682): GuardOnDataDependentSymNode Eq(u0, 1) in "
                "unbind (test_generate dynamo/dynamic at 8f88f7d). Remove when the audio towers chunk with static "
                "shapes and a validity mask (a fixed chunk grid over the padded features), as for the forward skip",
+    ),
+    ExportSkip(
+        classes=("Pop2PianoForConditionalGeneration", "VoxtralRealtimeForConditionalGeneration"),
+        tests=("generate",),
+        variants=("static",),
+        stage="export",
+        reason="their generate builds the forward's inputs from the audio in Python, as in their dynamic entry: "
+               "Pop2Piano's encoder takes inputs_embeds its generate makes from the input features and the composer "
+               "embedding (GenerationError 'encoder takes [inputs_embeds], which the caller does not give'), "
+               "VoxtralRealtime's generate passes encoder_inputs_embeds and an encoder cache to every decoder call "
+               "(GenerationError 'generate with a static cache passes [encoder_inputs_embeds, "
+               "encoder_past_key_values] to forward'), test_generate dynamo/static at 5cb5c06. Remove when "
+               "exporters/generation exports the Python that builds these inputs as an encoder component (and a "
+               "static form carries VoxtralRealtime's streaming encoder cache)",
     ),
     ExportSkip(
         classes=("JetMoeForCausalLM",),
@@ -638,7 +656,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
         classes=("XLMWithLMHeadModel",),
         tests=("generate",),
-        variants=("dynamic",),
         stage="export",
         reason="XLMWithLMHeadModel.prepare_inputs_for_generation (models/xlm/modeling_xlm.py:930-955) appends a "
                "mask_token_id column to the ids and builds langs filled with lang_id, both from config values, at "
@@ -646,7 +663,9 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "(GenerationError 'the prefill call of generate takes input_ids, which the caller does not give', "
                "test_generate dynamo/dynamic at bc76b56). Remove when exporters/generation has prefill rules that "
                "carry a value (append an id column, a tensor filled with an id) and a decode rule that puts the "
-               "chosen token before the trailing mask token (or XLM's generate feeds forward the plain ids)",
+               "chosen token before the trailing mask token (or XLM's generate feeds forward the plain ids); static: "
+               "GenerationError 'generate with a static cache passes [langs, next_sequence_length] to forward', "
+               "test_generate dynamo/static at 5cb5c06",
     ),
     ExportSkip(
         classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "InklingForCausalLM",
