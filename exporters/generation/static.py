@@ -66,6 +66,16 @@ def _step_cache_class():
         def is_compileable(self) -> bool:
             return not torch.compiler.is_exporting() and all(layer.is_compileable for layer in self.layers)
 
+        @property
+        def is_initialized(self) -> bool:
+            """False, as for the lazily sized cache eager generate starts from. Models that build a prefix-LM
+            (bidirectional) mask on their first call only tell that call by the cache
+            (``is_first_iteration = past_key_values is None or not past_key_values.is_initialized``:
+            PaliGemma, HrmText, Molmo2), and the step's cache is always sized, so its prompt call got a
+            causal mask. At a later call the prefix's block ids, padded with -1 past the prompt, add
+            nothing for the new token. The layers' own ``is_initialized`` is unchanged."""
+            return False
+
         def get_seq_length(self, layer_idx: int = 0):
             """A StaticLayer answers with its 0-d ``cumulative_length`` tensor. Models that build positions
             from it (``torch.arange(past, past + S)``: RoFormer, TrOCR, Mvp) then read the tensor twice, as
