@@ -507,10 +507,17 @@ def test_runner_and_quantized_sections():
                stage="compare", error="ParityError: y: 40 quantization steps"),
         Result(nodeid="s/test_runner.py::test_runner[ort-genai-E]", outcome="fail", model_class="E",
                backend="onnx", variant="genai", stage="export", error="GenerationError: no cache"),
+        # xfails count among the rest, grouped by the cause that opens their entry's reason
+        *(Result(nodeid=f"s/test_runner.py::test_runner[ort-genai-{c}]", outcome="xfail", model_class=c,
+                 backend="onnx", variant="genai", reason=f"linear-attention layers in the cache: {c}'s evidence")
+          for c in ("F", "G")),
+        Result(nodeid="s/test_runner.py::test_runner[ort-genai-H]", outcome="xfail", model_class="H",
+               backend="onnx", variant="genai", reason="no cache at all (forward returns none); more"),
     ]
     md = Report(results, date="D", versions={}).markdown()
     assert "| test_quantized onnx/int8 | 3 | 4 | 75.0% | 1x `ParityError: y: 40 quantization steps` |" in md
-    assert "| test_runner onnx/genai | 0 | 1 | 0.0% | 1x `GenerationError: no cache` |" in md
+    assert ("| test_runner onnx/genai | 0 | 4 | 0.0% | 1x `GenerationError: no cache`; "
+            "2x xfail: linear-attention layers in the cache; 1x xfail: no cache at all |") in md
     # two SQNRs measured: min 7.7, max 31.5; one in the < 10 bin, one in 30-40; worst passing 2 steps
     assert "| test_quantized onnx/int8 | 2 | 7.7 |" in md and "| 1 | 0 | 0 | 1 | 0 | 2.0 | C |" in md
     assert "test_quantized onnx/int8, below 10 dB: B" in md

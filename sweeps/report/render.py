@@ -98,7 +98,8 @@ class Report:
             out += [f"## {title}", "", "| where | passed | built | pass % of built | top causes for the rest |",
                     "|---|---:|---:|---:|---|"]
             for row in rows:
-                causes = "; ".join(f"{sig.count}x `{_md(sig.error[:140])}`" for sig in row.causes) or "–"
+                causes = "; ".join([f"{sig.count}x `{_md(sig.error[:140])}`" for sig in row.causes]
+                                   + [f"{n}x xfail: {_md(head)}" for n, head in row.xfail_causes]) or "–"
                 out.append(f"| {row.column} | {row.counts['pass']} | {row.built} | {_pct(row.pass_pct)} | {causes} |")
             out.append("")
         return out

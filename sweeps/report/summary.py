@@ -274,6 +274,8 @@ class TestRow:
     counts: dict[str, int]
     built: int
     causes: list[Signature]        # the top failure signatures of this column's items
+    # the strict xfails by cause: (count, the entry reason's first clause), largest first
+    xfail_causes: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
     @property
     def pass_pct(self) -> float | None:
@@ -288,8 +290,20 @@ def test_rows(results: list[Result], test: str, top: int = 5) -> list[TestRow]:
         items = [r for r in results if r.column == column]
         counts = Counter(r.outcome for r in items)
         rows.append(TestRow(column, {o: counts.get(o, 0) for o in OUTCOMES}, sum(builds(r) for r in items),
-                            failure_signatures(items, top)))
+                            failure_signatures(items, top), xfail_causes(items, top)))
     return rows
+
+
+def xfail_causes(items: list[Result], top: int = 5) -> list[tuple[int, str]]:
+    """The xfailed items grouped by their skip entry's cause: the reason up to its first ':', ';' or ' (' (an
+    entry's reasons open with the cause and go on with the evidence), at most 100 characters."""
+    heads = Counter()
+    for r in items:
+        if r.outcome == "xfail":
+            reason = (r.reason or "no reason recorded").strip()
+            cut = min((i for i in (reason.find(":"), reason.find(";"), reason.find(" (")) if i > 0), default=len(reason))
+            heads[reason[:min(cut, 100)]] += 1
+    return [(n, head) for head, n in heads.most_common(top)]
 
 
 def _quantile(values: list[float], q: float) -> float:
