@@ -37,6 +37,8 @@ from exporters.generation.capture import GenerationError, encoder_of, forward_wr
 from exporters.generation.steps import apply_tensor_rule
 
 STATE_FORMS = ("buffers", "inputs")
+# the cache parts (``_layer_tensors``) of a linear-attention state, which a new sequence starts from zero
+LINEAR_PARTS = ("conv_", "recurrent_")
 STEP_INPUTS = ("input_ids", "cache_position", "position_ids", "attention_mask")
 # flags generate passes to forward that the step sets itself
 # the names a model's forward takes its cache by: past_key_values, or cache_params (state-space models)
@@ -276,7 +278,8 @@ class StaticStep(torch.nn.Module):
 
         # a linear-attention state is a running sum, not slots a position masks: the call at position 0
         # starts it from zero (a new sequence over the state the last one left in the program)
-        fresh = (cache_position[0] > 0) if self.token_by_token and self.state == "buffers" else None
+        start = cache_position[0]  # where this call writes
+        fresh = (start > 0) if self.token_by_token and self.state == "buffers" else None
         taken = set(self.extras) | {"inputs_embeds"} | set(self.cross.names() if self.cross is not None else ())
         cache = {k: v for k, v in given.items() if k not in taken}
         for i, layer in enumerate(self._cache.layers):
@@ -285,16 +288,16 @@ class StaticStep(torch.nn.Module):
                     tensor = cache[f"past_{i}_{part}"].clone()
                 else:
                     tensor = getattr(self, f"cache_{i}_{part}")
-                    if fresh is not None and part not in ("key", "value", "indexer_key"):
+                    if fresh is not None and part.startswith(LINEAR_PARTS):
                         tensor = tensor * fresh.to(tensor.dtype)
                 _set_layer_tensor(layer, part, tensor)
             if isinstance(layer, StaticLayer):
-                layer.cumulative_length = cache_position[0].clone()  # where this call writes; the mask's offset
+                layer.cumulative_length = start.clone()  # the mask's offset; a clone: the layer adds to it in place
             if isinstance(layer, StaticIndexedLayer) and layer.is_indexer_initialized:
-                layer.indexer_cumulative_length = cache_position[0].clone()  # the indexer writes there too
+                layer.indexer_cumulative_length = start.clone()  # the indexer's own count, added to in place too
         self._cache.traced_past = None
         if torch.compiler.is_exporting():
-            past = cache_position[0].item()
+            past = start.item()
             torch._check(past >= 0)
             torch._check(past < self.max_cache_len)
             self._cache.traced_past = past

@@ -253,9 +253,10 @@ def _fix_reshape_to_empty(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
     if node.op != "call_function" or node.target not in _RESHAPES or len(node.args) < 2:
         return False
     shape = node.args[1]
-    if not isinstance(shape, (list, tuple)) or 0 not in [d for d in shape if isinstance(d, int)]:
+    if not isinstance(shape, (list, tuple)):
         return False
-    if all(isinstance(d, int) for d in shape):  # a constant target: no -1 is made
+    literal = [d for d in shape if isinstance(d, int)]
+    if 0 not in literal or len(literal) == len(shape):  # no 0, or a constant target (no -1 is made)
         return False
     with gm.graph.inserting_before(node):
         out = gm.graph.call_function(torch.ops.aten.new_zeros.default, (node.args[0], list(shape)))
