@@ -353,3 +353,41 @@ def test_a_tensor_written_in_place_is_observed_as_it_is_read():
     assert name in patched.workarounds_fired and name not in plain.workarounds_fired
     assert sqnr_db(expected, patched.reference(x=x)["output"]) > 25
     assert sqnr_db(expected, plain.reference(x=x)["output"]) < 10
+
+
+def test_histogram_range_search_gives_upstreams_range_bit_for_bit():
+    """exporters/workarounds/quantization/histogram_search.py: the bulk-skipping range search returns
+    torchao's min and max exactly, on histograms calibrated from data (one and several calls, outliers),
+    on a single occupied bin, on two far-apart bins and on an empty histogram; and a quantized export
+    records that it fired."""
+    from torchao.quantization.pt2e.observer import HistogramObserver
+
+    from exporters.workarounds.quantization.histogram_search import range_search
+
+    g = torch.Generator().manual_seed(0)
+    observers = []
+    for data in ([torch.randn(4000, generator=g)], [torch.randn(3000, generator=g) ** 3, torch.randn(500, generator=g) * 9],
+                 [torch.rand(64, generator=g) - 0.2], [torch.zeros(10)]):
+        observer = HistogramObserver(dtype=torch.int8, qscheme=torch.per_tensor_symmetric, quant_min=-128, quant_max=127)
+        for x in data:
+            observer(x)
+        observers.append(observer)
+    for occupied in ([7], [3, 2040], []):
+        observer = HistogramObserver(dtype=torch.int8, qscheme=torch.per_tensor_symmetric, quant_min=-128, quant_max=127)
+        observer.histogram[occupied] = 5.0
+        observer.min_val.fill_(-1.5), observer.max_val.fill_(2.5)
+        observers.append(observer)
+    for observer in observers:
+        upstream = HistogramObserver._non_linear_param_search(observer)
+        fast = range_search(observer)
+        assert fast is not None
+        assert torch.equal(fast[0], upstream[0]) and torch.equal(fast[1], upstream[1]), (fast, upstream)
+    nan = HistogramObserver(dtype=torch.int8, qscheme=torch.per_tensor_symmetric, quant_min=-128, quant_max=127)
+    nan.histogram[0] = float("nan")
+    assert range_search(nan) is None  # left to upstream
+
+    x = torch.randn(2, 8, generator=g)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
+    exporter = get_exporter("dynamo")
+    artifact = exporter.export(model, {"input": x}, exporter.config_class(quantization=int8(calibration=[{"input": x}])))
+    assert any("HistogramObserver._non_linear_param_search" in name for name in artifact.workarounds_fired)
