@@ -717,4 +717,14 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "test_runner executorch, the same step, at 705c599). Remove when the model's generate keeps its state "
                "in the cache it is given",
     ),
+    ExportSkip(
+        classes=("OpenAIGPTLMHeadModel",),
+        tests=("generate",),
+        variants=("static",),
+        stage="export",
+        reason="no cache at all: with cache_implementation='static' its generate passes the model no cache and re-feeds "
+               "the whole sequence each step (next_sequence_length), so there is no cache for a static step to hold "
+               "(GenerationError 'passes no cache', test_generate dynamo/static). Remove when the model keeps a "
+               "key/value cache (transformers' Cache) in generate",
+    ),
 )

@@ -320,3 +320,18 @@ def test_a_model_that_branches_on_one_token_runs_token_by_token():
     with torch.no_grad():
         expected = model.generate(**inputs, max_new_tokens=8, do_sample=False)
     assert torch.equal(generator.generate(**inputs, max_new_tokens=8), expected)
+
+
+def test_fixed_inputs_are_the_tensors_every_call_passes_unchanged():
+    """A multimodal model's feature layout (Qwen2-Audio's feature_attention_mask) comes with every forward call,
+    unchanged: the embed component reads it with the prompt, the step over embeddings is not given it. An input
+    that changes between calls, or that a call leaves out, is not fixed."""
+    from exporters.generation.static import fixed_inputs
+
+    layout, ids = torch.ones(2, 5, dtype=torch.long), torch.arange(6).reshape(2, 3)
+    calls = [{"input_ids": ids, "feature_attention_mask": layout, "grown": ids, "once": ids, "use_cache": True},
+             {"input_ids": ids[:, :1], "feature_attention_mask": layout.clone(), "grown": ids[:, :1], "use_cache": True},
+             {"input_ids": ids[:, :1], "feature_attention_mask": layout.clone(), "grown": ids[:, :1] + 1}]
+    assert fixed_inputs(calls) == ["feature_attention_mask"]
+    calls[2]["feature_attention_mask"] = layout * 0
+    assert fixed_inputs(calls) == []

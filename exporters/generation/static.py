@@ -337,20 +337,23 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
         raise GenerationError(f"{name} is an encoder-decoder; the static cache form is built for decoder-only "
                               "models (use cache='dynamic')")
     calls = _forward_arguments(model, inputs)
+    cache_arg = next((a for a in CACHE_ARGS if all(a in call for call in calls[1:])), None)
+    if cache_arg is None:  # before the inputs: a model that re-reads the whole sequence passes more of them
+        raise GenerationError(f"{name}.generate(cache_implementation='static') passes no cache ({' or '.join(CACHE_ARGS)})")
     extras = per_token_extras(calls)
     # what generate passes to the prompt's call only (image or audio features): the step takes embeddings
     prompt_only = sorted(k for k in calls[0] if k not in STEP_INPUTS and k not in STEP_FLAGS and k not in extras
                          and not any(k in call for call in calls[1:]))
+    # with those, the features' layout generate passes unchanged to every call (feature_attention_mask,
+    # image_num_crops): the embed component reads it with the prompt; the step over embeddings is not given it
+    layout = fixed_inputs(calls) if prompt_only else []
     for call in calls:
         other = sorted(k for k in call if k not in STEP_INPUTS and k not in STEP_FLAGS and k not in extras
-                       and k not in prompt_only)
+                       and k not in prompt_only and k not in layout)
         if other:
             raise GenerationError(f"{name}.generate with a static cache passes {other} to forward; the static "
                                   f"step takes only {STEP_INPUTS}, past_key_values and per-token inputs "
                                   "[batch, S] beside input_ids whose next value a step rule gives")
-    cache_arg = next((a for a in CACHE_ARGS if all(a in call for call in calls[1:])), None)
-    if cache_arg is None:
-        raise GenerationError(f"{name}.generate(cache_implementation='static') passes no cache ({' or '.join(CACHE_ARGS)})")
     takes_positions = any("position_ids" in c for c in calls)
     batch = batch if batch is not None else int(inputs["input_ids"].shape[0])
     mask = inputs.get("attention_mask")
@@ -360,6 +363,15 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     takes_mask = reads_mask and not (batch == 1 and unpadded)  # as an input
     return StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras,
                       cache_arg, embeds=bool(prompt_only)).eval()
+
+
+def fixed_inputs(calls: list[dict[str, Any]]) -> list[str]:
+    """The tensors besides the step's own that ``generate`` passes to every forward call with one value."""
+    first = calls[0]
+    return sorted(k for k, v in first.items() if k not in STEP_INPUTS and k not in STEP_FLAGS
+                  and isinstance(v, torch.Tensor)
+                  and all(isinstance(c.get(k), torch.Tensor) and c[k].shape == v.shape and torch.equal(c[k], v)
+                          for c in calls[1:]))
 
 
 # how a per-token extra's next value follows from the last one (exporters/generation/steps.py's rules)
