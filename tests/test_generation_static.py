@@ -335,3 +335,24 @@ def test_fixed_inputs_are_the_tensors_every_call_passes_unchanged():
     assert fixed_inputs(calls) == ["feature_attention_mask"]
     calls[2]["feature_attention_mask"] = layout * 0
     assert fixed_inputs(calls) == []
+
+
+def test_deepstack_features_per_token_add_what_the_decoder_adds():
+    """A DeepStack decoder adds each layer's image features at the mask's positions (a gather whose count is data);
+    the static step over embeddings hands them per token, zeros at text positions, and adds them densely. The two
+    give the same hidden states, bit for bit, and a new token's zeros add nothing."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextModel
+
+    from exporters.generation.static_embeds import add_dense, dense_deepstack
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 6, 8, generator=g)
+    mask = torch.tensor([[0, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 0]], dtype=torch.bool)
+    features = [torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g)]
+    dense = dense_deepstack(hidden, mask, features)
+    assert sorted(dense) == ["deepstack_0", "deepstack_1"]
+    for name, feature in zip(sorted(dense), features):
+        expected = Qwen3VLTextModel._deepstack_process(None, hidden, mask, feature)
+        assert torch.equal(add_dense(hidden, None, dense[name]), expected)
+    new_token = hidden[:, -1:]
+    assert torch.equal(add_dense(new_token, None, torch.zeros_like(new_token)), new_token)

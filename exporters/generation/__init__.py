@@ -28,7 +28,7 @@ from exporters.generation.generator import GenerateOutput, Generator
 from exporters.generation.processors import check_supported
 from exporters.generation.runners import llm_runner_methods, vocab_size
 from exporters.generation.static import CrossAttention, StaticStep, static_step_for, step_dynamic_shapes, step_example
-from exporters.generation.static_embeds import TokenEmbeds, prefill_embeds
+from exporters.generation.static_embeds import DEEPSTACK_PREFIX, TokenEmbeds, prefill_embeds
 from exporters.generation.static_encdec import encoder_spec, same_inputs
 from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.steps import TOKEN_INPUTS, Returned, check_no_module_state, infer_prefill_rules, infer_rules, record_returns
@@ -134,10 +134,11 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     if step.embeds:  # the prompt's call takes image / audio features: embed and embed_tokens components
         given = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         embed, embedded = prefill_embeds(model, given)
+        step.deepstack = sum(1 for k in embedded if k.startswith(DEEPSTACK_PREFIX))
         embed_inputs = list(given)
         fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None)
         components["embed"] = exporter.export(embed, given, fixed)
-        components["embed_tokens"] = exporter.export(TokenEmbeds(model).eval(), {"input_ids": ids[:, :1]}, fixed)
+        components["embed_tokens"] = exporter.export(TokenEmbeds(model, step.deepstack).eval(), {"input_ids": ids[:, :1]}, fixed)
         for label in ("embed", "embed_tokens"):
             components[label].extra_metadata.update({"component": label, "cache": "static"})
     example = step_example(step, ids, inputs.get("attention_mask") if step.takes_mask else None,

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped
+from exporters.generation.static_embeds import DEEPSTACK_PREFIX, decoder_path, decoder_receives, deepstack_names
 from exporters.generation.steps import apply_tensor_rule
 
 STATE_FORMS = ("buffers", "inputs")
@@ -243,6 +244,7 @@ class StaticStep(torch.nn.Module):
         self.takes_positions, self.takes_mask = takes_positions, takes_mask
         self.extras = dict(extras or {})
         self.embeds = embeds
+        self.deepstack = 0  # over embeddings: how many per-token DeepStack inputs (set from the embed component)
         self.cross = cross
         self.runner_form = batch == 1 and not takes_mask and not self.extras and not embeds and cross is None
         # the model's generate passes a mask, which a runner does not give: the step builds it from the
@@ -280,7 +282,9 @@ class StaticStep(torch.nn.Module):
         # starts it from zero (a new sequence over the state the last one left in the program)
         start = cache_position[0]  # where this call writes
         fresh = (start > 0) if self.token_by_token and self.state == "buffers" else None
-        taken = set(self.extras) | {"inputs_embeds"} | set(self.cross.names() if self.cross is not None else ())
+        dense = [given[name] for name in deepstack_names(self.deepstack)]
+        taken = set(self.extras) | {"inputs_embeds", *deepstack_names(self.deepstack)} | \
+            set(self.cross.names() if self.cross is not None else ())
         cache = {k: v for k, v in given.items() if k not in taken}
         for i, layer in enumerate(self._cache.layers):
             for part in self._parts[i]:
@@ -315,6 +319,10 @@ class StaticStep(torch.nn.Module):
         if self.cross is not None:  # the decoder's token, the encoder's outputs, a fresh cross-attention cache
             out = self.model(**self.cross.model_kwargs(input_ids, given, self._cache), cache_position=cache_position,
                              use_cache=True, return_dict=True)
+        elif dense:  # the decoder adds the DeepStack features per token (exporters/generation/static_embeds.py)
+            with decoder_receives(self.model, decoder_path(self.model), dense):
+                out = self.model(**kwargs, **{self.cache_arg: self._cache}, use_cache=True, logits_to_keep=1,
+                                 return_dict=True)
         else:
             out = self.model(**kwargs, **{self.cache_arg: self._cache}, use_cache=True, logits_to_keep=1, return_dict=True)
         outputs = {"logits": out.logits[:, -1, :]}
@@ -440,9 +448,12 @@ def step_example(step: StaticStep, input_ids: torch.Tensor, attention_mask: torc
         input_ids = input_ids[:, :1]
         attention_mask = None if attention_mask is None else attention_mask[:, :1]
         extras = {k: v[:, :1] for k, v in extras.items()}
-        embedded = {k: v[:, :1] if k == "inputs_embeds" else v[..., :1] for k, v in embedded.items()}
+        embedded = {k: v[:, :1] if k == "inputs_embeds" or k.startswith(DEEPSTACK_PREFIX) else v[..., :1]
+                    for k, v in embedded.items()}
     batch, prompt = input_ids.shape
-    tokens = {"inputs_embeds": embedded["inputs_embeds"]} if step.embeds else {"input_ids": input_ids}
+    tokens = {"input_ids": input_ids}
+    if step.embeds:
+        tokens = {k: embedded[k] for k in ("inputs_embeds", *deepstack_names(step.deepstack))}
     example = {**tokens, "cache_position": torch.arange(prompt), **extras}
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     if step.takes_positions and "position_ids" in embedded:
@@ -466,7 +477,7 @@ def step_dynamic_shapes(step: StaticStep, example: Mapping[str, torch.Tensor]) -
     seq = torch.export.Dim("S", min=1, max=step.max_cache_len)
     shapes: dict[str, Any] = {}
     for name in example:
-        if name in ("input_ids", "inputs_embeds") or name in step.extras:
+        if name in ("input_ids", "inputs_embeds") or name in step.extras or name.startswith(DEEPSTACK_PREFIX):
             shapes[name] = {1: seq}
         elif name == "position_ids":  # [batch, S], or [3, batch, S] (multimodal rotary positions)
             shapes[name] = {example[name].dim() - 1: seq}

@@ -10,13 +10,19 @@ call, and two stateless components make them:
 - ``embed_tokens``: the model's input embedding table, for each new token.
 
 This is the split ExecuTorch's multimodal runner loads (an encoder, a token embedding, a text decoder
-over embeddings with its cache as buffers). Where the model hands its decoder another tensor as well
-(deepstack features, per-layer inputs), the step could not be given it at the decode steps: the export
+over embeddings with its cache as buffers). DeepStack features (Qwen3-VL and its kin hand the decoder
+``visual_pos_masks`` and one ``[image tokens, hidden]`` tensor per DeepStack layer) become per-token
+inputs ``deepstack_<k>`` ``[batch, S, hidden]``: the features at image positions, zeros elsewhere;
+``embed_tokens`` gives zeros for a new token, and the step hands them to the decoder in that form, whose
+``_deepstack_process`` then adds them to the hidden states (``add_dense``) instead of gathering image positions
+by a mask whose count a new token does not have. Where the model hands its decoder
+another tensor as well (per-layer inputs), the step could not be given it at the decode steps: the export
 stops and names it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +34,53 @@ from exporters.generation.capture import GenerationError
 # what the embed component may hand on besides inputs_embeds: the step takes positions, builds its own mask
 EMBED_PASSES = ("inputs_embeds", "position_ids", "attention_mask", "cache_position", "past_key_values", "use_cache",
                 "return_dict", "output_attentions", "output_hidden_states")
+DEEPSTACK = ("visual_pos_masks", "deepstack_visual_embeds")  # handed on as per-token deepstack_<k> inputs
+DEEPSTACK_PREFIX = "deepstack_"
+
+
+def deepstack_names(count: int) -> list[str]:
+    return [f"{DEEPSTACK_PREFIX}{k}" for k in range(count)]
+
+
+def dense_deepstack(inputs_embeds: torch.Tensor, mask: torch.Tensor, features: list) -> dict[str, torch.Tensor]:
+    """Each DeepStack layer's ``[image tokens, hidden]`` features laid out per token: ``[batch, S, hidden]``, the
+    features at the mask's positions in its order (as the decoder's ``hidden[mask]`` reads them), zeros elsewhere."""
+    where = mask[..., None].expand_as(inputs_embeds)
+    return {name: inputs_embeds.new_zeros(inputs_embeds.shape).masked_scatter(where, f.to(inputs_embeds.dtype))
+            for name, f in zip(deepstack_names(len(features)), features)}
+
+
+def add_dense(hidden_states: torch.Tensor, visual_pos_masks: Any, visual_embeds: torch.Tensor) -> torch.Tensor:
+    """A DeepStack layer's features in the per-token form added to the hidden states. At image positions this is
+    the float addition the decoder's own ``hidden[mask] = hidden[mask] + features`` makes; elsewhere ``x + 0.0``,
+    which is ``x`` (``-0.0`` becomes ``0.0``)."""
+    return hidden_states + visual_embeds.to(hidden_states.device, hidden_states.dtype)
+
+
+@contextlib.contextmanager
+def decoder_receives(model: torch.nn.Module, path: str, dense: list[torch.Tensor]):
+    """Within the block, the decoder at ``path`` is handed the per-token DeepStack features ``dense`` (its model's
+    forward hands it none after the prompt) and adds them with ``add_dense``: instance attributes over its
+    ``forward`` and ``_deepstack_process``, removed after."""
+    decoder = model.get_submodule(path)
+    if not callable(getattr(decoder, "_deepstack_process", None)):
+        raise GenerationError(f"{type(model).__name__}'s decoder {type(decoder).__name__} takes DeepStack features but "
+                              "has no _deepstack_process to add them per token")
+    own = vars(decoder).get("forward")
+    original = decoder.forward
+
+    def receiving(*args, **kwargs):
+        return original(*args, **{**kwargs, "visual_pos_masks": None, "deepstack_visual_embeds": dense})
+
+    decoder.forward, decoder._deepstack_process = receiving, add_dense
+    try:
+        yield
+    finally:
+        del decoder._deepstack_process
+        if own is not None:
+            decoder.forward = own
+        else:
+            del decoder.forward
 
 
 def decoder_path(model: torch.nn.Module) -> str:
@@ -96,18 +149,24 @@ class PrefillEmbeds(torch.nn.Module):
         out = {"inputs_embeds": seen["inputs_embeds"]}
         if isinstance(seen.get("position_ids"), torch.Tensor):
             out["position_ids"] = seen["position_ids"]
+        features = seen.get("deepstack_visual_embeds")
+        if isinstance(seen.get("visual_pos_masks"), torch.Tensor) and isinstance(features, (list, tuple)) and features:
+            out.update(dense_deepstack(out["inputs_embeds"], seen["visual_pos_masks"], list(features)))
         return out
 
 
 class TokenEmbeds(torch.nn.Module):
-    """The model's input embedding table over ``input_ids``: a new token's ``inputs_embeds``."""
+    """The model's input embedding table over ``input_ids``: a new token's ``inputs_embeds``, and zeros for each
+    of ``deepstack`` DeepStack inputs (a new token is text: no image features)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, deepstack: int = 0):
         super().__init__()
         self.model = model
+        self.deepstack = deepstack
 
     def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"inputs_embeds": self.model.get_input_embeddings()(input_ids)}
+        embeds = self.model.get_input_embeddings()(input_ids)
+        return {"inputs_embeds": embeds, **{name: torch.zeros_like(embeds) for name in deepstack_names(self.deepstack)}}
 
 
 def prefill_embeds(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]) -> tuple[PrefillEmbeds, dict[str, torch.Tensor]]:
@@ -116,7 +175,9 @@ def prefill_embeds(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]) -
     module = PrefillEmbeds(model, decoder_path(model)).eval()
     with torch.no_grad():
         out = module(**inputs)
-    other = sorted(k for k, v in module.handed.items() if k not in EMBED_PASSES and isinstance(v, torch.Tensor))
+    deepstack = any(k.startswith(DEEPSTACK_PREFIX) for k in out)
+    other = sorted(k for k, v in module.handed.items() if k not in EMBED_PASSES and not (deepstack and k in DEEPSTACK)
+                   and isinstance(v, torch.Tensor))
     if other:
         raise GenerationError(f"{type(model).__name__}'s forward hands its decoder {other} beside the embeddings; the "
                               "static step over embeddings takes inputs_embeds and positions only")

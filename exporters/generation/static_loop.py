@@ -14,6 +14,7 @@ import torch
 from exporters.generation.capture import GenerationError
 from exporters.generation.generator import GENERATOR_FILE, GenerateOutput
 from exporters.generation.processors import end_and_pad, greedy_token
+from exporters.generation.static_embeds import DEEPSTACK_PREFIX
 from exporters.generation.steps import apply_tensor_rule
 
 FORMAT = "exporters.static-generator/1"
@@ -134,7 +135,7 @@ class StaticGenerator:
         if self.embed_inputs is not None:  # the embed component over the caller's inputs: the prompt's embeddings
             given = {"input_ids": input_ids, "attention_mask": attention_mask, **other}
             embedded = self.components["embed"](**{k: given[k] for k in self.embed_inputs if given.get(k) is not None})
-            tokens = {"inputs_embeds": embedded["inputs_embeds"]}
+            tokens = {k: v for k, v in embedded.items() if k == "inputs_embeds" or k.startswith(DEEPSTACK_PREFIX)}
         feed: dict[str, torch.Tensor] = {**tokens, "cache_position": torch.arange(prompt), **extras}
         if self.takes_positions:
             positions = embedded.get("position_ids")
@@ -176,7 +177,7 @@ class StaticGenerator:
             extras = {k: apply_tensor_rule(rule, feed[k], token) for k, rule in self.extras.items()}
             tokens = {"input_ids": token[:, None]}
             if self.embed_inputs is not None:
-                tokens = {"inputs_embeds": self.components["embed_tokens"](input_ids=token[:, None])["inputs_embeds"]}
+                tokens = dict(self.components["embed_tokens"](input_ids=token[:, None]))  # embeddings, DeepStack zeros
             feed = {**tokens, "cache_position": torch.tensor([slot]), **extras}
             if self.takes_positions:
                 positions = positions[..., -1:] + 1
