@@ -96,8 +96,10 @@ WORKAROUND_PACKAGES: tuple[str, ...] = (
 )
 
 # patch paths installed around stage 0 (PT2E prepare, calibration, convert) only, never around a trace or
-# a lowering: resolving them imports torchao and XNNPACK's quantizer, which an fp32 export does not need
-QUANTIZATION_INTERNALS: tuple[str, ...] = ("torchao.", "executorch.backends.xnnpack.quantizer.")
+# a lowering: resolving them imports torchao and XNNPACK's quantizer, which an fp32 export does not need; and
+# fx's purity test, which stage 0's dead-code elimination asks (exporters/workarounds/quantization/vmap_nesting.py)
+QUANTIZATION_INTERNALS: tuple[str, ...] = ("torchao.", "executorch.backends.xnnpack.quantizer.",
+                                           "torch._library.utils.is_impure")
 
 
 def split_quantization_patches(entries: Iterable[PatchEntry]) -> tuple[list[PatchEntry], list[PatchEntry]]:

@@ -391,3 +391,31 @@ def test_histogram_range_search_gives_upstreams_range_bit_for_bit():
     exporter = get_exporter("dynamo")
     artifact = exporter.export(model, {"input": x}, exporter.config_class(quantization=int8(calibration=[{"input": x}])))
     assert any("HistogramObserver._non_linear_param_search" in name for name in artifact.workarounds_fired)
+
+
+class _VmappedGate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        keep = torch.vmap(lambda row: row > row.mean())(x)  # a vmapped function, as masking_utils vmaps masks
+        return self.proj(torch.where(keep, x, 0.0))
+
+
+def test_vmap_nesting_calls_survive_prepare_and_convert():
+    """exporters/workarounds/quantization/vmap_nesting.py: PT2E's dead-code elimination removed the vmap nesting
+    calls of a pre-dispatch graph, and calibration then failed ("Either your tensor may have escaped from inside a
+    function being vmapped", Gemma 3); with the patch the model quantizes and its artifact is its reference."""
+    from exporters.exporter_dynamo import DynamoExporter
+    from exporters.utils import DEFAULT_REGISTRY
+
+    name = "patch:dynamo:torch._library.utils.is_impure"
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    model = _VmappedGate().eval()
+    config = DynamoExporter.config_class(quantization=int8(calibration=[{"x": x}]))
+    with pytest.raises(Exception, match="escaped from inside a function being vmapped"):
+        DynamoExporter(DEFAULT_REGISTRY.without(name)).export(model, {"x": x}, config)
+    artifact = DynamoExporter().export(model, {"x": x}, config)
+    assert name in artifact.workarounds_fired
+    assert torch.equal(artifact(x=x)["output"], artifact.reference(x=x)["output"])
