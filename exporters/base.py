@@ -87,6 +87,7 @@ class Artifact:
     backend = ""
     file_name = ""
     reference = None  # a quantized export: PyTorch's quantized model, called as the artifact (Exporter._with_reference)
+    reference_spread = None  # and how far one-step rounding moves its outputs (exporters/quantization/rounding.py)
 
     def __init__(self, *, input_names, output_names, input_specs, constants, fired, config, extra_metadata=None,
                  guards=None):
@@ -268,7 +269,13 @@ class Exporter:
                 with torch.no_grad():
                     return flatten_outputs(module(**inputs))
 
+            def reference_spread(**inputs: Any) -> dict[str, float]:
+                from exporters.quantization.rounding import rounding_spread
+
+                return rounding_spread(module, inputs)
+
             artifact.reference = reference
+            artifact.reference_spread = reference_spread
             artifact.extra_metadata["quantization"] = quantized.metadata
         return artifact
 

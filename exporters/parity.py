@@ -9,6 +9,8 @@ reductions and fuse ops, hence their looser bound.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 # backend -> (atol, rtol) for float32 outputs
@@ -97,7 +99,20 @@ def assert_close(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tens
 # worst. The one defect seen (ONNX Runtime's saturating u8 x s8 kernel with 8-bit weights, on a CPU
 # without VNNI) gave 32 steps (Llama), 75 (BERT) and 255 (CLIP, the whole range): 4x the bound and more.
 QUANT_STEPS = 8.0
-
+#
+# Where the model itself carries one-step differences further. The fixed bound was measured on the smoke set's
+# shallow models; a deep convolution stack (a vocoder) or a normalization over a near-zero variance multiplies a
+# one-step difference far past 8 steps, with every kernel doing what it should (PocketTTS, FastSpeech2: ONNX
+# Runtime's fused kernels first differ by one step on 0.1% of one tensor's elements, then the gap grows layer by
+# layer, benchmarks/ort_int8_divergence.py). So the bound of an output is the larger of 8 steps and the
+# reference's own spread under one-step rounding (``spread``: exporters/quantization/rounding.py, 0.5% of every
+# quantized activation's elements moved one step, worst of 3 seeds), a property of the model measured on the
+# reference, not on the backend. Measured (results/s35/spread.py, onnx, zoo tiny models): spread BertModel 1.0
+# steps, GPT-2 2.0, Wav2Vec2 8.0, CLIP 10.3, Llama 11.6; the drifting artifacts and their spreads:
+# Data2VecAudioForCTC 9.0 (spread 23.1), FunnelForMultipleChoice 8.4 (24.0), FastSpeech2ConformerWithHifiGan
+# 15.0 (22.0), AyaVisionModel 13.5 (86.0), Granite4VisionModel 46 (138), GLPNForDepthEstimation 85 (170). The
+# kernel defect above (32, 75 and 255 steps on Llama, BERT, CLIP) stays past those models' spreads with 8-bit
+# weights, its setting (22.7, 1.0 and 4.0 steps).
 
 def quantization_step(reference: torch.Tensor) -> float:
     """One step of an 8-bit grid over the reference output's range (0.0 for a constant output)."""
@@ -106,9 +121,20 @@ def quantization_step(reference: torch.Tensor) -> float:
     return float(finite.max() - finite.min()) / 255 if finite.numel() else 0.0
 
 
-def compare_quantized(reference: dict[str, torch.Tensor], actual: dict[str, torch.Tensor], backend: str) -> list[str]:
-    """Problems found, one line per output, between a quantized artifact and its quantized reference."""
+def quantized_bound(step: float, spread: float | None) -> float:
+    """The allowed |actual - reference| beyond the fp32 tolerance, in the output's units: ``QUANT_STEPS`` steps,
+    or the reference's own rounding spread where that is larger and finite."""
+    fixed = QUANT_STEPS * step
+    return max(fixed, spread) if spread is not None and math.isfinite(spread) else fixed
+
+
+def compare_quantized(reference: dict[str, torch.Tensor], actual: dict[str, torch.Tensor], backend: str,
+                      spread: dict[str, float] | None = None) -> list[str]:
+    """Problems found, one line per output, between a quantized artifact and its quantized reference.
+    ``spread``: per output, the reference's own deviation under one-step rounding (exporters/quantization/
+    rounding.py), which widens that output's bound where it exceeds ``QUANT_STEPS`` steps."""
     atol, rtol = TOLERANCES[backend]
+    spread = spread or {}
     problems = []
     missing, extra = [k for k in reference if k not in actual], [k for k in actual if k not in reference]
     if missing:
@@ -123,10 +149,13 @@ def compare_quantized(reference: dict[str, torch.Tensor], actual: dict[str, torc
             problems.append(f"{name}: shape {tuple(a.shape)} != reference {tuple(e.shape)}")
         elif e.dtype.is_floating_point:
             step = quantization_step(e)
-            msg = _worst(e, a, atol + QUANT_STEPS * step, rtol)
+            bound = quantized_bound(step, spread.get(name))
+            msg = _worst(e, a, atol + bound, rtol)
             if msg:
+                steps = bound / step if step > 0 else QUANT_STEPS
+                why = "" if steps <= QUANT_STEPS else " (the reference's own spread under one-step rounding)"
                 problems.append(f"{name}: {msg}; {steps_off(e, a):.1f} quantization steps of {step:.3g}, "
-                                f"bound {QUANT_STEPS:g}")
+                                f"bound {steps:.3g}{why}")
         elif not torch.equal(e, a.to(e.dtype)):
             problems.append(f"{name}: {int((e != a.to(e.dtype)).sum())}/{e.numel()} elements of an exact ({e.dtype}) output differ")
     return problems
@@ -152,7 +181,8 @@ def sqnr_db(fp32: torch.Tensor, quantized: torch.Tensor) -> float:
     return 10 * torch.log10(torch.tensor(signal / noise)).item() if signal > 0 else float("-inf")
 
 
-def assert_close_quantized(reference: dict[str, torch.Tensor], actual: dict[str, torch.Tensor], backend: str) -> None:
-    problems = compare_quantized(reference, actual, backend)
+def assert_close_quantized(reference: dict[str, torch.Tensor], actual: dict[str, torch.Tensor], backend: str,
+                           spread: dict[str, float] | None = None) -> None:
+    problems = compare_quantized(reference, actual, backend, spread)
     if problems:
         raise ParityError(f"{backend} quantized artifact does not match its quantized reference: " + "\n  ".join(problems))

@@ -10,6 +10,9 @@ Stages: ``build``, ``eager``, ``quantize`` (prepare, calibrate, convert), ``expo
   floating output eager and the reference share (``sqnr_by_output`` for every one); below
   ``SQNR_FLOOR_DB`` the quantized reference is ``useless``, and the report says so;
 - ``steps_off``: the artifact's largest distance from the reference, in quantization steps;
+- ``rounding_spread_steps``: how far the reference itself moves, in steps, when its quantized activations round
+  one step the other way (exporters/quantization/rounding.py); an output's bound is the larger of that and
+  ``QUANT_STEPS`` (exporters/parity.py);
 - ``weight_range``, ``recipe``, ``workarounds_fired``;
 - ``selection_ops``: top-k, sort, argmax... in the quantized model. On int8-grid values exact ties are
   common and one step elsewhere flips a choice, moving whole rows of the output: a failure of such a
@@ -44,7 +47,7 @@ def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
     import torch
 
     from exporters import ExportStageError, get_exporter
-    from exporters.parity import assert_close_quantized, sqnr_db, steps_off
+    from exporters.parity import assert_close_quantized, quantization_step, sqnr_db, steps_off
     from exporters.pytrees import flatten_outputs
     from sweeps.runner import StageFailure, passes_through, reference
 
@@ -88,11 +91,16 @@ def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
                  and tuple(torch.as_tensor(actual[k]).shape) == tuple(v.shape)]
         if steps:
             record("steps_off", round(max(steps), 4) if math.isfinite(max(steps)) else None)
+        spread = artifact.reference_spread(**inputs)  # the model's own sensitivity to one-step rounding
+        spread_steps = [spread[k] / quantization_step(v) for k, v in expected.items()
+                        if k in spread and isinstance(v, torch.Tensor) and quantization_step(v) > 0]
+        if spread_steps:
+            record("rounding_spread_steps", round(max(spread_steps), 4) if math.isfinite(max(spread_steps)) else None)
         stage = "compare"
         record("stage", stage)
         try:
             assert_close_quantized(expected, {k: torch.as_tensor(v) for k, v in flatten_outputs(actual).items()},
-                                   case.backend)
+                                   case.backend, spread)
         except AssertionError as exc:
             if meta["selection_ops"]:  # its own group in the report: a choice flipped, not arithmetic drifting
                 raise type(exc)(f"the quantized model selects ({', '.join(meta['selection_ops'])}) over int8-grid values, "

@@ -419,3 +419,41 @@ def test_vmap_nesting_calls_survive_prepare_and_convert():
     artifact = DynamoExporter().export(model, {"x": x}, config)
     assert name in artifact.workarounds_fired
     assert torch.equal(artifact(x=x)["output"], artifact.reference(x=x)["output"])
+
+
+def test_the_bound_widens_to_the_references_own_rounding_spread():
+    """exporters/parity.py: an output's bound is the larger of QUANT_STEPS steps and the reference's spread under
+    one-step rounding (absolute units); a non-finite spread leaves the fixed bound."""
+    from exporters.parity import QUANT_STEPS, compare_quantized, quantization_step
+
+    ref = torch.linspace(-1.0, 1.0, 256).reshape(16, 16)
+    step = quantization_step(ref)
+    off = {"y": ref + 12 * step}
+    (problem,) = compare_quantized({"y": ref}, off, "onnx")
+    assert "bound 8" in problem
+    assert compare_quantized({"y": ref}, off, "onnx", {"y": 15 * step}) == []
+    (problem,) = compare_quantized({"y": ref}, {"y": ref + 20 * step}, "onnx", {"y": 15 * step})
+    assert "bound 15" in problem and "own spread under one-step rounding" in problem
+    assert compare_quantized({"y": ref}, off, "onnx", {"y": float("inf")}) != []
+    assert QUANT_STEPS == 8.0
+
+
+def test_rounding_spread_moves_quantized_activations_one_step():
+    """exporters/quantization/rounding.py: the perturbed copy follows every activation quantize with a one-step
+    nudge; the spread is finite and positive on a quantized MLP, and the same for the same seeds."""
+    from exporters.quantization.rounding import perturbed_copy, rounding_spread
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 8, generator=g)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    exporter = get_exporter("dynamo")
+    artifact = exporter.export(model, {"input": x}, exporter.config_class(quantization=int8(calibration=[{"input": x}])))
+    from exporters.quantization import quantize
+
+    quantized = quantize(model, {"input": x}, int8(calibration=[{"input": x}]), "dynamo").module
+    copied, count = perturbed_copy(quantized.converted, fraction=1.0)
+    assert rounding_spread(quantized, {"input": x}) == artifact.reference_spread(input=x)
+    assert count >= 2
+    spread = artifact.reference_spread(input=x)
+    assert list(spread) == ["output"] and 0 < spread["output"] < float("inf")
+    assert artifact.reference_spread(input=x) == spread

@@ -1,0 +1,97 @@
+"""How far the quantized reference itself moves when its quantized activations round one step the other way.
+
+A backend's integer kernels and the reference's float arithmetic (dequantize -> float op -> quantize) put a
+value that lies next to a rounding boundary on neighbouring grid points: that activation then differs by one
+step at that element, and the layers after it carry the difference to the outputs with their own gain. How
+far such one-step differences reach an output is a property of the model, not of the backend: a two-layer
+encoder keeps them within a step or two, a deep vocoder multiplies them layer by layer.
+
+``rounding_spread`` measures it on the reference: it runs the converted module with ``FRACTION`` of the
+elements of every quantized activation (every ``quantize_per_tensor`` output; weights are constants,
+quantized once, the same in every backend) moved one step up or down, chosen at random, for ``SEEDS`` seeds,
+and returns, per floating output, the largest deviation from the unperturbed reference. exporters/parity.py
+allows an artifact that spread where it exceeds the fixed bound.
+
+Why 0.5%. ONNX Runtime's fused integer kernels, compared with its own unfused (float-simulating) session on
+every quantized tensor (``benchmarks/ort_int8_divergence.py``), first disagree by one step on 9 of 7168
+elements (0.13%, PocketTTSAudioTokenizerDecoder) and 1 of 896 (0.11%, FastSpeech2ConformerWithHifiGan): the
+fraction is about four times the largest rate measured, applied to every quantized activation at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+FRACTION = 0.005  # of each quantized activation's elements, moved one step (module docstring)
+SEEDS = (0, 1, 2)
+NUDGE = "_rounding_nudge"  # the submodule the perturbed copy calls after each activation quantize
+
+
+class _Nudge(torch.nn.Module):
+    """Moves ``fraction`` of a quantized tensor's elements one step up or down (kept in its range)."""
+
+    def __init__(self, fraction: float):
+        super().__init__()
+        self.fraction = fraction
+        self.generator = torch.Generator().manual_seed(0)
+
+    def forward(self, q: torch.Tensor, quant_min: int, quant_max: int) -> torch.Tensor:
+        chosen = torch.rand(q.shape, generator=self.generator) < self.fraction
+        sign = torch.randint(0, 2, q.shape, generator=self.generator) * 2 - 1
+        moved = q.to(torch.int32) + chosen.to(torch.int32) * sign.to(torch.int32)
+        return moved.clamp(quant_min, quant_max).to(q.dtype)
+
+
+def _activation_quantizes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    quantize = torch.ops.quantized_decomposed.quantize_per_tensor
+    targets = {getattr(quantize, name) for name in quantize.overloads()}
+    return [n for n in graph.nodes if n.op == "call_function" and n.target in targets]
+
+
+def perturbed_copy(converted: torch.fx.GraphModule, fraction: float = FRACTION) -> tuple[torch.fx.GraphModule, int]:
+    """A copy of the converted module whose activation quantizes are followed by a ``_Nudge``; and how many."""
+    copied = copy.deepcopy(converted)
+    nodes = _activation_quantizes(copied.graph)
+    copied.add_module(NUDGE, _Nudge(fraction))
+    for node in nodes:
+        quant_min, quant_max = node.args[3], node.args[4]
+        with copied.graph.inserting_after(node):
+            nudged = copied.graph.call_module(NUDGE, (node, quant_min, quant_max))
+        node.replace_all_uses_with(nudged, delete_user_cb=lambda user: user is not nudged)
+    copied.recompile()
+    return copied, len(nodes)
+
+
+def rounding_spread(quantized_model: Any, inputs: Mapping[str, Any], fraction: float = FRACTION,
+                    seeds: tuple[int, ...] = SEEDS) -> dict[str, float]:
+    """Per floating output of the reference (named as ``flatten_outputs`` names them): the largest
+    |perturbed - reference| over ``seeds``; empty where the model quantizes no activation. A non-finite
+    deviation (a perturbed value that overflows) is returned as inf: no spread can be relied on there."""
+    from exporters.pytrees import flatten_outputs
+
+    converted, names = quantized_model.converted, quantized_model.tensor_names
+    perturbed, count = perturbed_copy(converted, fraction)
+    if not count:
+        return {}
+    feed = {k: inputs[k] for k in names}
+    with torch.no_grad():
+        reference = flatten_outputs(converted(**feed))
+        spread: dict[str, float] = {}
+        for seed in seeds:
+            perturbed.get_submodule(NUDGE).generator.manual_seed(seed)
+            for name, value in flatten_outputs(perturbed(**feed)).items():
+                ref = reference.get(name)
+                if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and ref.shape == value.shape):
+                    continue
+                both = torch.isfinite(ref) & torch.isfinite(value)
+                if not bool((both | (ref == value)).all()):
+                    spread[name] = math.inf
+                    continue
+                diff = (value.double() - ref.double())[both].abs()
+                spread[name] = max(spread.get(name, 0.0), float(diff.max()) if diff.numel() else 0.0)
+    return spread
