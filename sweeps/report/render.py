@@ -125,6 +125,11 @@ class Report:
         for row in self.quantization:
             if row.useless:
                 out.append(f"{row.column}, below {SQNR_FLOOR_DB:g} dB: {_md(', '.join(row.useless))}")
+        for row in self.quantization:
+            if row.past_fixed:
+                wide = ", ".join(f"{c} ({off:.1f} of {'–' if sp is None else round(sp, 1)})" for c, off, sp in row.past_fixed)
+                out.append(f"{row.column}, passing past the fixed 8 steps within the reference's own rounding spread "
+                           f"(steps off, of spread): {_md(wide)}")
         return out + [""]
 
     def _md_signatures(self) -> list[str]:

@@ -320,6 +320,9 @@ class QuantizationRow:
     useless: list[str]                             # classes below the floor (sweeps.quantized.SQNR_FLOOR_DB)
     not_quantizable: list[str]                     # classes with no op the quantizer annotates
     worst_steps: float | None                      # largest steps_off among passing items
+    # passing items farther than the fixed bound (exporters.parity.QUANT_STEPS) from their reference, allowed by
+    # the reference's own spread under one-step rounding: (class, steps_off, rounding_spread_steps)
+    past_fixed: list[tuple[str, float, float | None]] = dataclasses.field(default_factory=list)
 
 
 SQNR_BINS = ((None, 10), (10, 20), (20, 30), (30, 40), (40, None))
@@ -328,6 +331,8 @@ SQNR_BINS = ((None, 10), (10, 20), (20, 30), (30, 40), (40, None))
 def quantization_rows(results: list[Result]) -> list[QuantizationRow]:
     """Per test_quantized column, the quantization error itself: the quantized reference's SQNR against
     fp32 eager (distribution and bins), the classes below the floor, and those with nothing quantized."""
+    from exporters.parity import QUANT_STEPS
+
     rows = []
     for column in columns(r for r in results if r.test == "test_quantized"):
         items = [r for r in results if r.column == column]
@@ -347,5 +352,8 @@ def quantization_rows(results: list[Result]) -> list[QuantizationRow]:
             bins,
             sorted(r.model_class for r in items if r.extra.get("useless") is True),
             sorted(r.model_class for r in items if r.extra.get("quantizable") is False),
-            max(steps) if steps else None))
+            max(steps) if steps else None,
+            sorted(((r.model_class, float(r.extra["steps_off"]), r.extra.get("rounding_spread_steps")) for r in items
+                    if r.outcome == "pass" and isinstance(r.extra.get("steps_off"), (int, float))
+                    and float(r.extra["steps_off"]) > QUANT_STEPS), key=lambda t: -t[1])))
     return rows
