@@ -436,6 +436,10 @@ def test_the_bound_widens_to_the_references_own_rounding_spread():
     assert "bound 15" in problem and "own spread under one-step rounding" in problem
     assert compare_quantized({"y": ref}, off, "onnx", {"y": float("inf")}) != []
     assert QUANT_STEPS == 8.0
+    # a spread past a quarter of the range (a selection that lands anywhere) widens the bound to 64 steps only
+    assert compare_quantized({"y": ref}, {"y": ref + 60 * step}, "onnx", {"y": 200 * step}) == []
+    (problem,) = compare_quantized({"y": ref}, {"y": ref + 100 * step}, "onnx", {"y": 200 * step})
+    assert "bound 64" in problem and "spread under one-step rounding is 200 steps" in problem
 
 
 def test_rounding_spread_moves_quantized_activations_one_step():
