@@ -130,15 +130,47 @@ def test_a_model_with_nothing_to_quantize_is_recorded_not_refused():
     assert torch.equal(out, Norm()(inputs["x"]))  # the fp32 model, exported as it is
 
 
-def test_generation_export_refuses_a_recipe_it_cannot_apply():
+def test_generation_export_takes_a_recipe_per_component_and_refuses_what_it_cannot_apply():
     from exporters.generation import GenerationError
     from tests._tiny_llama import tiny_llama
 
     model = tiny_llama()
     inputs = {"input_ids": torch.tensor([[3, 5, 7]]), "attention_mask": torch.ones(1, 3, dtype=torch.long)}
     onnx = get_exporter("onnx")
-    with pytest.raises(GenerationError, match="export_for_generation does not quantize yet"):
+    with pytest.raises(GenerationError, match="takes a recipe per component"):
         onnx.export_for_generation(model, inputs, onnx.config_class(quantization=int8(calibration=[inputs])))
+    with pytest.raises(GenerationError, match=r"\['lm_head'\], which are not components.*\['prefill', 'decode'\]"):
+        onnx.export_for_generation(model, inputs, quantization={"lm_head": int8(calibration=[inputs])})
+    with pytest.raises(GenerationError, match="dynamic cache form only"):
+        onnx.export_for_generation(model, inputs, cache="static", quantization={"decode": int8(calibration=[inputs])})
+    with pytest.raises(QuantizationError, match="pass a recipe"):
+        onnx.export_for_generation(model, inputs, quantization={"decode": "int8"})
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_an_int8_decode_step_generates_what_its_quantized_reference_generates(backend):
+    """exporters/generation/quantized.py: an int8 decode step (calibrated on its own inputs in the model's
+    generate) beside an fp32 prefill; the loop over the artifacts and the loop over PyTorch's quantized components
+    (reference_generator) give the same tokens, and each step's logits agree within the quantized rule."""
+    from exporters.generation.quantized import reference_generator
+    from exporters.parity import compare_quantized
+    from tests._tiny_llama import tiny_llama
+
+    model = tiny_llama()
+    ids = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    exporter = get_exporter(backend)
+    generator = exporter.export_for_generation(model, inputs, exporter.config_class(dynamic=True),
+                                               quantization={"decode": int8(calibration=[inputs])})
+    assert set(generator.metadata["quantization"]) == {"decode"}
+    assert generator.metadata["quantization"]["decode"]["quantize_ops"] > 10
+    assert generator.components["prefill"].reference is None  # fp32
+    out = generator.generate(**inputs, max_new_tokens=8, return_dict_in_generate=True, output_logits=True)
+    ref = reference_generator(generator).generate(**inputs, max_new_tokens=8, teacher_tokens=out.sequences[:, 6:],
+                                                  return_dict_in_generate=True, output_logits=True)
+    assert torch.equal(out.sequences, ref.sequences)
+    for got, expected in zip(out.logits, ref.logits):
+        assert compare_quantized({"logits": expected}, {"logits": got}, backend) == []
 
 
 def test_selection_ops_are_named():

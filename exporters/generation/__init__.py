@@ -17,6 +17,7 @@ and ``"static"`` (one ``step`` component over a fixed-size cache updated in plac
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ from exporters.generation.capture import GenerationError, capture_generate, enco
 from exporters.generation.component import FlatComponent, component_module, flat_call_inputs
 from exporters.generation.generator import GenerateOutput, Generator
 from exporters.generation.processors import check_supported
+from exporters.generation.quantized import checked_recipes, component_calibration
 from exporters.generation.runners import llm_runner_methods, vocab_size
 from exporters.generation.static import CrossAttention, StaticStep, static_step_for, step_dynamic_shapes, step_example
 from exporters.generation.static_embeds import DEEPSTACK_PREFIX, TokenEmbeds, prefill_embeds
@@ -45,17 +47,20 @@ CAPTURED_STEPS = 3  # prefill + 2 decode steps: two pairs to check each decode i
 
 
 def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], config=None,
-                          cache: str = "dynamic", max_cache_len: int | None = None) -> Generator | StaticGenerator:
+                          cache: str = "dynamic", max_cache_len: int | None = None,
+                          quantization: Mapping[str, Any] | None = None) -> Generator | StaticGenerator:
     if cache not in CACHE_FORMS:
         raise GenerationError(f"cache={cache!r} is not a cache form; choose one of {CACHE_FORMS}")
     if max_cache_len is not None and cache != "static":
         raise GenerationError(f"max_cache_len={max_cache_len} sizes a static cache; cache={cache!r} grows as it goes")
     if getattr(config, "quantization", None) is not None:
-        # a recipe's calibration inputs are the model's, not each component's (the prefill, the decode step
-        # with its cache): per-component recipes need per-component calibration captures, not built yet
-        raise GenerationError(f"quantization={config.quantization!r}: export_for_generation does not quantize yet "
-                              "(per-component recipes and their calibration are not built); export the forward "
-                              "with exporter.export(model, inputs, config) to quantize it")
+        # one recipe for every component: its calibration inputs are the model's, and each component takes its own
+        raise GenerationError(f"config.quantization={config.quantization!r}: export_for_generation takes a recipe per "
+                              "component, export_for_generation(..., quantization={'decode': recipe, ...}) "
+                              "(exporters/generation/quantized.py)")
+    if quantization and cache == "static":
+        raise GenerationError("quantization= takes the dynamic cache form only: the static step writes its cache "
+                              "buffers in place, which PT2E's prepared graph does not carry")
     generation = _generation_dict(model)
     check_supported(generation, type(model).__name__)
     if cache == "static":
@@ -89,15 +94,22 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     encoders = encoders_of(model)
     parts = [(label, component_module(*encoders[label]), call) for label, call in encoder_call.items()] \
         + [("prefill", model, prefill), ("decode", model, decode)]
+    baked = tuple(k for k, r in prefill_trees.items() if r == "initial")
+    recipes = checked_recipes(quantization, [label for label, _, _ in parts])
+    if recipes:
+        recipes = component_calibration(recipes, lambda sample: _component_inputs(model, sample, baked))
     components = {}
     for label, module, call in parts:
-        baked = tuple(k for k, r in prefill_trees.items() if r == "initial") if label == "prefill" else ()
-        component = FlatComponent(module, call, baked, updated if label in ("prefill", "decode") else ()).eval()
-        artifact = exporter.export(component, {**flat_call_inputs(call, baked), **call.constants}, config)
+        held = baked if label == "prefill" else ()
+        component = FlatComponent(module, call, held, updated if label in ("prefill", "decode") else ()).eval()
+        own = dataclasses.replace(config, quantization=recipes[label]) if label in recipes else config
+        artifact = exporter.export(component, {**flat_call_inputs(call, held), **call.constants}, own)
         artifact.extra_metadata["component"] = label
         components[label] = artifact
     metadata = {"model_class": type(model).__name__, "cache": cache,
                 "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
+    if recipes:
+        metadata["quantization"] = {k: components[k].extra_metadata.get("quantization") for k in recipes}
     # a cache the model fills in place (given empty to the prefill) is, to the loop, the components' output
     rules = {k: "outputs" if r == "updated" and not prefill.trees[k][0] else r for k, r in rules.items()}
     caller_inputs = [k for k in prefill.tensors if k not in prefill_rules]
@@ -287,6 +299,18 @@ def _prefill_tree_rules(model, prefill, encoder_calls: dict) -> dict[str, str]:
     return {k: v for k, v in rules.items() if v != "empty"}  # "initial" trees are baked into the prefill
 
 
+def _component_inputs(model, sample: Mapping[str, Any], baked: tuple[str, ...]) -> dict[str, list[dict]]:
+    """Per component label, the flat inputs of its calls when ``generate`` runs on ``sample`` (calibration)."""
+    padded = _padded(sample)
+    calls, encoder_calls, _ = capture_generate(model, padded, CAPTURED_STEPS)
+    given = {k: v for k, v in padded.items() if isinstance(v, torch.Tensor)}
+    inputs = {label: [{**flat_call_inputs(call), **call.constants}]
+              for label, call in _encoder_calls(model, encoder_calls, given).items()}
+    inputs["prefill"] = [{**flat_call_inputs(calls[0], baked), **calls[0].constants}]
+    inputs["decode"] = [{**flat_call_inputs(calls[1]), **calls[1].constants}]  # the step exported: its shapes
+    return inputs
+
+
 def _padded(inputs: Mapping[str, Any]) -> dict[str, Any]:
     """The inputs with the first row's first position padded when the mask pads nothing: generate drops an
     all-ones mask before the first forward, and components captured without one could not take padding."""
@@ -304,5 +328,6 @@ class GenerationExport:
     max_cache_len=None)``."""
 
     def export_for_generation(self, model: torch.nn.Module, inputs: Mapping[str, Any], config=None,
-                              cache: str = "dynamic", max_cache_len: int | None = None) -> Generator | StaticGenerator:
-        return export_for_generation(self, model, inputs, config, cache, max_cache_len)
+                              cache: str = "dynamic", max_cache_len: int | None = None,
+                              quantization: Mapping[str, Any] | None = None) -> Generator | StaticGenerator:
+        return export_for_generation(self, model, inputs, config, cache, max_cache_len, quantization)
