@@ -147,11 +147,12 @@ def test_generation_export_takes_a_recipe_per_component_and_refuses_what_it_cann
         onnx.export_for_generation(model, inputs, quantization={"decode": "int8"})
 
 
-@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+@pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch"])
 def test_an_int8_decode_step_generates_what_its_quantized_reference_generates(backend):
     """exporters/generation/quantized.py: an int8 decode step (calibrated on its own inputs in the model's
     generate) beside an fp32 prefill; the loop over the artifacts and the loop over PyTorch's quantized components
-    (reference_generator) give the same tokens, and each step's logits agree within the quantized rule."""
+    (reference_generator) give the same tokens, and each step's logits agree within the quantized rule. On
+    ExecuTorch its dynamic sizes hold a power (exporters/workarounds/executorch/symbolic_power.py)."""
     from exporters.generation.quantized import reference_generator
     from exporters.parity import compare_quantized
     from tests._tiny_llama import tiny_llama
@@ -165,6 +166,9 @@ def test_an_int8_decode_step_generates_what_its_quantized_reference_generates(ba
     assert set(generator.metadata["quantization"]) == {"decode"}
     assert generator.metadata["quantization"]["decode"]["quantize_ops"] > 10
     assert generator.components["prefill"].reference is None  # fp32
+    if backend == "executorch":
+        assert ("patch:executorch:executorch.exir.passes.replace_edge_with_backend_pass.EdgeToBackendOpsPass.call"
+                in generator.components["decode"].workarounds_fired)
     out = generator.generate(**inputs, max_new_tokens=8, return_dict_in_generate=True, output_logits=True)
     ref = reference_generator(generator).generate(**inputs, max_new_tokens=8, teacher_tokens=out.sequences[:, 6:],
                                                   return_dict_in_generate=True, output_logits=True)
