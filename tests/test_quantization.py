@@ -233,6 +233,32 @@ def test_the_scores_a_selection_chooses_from_stay_float():
     assert meta["quantize_ops"] > 0  # the expert
 
 
+def test_an_op_sharing_the_grid_of_a_float_selection_input_stays_float(monkeypatch):
+    """A view of the scores a top-k reads, feeding a quantized linear, shares its producer's grid
+    (SharedQuantizationSpec); with the producer kept in float, prepare failed looking it up ("KeyError: mul",
+    Mistral4Model's router). The view stays in float with it (drop_orphaned_sharing)."""
+    from exporters.quantization import xnnpack
+
+    class Routed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.other, self.after = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            scores = self.gate(x) * 2.0
+            weights, chosen = scores.topk(2)
+            both = torch.cat([self.after(scores.view(2, 3, 4)).view(6, 4), self.other(x)], dim=-1)
+            return both * weights.sum(-1, keepdim=True) + chosen.float().sum(-1, keepdim=True)
+
+    inputs = {"x": torch.randn(6, 8, generator=torch.Generator().manual_seed(0))}
+    dynamo = get_exporter("dynamo")
+    artifact = dynamo.export(Routed().eval(), inputs, dynamo.config_class(quantization=int8(calibration=[inputs])))
+    assert artifact.extra_metadata["quantization"]["float_for_selection"] == ["mul", "view"]
+    monkeypatch.setattr(xnnpack, "drop_orphaned_sharing", lambda model: [])  # before
+    with pytest.raises(Exception, match="KeyError: mul"):
+        dynamo.export(Routed().eval(), inputs, dynamo.config_class(quantization=int8(calibration=[inputs])))
+
+
 def test_a_custom_pt2e_quantizer_is_used_as_given():
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
 

@@ -127,10 +127,49 @@ def float_selection_inputs(model: torch.fx.GraphModule) -> list[str]:
     return kept
 
 
+def _shared_target_annotated(target, key: str) -> bool:
+    """Whether what a SharedQuantizationSpec points at still has a spec: a node's output, or an edge (arg, user)."""
+    if isinstance(target, torch.fx.Node):
+        annotation = target.meta.get(key)
+        return annotation is not None and getattr(annotation, "output_qspec", None) is not None
+    arg, user = target
+    annotation = user.meta.get(key)
+    return annotation is not None and arg in (getattr(annotation, "input_qspec_map", None) or {})
+
+
+def drop_orphaned_sharing(model: torch.fx.GraphModule) -> list[str]:
+    """Drop, until none is left, the annotations that share a quantization spec with a node or edge whose own
+    annotation was dropped (``float32_annotations_only``, ``float_selection_inputs``); return their names.
+
+    Cause. XNNPACK's quantizer annotates ops that keep their input's grid (a view, a cat, a slice) with a
+    ``SharedQuantizationSpec`` pointing at their producer. When the producer's annotation is dropped, prepare
+    looked the pointer up among the annotated nodes and failed: "KeyError: mul_20" (Mistral4Model int8, whose
+    router's top-k input was kept in float). Such an op then stays in float too, as its producer does."""
+    from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY, SharedQuantizationSpec
+
+    dropped: list[str] = []
+    changed = True
+    while changed:
+        changed = False
+        for node in model.graph.nodes:
+            annotation = node.meta.get(Q_ANNOTATION_KEY)
+            if annotation is None:
+                continue
+            specs = list((getattr(annotation, "input_qspec_map", None) or {}).values())
+            specs.append(getattr(annotation, "output_qspec", None))
+            if any(isinstance(q, SharedQuantizationSpec) and not _shared_target_annotated(q.edge_or_node, Q_ANNOTATION_KEY)
+                   for q in specs):
+                del node.meta[Q_ANNOTATION_KEY]
+                dropped.append(node.name)
+                changed = True
+    return dropped
+
+
 class IntegerSafeXNNPACKQuantizer(XNNPACKQuantizer):
     """XNNPACKQuantizer whose scalar conversion leaves integer nodes alone (see the module docstring),
     which leaves float64 nodes unannotated (``float32_annotations_only``) and keeps the scores a selection
-    op chooses from in float (``float_selection_inputs``; their producers in ``float_for_selection``)."""
+    op chooses from in float (``float_selection_inputs``; their producers in ``float_for_selection``, with the
+    ops that shared their grid, ``drop_orphaned_sharing``)."""
 
     float_for_selection: list[str] = []
 
@@ -141,4 +180,5 @@ class IntegerSafeXNNPACKQuantizer(XNNPACKQuantizer):
         model = super().annotate(model)
         float32_annotations_only(model)
         self.float_for_selection = float_selection_inputs(model)
+        self.float_for_selection += drop_orphaned_sharing(model)
         return model
