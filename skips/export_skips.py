@@ -572,13 +572,13 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
         classes=("Qwen2_5OmniThinkerForConditionalGeneration", "Qwen3OmniMoeThinkerForConditionalGeneration"),
         tests=("generate",),
-        variants=("dynamic",),
         stage="export",
-        reason="the prefill runs the audio encoder, which packs variable-length audio by data-derived sizes: "
+        reason="the prefill (dynamic form) and the embed component (static form: the forward up to the decoder) run "
+               "the audio encoder, which packs variable-length audio by data-derived sizes: "
                "chunk_and_pad_features splits input_features.T.split(chunk_lengths.tolist()) with a chunk count from "
                "feature_attention_mask.sum() (models/qwen2_5_omni/modeling_qwen2_5_omni.py:746, "
                "models/qwen3_omni_moe/modeling_qwen3_omni_moe.py:682): GuardOnDataDependentSymNode Eq(u0, 1) in "
-               "unbind (test_generate dynamo/dynamic at 8f88f7d). Remove when the audio towers chunk with static "
+               "unbind (test_generate dynamo/dynamic at 8f88f7d; dynamo/static at 28021bf). Remove when the audio towers chunk with static "
                "shapes and a validity mask (a fixed chunk grid over the padded features), as for the forward skip",
     ),
     ExportSkip(
