@@ -526,3 +526,16 @@ def test_runner_and_quantized_sections():
     # two SQNRs measured: min 7.7, max 31.5; one in the < 10 bin, one in 30-40; worst passing 13.5 steps
     assert "| test_quantized onnx/int8 | 2 | 7.7 |" in md and "| 1 | 0 | 0 | 1 | 0 | 13.5 | C |" in md
     assert "test_quantized onnx/int8, below 10 dB: B" in md
+
+
+def test_an_item_the_run_stopped_in_has_no_result(tmp_path):
+    """A sharded run stopped mid-item leaves that item's setup report and nothing after: no verdict, not a pass."""
+    log = tmp_path / "stopped.jsonl"
+    item = "sweeps/test_quantized.py::test_quantized[executorch-int8-A]"
+    done = "sweeps/test_quantized.py::test_quantized[executorch-int8-B]"
+    lines = [{"$report_type": "TestReport", "nodeid": done, "when": w, "outcome": "passed", "user_properties": []}
+             for w in ("setup", "call", "teardown")]
+    lines.append({"$report_type": "TestReport", "nodeid": item, "when": "setup", "outcome": "passed", "user_properties": []})
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    results = load_reportlog(log)
+    assert [(r.model_class, r.outcome) for r in results] == [("B", "pass")]

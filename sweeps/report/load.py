@@ -206,7 +206,9 @@ def _skip_message(longrepr: Any) -> str:
     return text[len("Skipped: "):] if text.startswith("Skipped: ") else text
 
 
-def _from_reports(nodeid: str, reports: list[dict], source: str) -> Result:
+def _from_reports(nodeid: str, reports: list[dict], source: str) -> Result | None:
+    """The item's result, or None for an item the run was stopped in (its setup passed, no call was reported:
+    a sharded run stopped mid-item has no verdict for it)."""
     props: dict[str, Any] = {}
     for report in reports:
         props.update({k: v for k, v in report.get("user_properties") or []})
@@ -219,6 +221,8 @@ def _from_reports(nodeid: str, reports: list[dict], source: str) -> Result:
         if report.get("outcome") == "failed" and (report.get("when") == "???" or _CRASH.search(text)):
             return build("crash", error="worker crashed")
     setup, call, teardown = by_when.get("setup"), by_when.get("call"), by_when.get("teardown")
+    if call is None and setup is not None and setup.get("outcome") == "passed" and teardown is None:
+        return None
     if call is not None:
         first = call
     elif setup is not None and setup.get("outcome") != "passed":
@@ -257,7 +261,8 @@ def load_reportlog(path: str | Path) -> list[Result]:
                 raise ValueError(f"{path}:{number}: not a JSON line ({exc})") from None
             if data.get("$report_type") == "TestReport":
                 grouped.setdefault(data["nodeid"], []).append(data)
-    return [_from_reports(nodeid, reports, str(path)) for nodeid, reports in grouped.items()]
+    results = (_from_reports(nodeid, reports, str(path)) for nodeid, reports in grouped.items())
+    return [r for r in results if r is not None]
 
 
 # ── JUnit XML ──
