@@ -92,8 +92,8 @@ def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
         if steps:
             record("steps_off", round(max(steps), 4) if math.isfinite(max(steps)) else None)
         spread = artifact.reference_spread(**inputs)  # the model's own sensitivity to one-step rounding
-        spread_steps = [spread[k] / quantization_step(v) for k, v in expected.items()
-                        if k in spread and isinstance(v, torch.Tensor) and quantization_step(v) > 0]
+        grid = {k: quantization_step(expected[k]) for k in spread}
+        spread_steps = [spread[k] / grid[k] for k in spread if grid[k] > 0]
         if spread_steps:
             record("rounding_spread_steps", round(max(spread_steps), 4) if math.isfinite(max(spread_steps)) else None)
         stage = "compare"

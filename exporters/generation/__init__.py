@@ -96,8 +96,10 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         + [("prefill", model, prefill), ("decode", model, decode)]
     baked = tuple(k for k, r in prefill_trees.items() if r == "initial")
     recipes = checked_recipes(quantization, [label for label, _, _ in parts])
-    if recipes:
-        recipes = component_calibration(recipes, lambda sample: _component_inputs(model, sample, baked))
+    if recipes:  # the export's own capture serves its own inputs; another sample runs generate again
+        captured = _call_inputs(encoder_call, prefill, decode, baked)
+        recipes = component_calibration(recipes, lambda sample: captured if sample is inputs
+                                         else _component_inputs(model, sample, baked))
     components = {}
     for label, module, call in parts:
         held = baked if label == "prefill" else ()
@@ -123,8 +125,6 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
 
 
 def _export_static(exporter, model, inputs, config, generation, max_cache_len: int) -> StaticGenerator:
-    import dataclasses
-
     state = STATIC_STATE.get(exporter.backend)
     if state is None:
         raise GenerationError(f"no static cache form for backend {exporter.backend!r}; known: {sorted(STATIC_STATE)}")
@@ -182,8 +182,6 @@ def _export_static_encoder_decoder(exporter, model, inputs, config, generation, 
                                    state: str) -> StaticGenerator:
     """An encoder-decoder's static form: the ``encoder`` component and a one-token decoder ``step``
     (exporters/generation/static_encdec.py)."""
-    import dataclasses
-
     name = type(model).__name__
     calls, encoder_calls, _ = capture_generate(model, inputs, CAPTURED_STEPS)
     given = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
@@ -230,8 +228,6 @@ def _export_step(exporter, step, example: dict[str, torch.Tensor], config, retry
     an attention path; torch reports a constraint violation), the step is exported at one token a call
     (``token_by_token``, every dim fixed) and the loop feeds the prompt one token at a time through the
     model's one-token path: ``retry_example()`` gives that example. Recorded as ``sequence_dim``."""
-    import dataclasses
-
     try:
         return exporter.export(step, example, config)
     except Exception as exc:  # noqa: BLE001 - only torch's constraint violation is retried, the rest re-raised
@@ -299,16 +295,21 @@ def _prefill_tree_rules(model, prefill, encoder_calls: dict) -> dict[str, str]:
     return {k: v for k, v in rules.items() if v != "empty"}  # "initial" trees are baked into the prefill
 
 
+def _call_inputs(encoder_call: dict, prefill, decode, baked: tuple[str, ...]) -> dict[str, list[dict]]:
+    """Per component label, the flat inputs (as its export takes them) of the calls it was exported from."""
+    inputs = {label: [{**flat_call_inputs(call), **call.constants}] for label, call in encoder_call.items()}
+    inputs["prefill"] = [{**flat_call_inputs(prefill, baked), **prefill.constants}]
+    inputs["decode"] = [{**flat_call_inputs(decode), **decode.constants}]
+    return inputs
+
+
 def _component_inputs(model, sample: Mapping[str, Any], baked: tuple[str, ...]) -> dict[str, list[dict]]:
-    """Per component label, the flat inputs of its calls when ``generate`` runs on ``sample`` (calibration)."""
+    """Per component label, the flat inputs of its calls when ``generate`` runs on ``sample`` (calibration): the
+    prefill, the first decode step (the one the decode component was exported from: its shapes), the encoders."""
     padded = _padded(sample)
     calls, encoder_calls, _ = capture_generate(model, padded, CAPTURED_STEPS)
     given = {k: v for k, v in padded.items() if isinstance(v, torch.Tensor)}
-    inputs = {label: [{**flat_call_inputs(call), **call.constants}]
-              for label, call in _encoder_calls(model, encoder_calls, given).items()}
-    inputs["prefill"] = [{**flat_call_inputs(calls[0], baked), **calls[0].constants}]
-    inputs["decode"] = [{**flat_call_inputs(calls[1]), **calls[1].constants}]  # the step exported: its shapes
-    return inputs
+    return _call_inputs(_encoder_calls(model, encoder_calls, given), calls[0], calls[1], baked)
 
 
 def _padded(inputs: Mapping[str, Any]) -> dict[str, Any]:

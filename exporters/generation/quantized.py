@@ -51,9 +51,16 @@ def component_calibration(recipes: Mapping[str, Any], capture: Callable[[Mapping
     generate on one of the recipe's inputs and returns, per component label, the flat inputs of its calls."""
     from exporters.quantization import Recipe
 
+    captured: dict[int, dict[str, list[dict]]] = {}  # one generate run per sample, whichever recipes name it
+
+    def of(sample: Mapping[str, Any]) -> dict[str, list[dict]]:
+        if id(sample) not in captured:
+            captured[id(sample)] = capture(sample)
+        return captured[id(sample)]
+
     calibrated = {}
     for label, recipe in recipes.items():
-        own = [flat for sample in recipe.calibration for flat in capture(sample).get(label, [])]
+        own = [flat for sample in recipe.calibration for flat in of(sample).get(label, [])]
         if not own:
             raise GenerationError(f"the calibration inputs of quantization[{label!r}] never reached the {label} "
                                   "component in the model's generate")

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped
-from exporters.generation.static_embeds import DEEPSTACK_PREFIX, decoder_path, decoder_receives, deepstack_names
+from exporters.generation.static_embeds import decoder_path, decoder_receives, deepstack_names, per_token_embedding
 from exporters.generation.steps import apply_tensor_rule
 
 STATE_FORMS = ("buffers", "inputs")
@@ -448,8 +448,7 @@ def step_example(step: StaticStep, input_ids: torch.Tensor, attention_mask: torc
         input_ids = input_ids[:, :1]
         attention_mask = None if attention_mask is None else attention_mask[:, :1]
         extras = {k: v[:, :1] for k, v in extras.items()}
-        embedded = {k: v[:, :1] if k == "inputs_embeds" or k.startswith(DEEPSTACK_PREFIX) else v[..., :1]
-                    for k, v in embedded.items()}
+        embedded = {k: v[:, :1] if per_token_embedding(k) else v[..., :1] for k, v in embedded.items()}
     batch, prompt = input_ids.shape
     tokens = {"input_ids": input_ids}
     if step.embeds:
@@ -477,7 +476,7 @@ def step_dynamic_shapes(step: StaticStep, example: Mapping[str, torch.Tensor]) -
     seq = torch.export.Dim("S", min=1, max=step.max_cache_len)
     shapes: dict[str, Any] = {}
     for name in example:
-        if name in ("input_ids", "inputs_embeds") or name in step.extras or name.startswith(DEEPSTACK_PREFIX):
+        if name == "input_ids" or per_token_embedding(name) or name in step.extras:
             shapes[name] = {1: seq}
         elif name == "position_ids":  # [batch, S], or [3, batch, S] (multimodal rotary positions)
             shapes[name] = {example[name].dim() - 1: seq}

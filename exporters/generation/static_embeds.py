@@ -42,6 +42,11 @@ def deepstack_names(count: int) -> list[str]:
     return [f"{DEEPSTACK_PREFIX}{k}" for k in range(count)]
 
 
+def per_token_embedding(name: str) -> bool:
+    """``inputs_embeds`` and the DeepStack inputs: ``[batch, S, hidden]``, a row per token, the step's token input."""
+    return name == "inputs_embeds" or name.startswith(DEEPSTACK_PREFIX)
+
+
 def dense_deepstack(inputs_embeds: torch.Tensor, mask: torch.Tensor, features: list) -> dict[str, torch.Tensor]:
     """Each DeepStack layer's ``[image tokens, hidden]`` features laid out per token: ``[batch, S, hidden]``, the
     features at the mask's positions in its order (as the decoder's ``hidden[mask]`` reads them), zeros elsewhere."""

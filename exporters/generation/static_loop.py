@@ -14,7 +14,7 @@ import torch
 from exporters.generation.capture import GenerationError
 from exporters.generation.generator import GENERATOR_FILE, GenerateOutput
 from exporters.generation.processors import end_and_pad, greedy_token
-from exporters.generation.static_embeds import DEEPSTACK_PREFIX
+from exporters.generation.static_embeds import per_token_embedding
 from exporters.generation.steps import apply_tensor_rule
 
 FORMAT = "exporters.static-generator/1"
@@ -135,7 +135,7 @@ class StaticGenerator:
         if self.embed_inputs is not None:  # the embed component over the caller's inputs: the prompt's embeddings
             given = {"input_ids": input_ids, "attention_mask": attention_mask, **other}
             embedded = self.components["embed"](**{k: given[k] for k in self.embed_inputs if given.get(k) is not None})
-            tokens = {k: v for k, v in embedded.items() if k == "inputs_embeds" or k.startswith(DEEPSTACK_PREFIX)}
+            tokens = {k: v for k, v in embedded.items() if per_token_embedding(k)}
         feed: dict[str, torch.Tensor] = {**tokens, "cache_position": torch.arange(prompt), **extras}
         if self.takes_positions:
             positions = embedded.get("position_ids")

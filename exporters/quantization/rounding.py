@@ -54,7 +54,10 @@ def _activation_quantizes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
 
 
 def perturbed_copy(converted: torch.fx.GraphModule, fraction: float = FRACTION) -> tuple[torch.fx.GraphModule, int]:
-    """A copy of the converted module whose activation quantizes are followed by a ``_Nudge``; and how many."""
+    """A copy of the converted module whose activation quantizes are followed by a ``_Nudge``; and how many (0: no
+    copy is made, the module itself is returned)."""
+    if not _activation_quantizes(converted.graph):
+        return converted, 0
     copied = copy.deepcopy(converted)
     nodes = _activation_quantizes(copied.graph)
     copied.add_module(NUDGE, _Nudge(fraction))

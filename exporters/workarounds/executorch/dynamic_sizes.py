@@ -263,4 +263,3 @@ def _fix_empty_cat_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> boo
             sizes.append(total)
     _zeros_in_place_of(gm, node, made, sizes)
     return True
-

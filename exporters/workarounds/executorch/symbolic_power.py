@@ -35,6 +35,7 @@ def powers_as_products(graph_module: torch.fx.GraphModule) -> int:
     for module in graph_module.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
+        before = count
         for node in list(module.graph.nodes):
             if node.op != "call_function" or node.target is not operator.pow or len(node.args) != 2:
                 continue
@@ -50,7 +51,7 @@ def powers_as_products(graph_module: torch.fx.GraphModule) -> int:
             node.replace_all_uses_with(product)
             module.graph.erase_node(node)
             count += 1
-        if count:
+        if count > before:
             module.recompile()
     return count
 
