@@ -102,6 +102,9 @@ def pytest_addoption(parser):
     group.addoption("--no-shared-traces", action="store_true", default=False,
                     help="trace every test_export item itself, instead of sharing one torch.export trace per class "
                          "and shape config across the backends whose patches agree (exporters/trace_reuse.py)")
+    group.addoption("--resume", action="append", default=[], metavar="LOG",
+                    help="leave out the items that already have a result in this --report-log file (a stopped "
+                         "shard goes on where it stopped; write the rest to a new log); repeatable")
     group.addoption("--keep-artifacts", default=None, metavar="DIR",
                     help="save each item's exported artifact and metadata.json under DIR/<item id>/")
 
@@ -334,6 +337,7 @@ def pytest_collection_modifyitems(config, items):
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [i for i in items if i not in empty]
+    _leave_out_resumed(config, items)
     if not config._sweep["only_sweep"]:
         return
     keep, drop = [], []
@@ -343,6 +347,25 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def _leave_out_resumed(config, items) -> None:
+    """--resume LOG: deselect the items LOG holds a result for (an item a run was stopped in has none)."""
+    logs = config.option.resume
+    if not logs:
+        return
+    from sweeps.report.load import load_reportlog
+
+    done: set[str] = set()
+    for log in logs:
+        try:
+            done.update(r.nodeid for r in load_reportlog(log))
+        except (OSError, ValueError) as exc:
+            raise pytest.UsageError(f"--resume {log}: {exc}") from None
+    drop = [i for i in items if i.nodeid in done]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [i for i in items if i.nodeid not in done]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

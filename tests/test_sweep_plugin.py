@@ -1,4 +1,4 @@
-"""sweeps.plugin in process: --shard parsing and the catalog's shard partition, --backend/--variant choices,
+"""sweeps.plugin in process: --shard parsing and the catalog's shard partition, --resume, --backend/--variant choices,
 markers; EXPORT_SKIPS entries as strict xfails (in a pytester project). The end-to-end sessions (ids, selection,
 shards, usage errors, markers, the patch guard) are in test_sweep_sessions.py.
 """
@@ -158,3 +158,43 @@ skips.export_skips.EXPORT_SKIPS = (
     ])
     outcomes = result.parseoutcomes()
     assert not outcomes.get("passed") and not outcomes.get("failed")
+
+
+# ── --resume ──────────────────────────────────────────────────────────────────────────────────
+
+
+def _resume_config(logs):
+    deselected = []
+
+    class Hook:
+        def pytest_deselected(self, items):
+            deselected.extend(items)
+
+    config = type("Config", (), {"option": type("Option", (), {"resume": logs})(), "hook": Hook()})()
+    return config, deselected
+
+
+def test_resume_leaves_out_items_with_a_result_and_keeps_the_one_the_run_stopped_in(tmp_path):
+    import json
+
+    def report(nodeid, when, outcome):
+        return json.dumps({"$report_type": "TestReport", "nodeid": nodeid, "when": when, "outcome": outcome,
+                           "longrepr": None, "user_properties": [], "duration": 0.1})
+
+    log = tmp_path / "stopped.jsonl"
+    log.write_text("\n".join([
+        report("t[a]", "setup", "passed"), report("t[a]", "call", "passed"), report("t[a]", "teardown", "passed"),
+        report("t[b]", "setup", "passed"), report("t[b]", "call", "failed"), report("t[b]", "teardown", "passed"),
+        report("t[c]", "setup", "passed"),   # stopped in c: no verdict, c runs again
+    ]) + "\n")
+    items = [type("Item", (), {"nodeid": n})() for n in ("t[a]", "t[b]", "t[c]", "t[d]")]
+    config, deselected = _resume_config([str(log)])
+    plugin._leave_out_resumed(config, items)
+    assert [i.nodeid for i in items] == ["t[c]", "t[d]"]
+    assert [i.nodeid for i in deselected] == ["t[a]", "t[b]"]
+
+
+def test_resume_names_a_missing_log(tmp_path):
+    config, _ = _resume_config([str(tmp_path / "nope.jsonl")])
+    with pytest.raises(pytest.UsageError, match="--resume .*nope.jsonl"):
+        plugin._leave_out_resumed(config, [])
