@@ -16,7 +16,7 @@ from .base import Artifact, ExportConfig, Exporter, run_stage
 from .generation import GenerationExport
 from .model_state import _STATEFUL_CACHE_ATTRS
 from .pytrees import _flatten_to_context, _unflatten_from_context, flatten_outputs
-from .tracing import quantization_trace, trace
+from .tracing import parameter_names, quantization_trace, trace
 from .utils import FiredLog, split_quantization_patches
 
 __all__ = ["DynamoArtifact", "DynamoConfig", "DynamoExporter", "_STATEFUL_CACHE_ATTRS", "_flatten_to_context",
@@ -100,7 +100,7 @@ class DynamoArtifact(Artifact):
         # inference, as in the other runtimes: a loaded program's buffers may be updated in place (a static
         # cache), which autograd refuses on views of its leaves
         with torch.no_grad():
-            out = self.module(**dict(zip(self.input_names, ordered)))
+            out = self.module(**dict(zip(parameter_names(self.input_names), ordered)))  # the names it binds
         # by name, in the program's order (output_names): the module rebuilds a ModelOutput with its fields
         # in the dataclass's order, which re-flattening would follow instead
         named = flatten_outputs(out)

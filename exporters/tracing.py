@@ -49,8 +49,10 @@ class Traced:
 def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], constants: Mapping[str, Any],
                            baked_buffers: list[torch.Tensor] = ()):
     original = model.__dict__.get("forward")
+    given_name = dict(zip(parameter_names(tensor_names), tensor_names))
 
     def forward(*args, **kwargs):
+        kwargs = {given_name.get(k, k): v for k, v in kwargs.items()}
         kwargs.update(zip(tensor_names, args))
         # baked tensor inputs go in as real copies whose values stay concrete (exporters/specialize.py)
         baked = {k: concrete(v) if isinstance(v, torch.Tensor) else v for k, v in constants.items()}
@@ -62,7 +64,7 @@ def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], cons
             return in_field_order(bound_forward(**kwargs, **baked))
 
     forward.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in tensor_names]
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in parameter_names(tensor_names)]
     )
     model.forward = forward
     try:
@@ -73,6 +75,25 @@ def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], cons
         else:
             model.forward = original
 
+
+
+def parameter_names(names: list[str]) -> list[str]:
+    """The flat signature's parameter name for each input name: the name itself where it is an identifier;
+    otherwise (an input named as a runtime names it, ``past_key_values.0.key``) its non-word characters as
+    ``_``, made unique. The inputs keep their own names everywhere else (the artifact's input_names, the
+    ONNX graph's inputs); only torch.export binds by these."""
+    import keyword
+    import re
+
+    out: list[str] = []
+    for name in names:
+        safe = name if name.isidentifier() and not keyword.iskeyword(name) else re.sub(r"\W", "_", name)
+        if not safe.isidentifier() or keyword.iskeyword(safe):
+            safe = f"_{safe}"
+        while safe in out or (safe != name and safe in names):
+            safe = f"{safe}_"
+        out.append(safe)
+    return out
 
 
 def in_field_order(out: Any) -> Any:
@@ -269,12 +290,15 @@ def trace(
     state = _snapshot_state(model)
     markings = _dim_markings(tensors)
     try:
+        bound = dict(zip(names, parameter_names(names)))  # torch.export binds by identifiers
         with constant_buffers_baked(model) as baked_buffers, \
                 flat_forward_signature(model, names, constants, baked_buffers), apply_patches(patches, marks), \
                 probing(store, patches) if keeping else contextlib.nullcontext() as probes, \
                 size_one_mode(config):
             program = torch.export.export(
-                model, args=(), kwargs=tensors, dynamic_shapes=dynamic_shapes, strict=config.strict
+                model, args=(), kwargs={bound[k]: v for k, v in tensors.items()}, strict=config.strict,
+                dynamic_shapes={bound.get(k, k): v for k, v in dynamic_shapes.items()}
+                if isinstance(dynamic_shapes, dict) else dynamic_shapes,
             )
     finally:
         fired.extend(marks.names())

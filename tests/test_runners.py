@@ -95,14 +95,55 @@ def test_runner_folders_refuse_what_the_runner_would_misread(llama, tmp_path):
         load_generator(tmp_path / "c").save(tmp_path / "d", runner=True)
 
 
-def test_ort_genai_refuses_a_recurrent_state_by_name():
+def test_ort_genai_refuses_states_a_multi_token_call_cannot_start_from():
+    """onnxruntime-genai runs one graph for the prompt and each step, so a layer must run several new tokens
+    from the state it is given. Mamba's forward cannot (its mixer masks the new tokens with the whole mask):
+    refused by name before anything is exported."""
     from transformers import MambaConfig, MambaForCausalLM
 
     from exporters.generation.genai import export_genai
 
     model = MambaForCausalLM(MambaConfig(vocab_size=32, hidden_size=16, state_size=4, num_hidden_layers=1)).eval()
-    with pytest.raises(GenerationError, match=r"no past_key_values \(its state: \['cache_params'\]\)"):
+    with pytest.raises(GenerationError, match=r"MambaForCausalLM: several new tokens after a first call.*one graph"):
         export_genai(get_exporter("onnx"), model, {"input_ids": torch.tensor([[3, 4, 5]])})
+
+
+@pytest.mark.slow
+def test_ort_genai_carries_linear_attention_states_in_one_graph(tmp_path):
+    """A hybrid (Qwen3-Next: a gated delta rule layer beside an attention layer): the layer's conv and recurrent
+    states are onnxruntime-genai's recurrent state (found by name, started at zero), and one graph runs the prompt
+    and every step from the state it is given. The runner generates what eager generates, whose prompt runs from
+    no state and whose steps take the one-token path."""
+    import json
+
+    import onnx
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    from exporters.generation.genai import export_genai_folder, run_ort_genai
+
+    torch.manual_seed(0)
+    config = Qwen3NextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_value_heads=2,
+                             linear_num_key_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
+                             linear_conv_kernel_dim=3, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                             shared_expert_intermediate_size=16, layer_types=["linear_attention", "full_attention"],
+                             eos_token_id=63, bos_token_id=0, pad_token_id=None)
+    model = Qwen3NextForCausalLM(config).eval()
+    onnx_exporter = get_exporter("onnx")
+    export_genai_folder(tmp_path, onnx_exporter, model, {"input_ids": torch.tensor([PROMPT])},
+                        onnx_exporter.config_class(dynamic=True, max_dim=64), {"eos_token_id": 63})
+    graph = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False).graph
+    assert {i.name for i in graph.input} == {"input_ids", "attention_mask", "position_ids", "past_key_values.1.key",
+                                             "past_key_values.1.value", "past_key_values.0.conv_state",
+                                             "past_key_values.0.recurrent_state"}
+    assert {"present.0.conv_state", "present.0.recurrent_state", "present.1.key"} <= {o.name for o in graph.output}
+    layout = json.loads((tmp_path / "metadata.json").read_text())["cache_layout"]
+    assert layout["attention_layers"] == [1] and list(layout["states"]) == ["0"]
+    expected = _eager(model, 12)
+    assert len(set(expected)) > 3, expected
+    got, stats = run_ort_genai(str(tmp_path), PROMPT, 12)
+    assert got == expected
+    assert stats["sequence_length"] == len(PROMPT) + len(got) - (got[-1] == 63)
 
 
 def test_ort_genai_carries_keys_and_values_of_different_sizes(tmp_path):
@@ -123,7 +164,7 @@ def test_ort_genai_carries_keys_and_values_of_different_sizes(tmp_path):
     sizes = (layer.keys.shape[-1], layer.values.shape[-1])
     assert sizes[0] != sizes[1]
     assert layout["head_size"] == max(sizes)
-    assert [tuple(size for _, size in layer) for layer in layout["layer_shapes"]] == [sizes] * 2
+    assert [tuple(size for _, size in layer) for layer in layout["layer_shapes"].values()] == [sizes] * 2
     expected = _eager(model, 10)
     assert len(set(expected)) > 3, expected
     got, _ = run_ort_genai(str(tmp_path), PROMPT, 10)

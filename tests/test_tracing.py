@@ -247,3 +247,24 @@ def test_a_dim_traced_at_zero_stays_static_in_size_one_mode():
     assert shapes["values"][3] is None
     assert all(shapes["values"][d] is not None for d in range(3)) and all(v is not None for v in shapes["ids"].values())
     assert all(v is not None for v in auto_dynamic_shapes(inputs, max_dim=64)["values"].values())
+
+
+def test_inputs_named_as_a_runtime_names_them_export_under_those_names():
+    """``past_key_values.0.key`` is no Python identifier: torch.export binds it by a safe parameter name,
+    and the artifact (and an ONNX graph) keeps the given name."""
+    from exporters import get_exporter
+    from exporters.tracing import parameter_names
+
+    assert parameter_names(["x", "past_key_values.0.key", "past_key_values_0_key", "class", "0"]) == [
+        "x", "past_key_values_0_key_", "past_key_values_0_key", "_class", "_0"]
+
+    class Add(torch.nn.Module):
+        def forward(self, **inputs):
+            return {"present.0.key": inputs["past_key_values.0.key"] + inputs["x"]}
+
+    x, past = torch.randn(2, 3), torch.randn(2, 3)
+    for backend in ("dynamo", "onnx"):
+        artifact = get_exporter(backend).export(Add(), {"x": x, "past_key_values.0.key": past})
+        assert artifact.input_names == ["x", "past_key_values.0.key"]
+        (got,) = artifact(**{"x": x, "past_key_values.0.key": past}).values()
+        torch.testing.assert_close(got, x + past)

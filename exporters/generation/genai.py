@@ -3,19 +3,35 @@ takes the whole prompt at past length 0 and each new token after it, and ``genai
 its inputs, outputs and cache layout.
 
 The graph (``GenaiStep``): inputs ``input_ids`` [batch, S], ``attention_mask`` [batch, past + S],
-``position_ids`` [batch, S] (where the model reads them), ``past_<i>_key`` / ``past_<i>_value``
-[batch, kv_heads, past, head_size] (past from 0); outputs ``logits`` [batch, S, vocab] and
-``present_<i>_key`` / ``present_<i>_value`` [batch, kv_heads, past + S, head_size]. This is the
-growing-cache layout of onnxruntime-genai's decoder-only model (``past_present_share_buffer``
-false); its config keys are the ones its model builder writes (model.decoder.inputs /
-outputs with ``%d`` name templates, head_size, num_key_value_heads, ...). ``type`` is "llama":
-onnxruntime-genai picks its generic decoder-only model class by that name and reads nothing else of it.
+``position_ids`` [batch, S] (where the model reads them), ``past_key_values.<i>.key`` / ``.value``
+[batch, kv_heads, past, head_size] (past from 0) for each attention layer i; outputs ``logits``
+[batch, S, vocab] and ``present.<i>.key`` / ``.value`` [batch, kv_heads, past + S, head_size]. This is
+the growing-cache layout of onnxruntime-genai's decoder-only model (``past_present_share_buffer``
+false), named as its model builder names it; its config keys are the ones the builder writes
+(model.decoder.inputs / outputs with ``%d`` name templates, head_size, num_key_value_heads, ...).
+``type`` is "llama": onnxruntime-genai picks its generic decoder-only model class by that name and
+reads nothing else of it.
 
 Layers whose keys and values differ in size (multi-head latent attention) or in head count share the
-largest of each in the graph's cache tensors, each layer's own part zero-padded (``GenaiStep``). A model
-the config cannot describe is refused by name (GenerationError): a cache with layers other than plain
-key/value layers (recurrent state, indexed or linear-attention layers), or a forward that needs inputs
-besides ids, mask and positions.
+largest of each in the graph's cache tensors, each layer's own part zero-padded (``GenaiStep``).
+
+Linear-attention layers (Mamba, gated delta rule, short convolutions: transformers'
+``LinearAttentionLayer``) carry their states as onnxruntime-genai's recurrent state: inputs
+``past_key_values.<i>.conv_state`` [batch, 1, C] and ``.recurrent_state`` [batch, 1, 1, R], outputs
+``present.<i>.*``, which it finds by those names, sizes from the graph's static dims and starts at
+zero. A layer's conv states (one per ``state_idx``), flattened and concatenated, fill C; its recurrent
+states fill R (a layer with none passes R on unchanged); every layer is zero-padded to the largest.
+One graph serves the prompt and every step: the layers are given their states as previous ones, and
+the sequence is traced from length 2, so transformers' layers take their multi-token path, which
+starts from the given state (the convolution over the stored window then the new tokens, the chunked
+recurrence from ``initial_state``) and computes one token as well: from zero state at the prompt,
+from the last call's at each step. A chunked recurrence loops over its chunks in Python, so the
+graph holds as many as the traced bound needs: the context length (``max_dim``) must stay within
+what the trace decides (torch refuses it otherwise, naming the chunk-count guard).
+
+A model the config cannot describe is refused by name (GenerationError): a cache with layers of other
+kinds (a sparse-attention indexer's keys, a model's own cache classes), or a forward that needs
+inputs besides ids, mask and positions.
 """
 
 from __future__ import annotations
@@ -32,24 +48,35 @@ from exporters.generation.runners import fixed_width_tokenizer, vocab_size
 
 CONFIG_FILE = "genai_config.json"
 GENAI_INPUTS = ("input_ids", "attention_mask", "position_ids")
+# the model builder's names; onnxruntime-genai finds each layer's tensors by them
+PAST = {"key": "past_key_values.%d.key", "value": "past_key_values.%d.value",
+        "conv": "past_key_values.%d.conv_state", "recurrent": "past_key_values.%d.recurrent_state"}
+PRESENT = {"key": "present.%d.key", "value": "present.%d.value",
+           "conv": "present.%d.conv_state", "recurrent": "present.%d.recurrent_state"}
 
 
 class GenaiStep(torch.nn.Module):
-    """``model`` over a DynamicCache rebuilt from ``past_<i>_*`` inputs; returns logits and presents."""
+    """``model`` over a DynamicCache rebuilt from the graph's past inputs; returns logits and presents."""
 
-    def __init__(self, model: torch.nn.Module, shapes: list[tuple[tuple[int, int], tuple[int, int]]],
-                 takes_positions: bool):
-        """``shapes``: each layer's own ((heads, size) of keys, (heads, size) of values). genai_config.json
-        has one num_key_value_heads and one head_size, so where they are not all one (multi-head latent
-        attention: keys and values of different sizes; layers of different head counts) the graph's cache
-        tensors all have the largest of each: a layer's own part is zero-padded on the way out and sliced
-        off on the way in, and the model sees its own cache exactly."""
+    def __init__(self, model: torch.nn.Module, shapes: Mapping[int, tuple[tuple[int, int], tuple[int, int]]],
+                 takes_positions: bool, states: Mapping[int, list[tuple[str, tuple[int, ...]]]] | None = None):
+        """``shapes``: each attention layer's own ((heads, size) of keys, (heads, size) of values).
+        genai_config.json has one num_key_value_heads and one head_size, so where they are not all one
+        (multi-head latent attention: keys and values of different sizes; layers of different head
+        counts) the graph's cache tensors all have the largest of each: a layer's own part is zero-padded
+        on the way out and sliced off on the way in, and the model sees its own cache exactly.
+        ``states``: each linear-attention layer's states as (part, shape without batch), part
+        ``conv_<j>`` or ``recurrent_<j>``, packed into one conv and one recurrent tensor (module doc)."""
         super().__init__()
-        self.model, self.shapes, self.takes_positions = model, shapes, takes_positions
-        self.layers = len(shapes)
-        dims = {d for pair in shapes for d in pair}
-        self.heads, self.size = max(h for h, _ in dims), max(s for _, s in dims)
-        self.uniform = len(dims) == 1
+        self.model, self.shapes, self.takes_positions = model, dict(shapes), takes_positions
+        self.cache_arg = cache_argument(model)
+        self.states = {i: list(parts) for i, parts in (states or {}).items()}
+        dims = {d for pair in self.shapes.values() for d in pair}
+        self.heads, self.size = (max(h for h, _ in dims), max(s for _, s in dims)) if dims else (1, 1)
+        self.uniform = len(dims) <= 1
+        sizes = {kind: [sum(_numel(shape) for part, shape in parts if part.startswith(kind))
+                        for parts in self.states.values()] for kind in ("conv", "recurrent")}
+        self.conv_size, self.recurrent_size = (max(sizes[kind], default=0) or 1 for kind in ("conv", "recurrent"))
 
     def _narrow(self, tensor: torch.Tensor, layer: int, part: int) -> torch.Tensor:
         if self.uniform:
@@ -62,36 +89,112 @@ class GenaiStep(torch.nn.Module):
             return tensor
         return torch.nn.functional.pad(tensor, (0, self.size - tensor.shape[-1], 0, 0, 0, self.heads - tensor.shape[1]))
 
+    def _load_states(self, layer, conv: torch.Tensor, recurrent: torch.Tensor, parts) -> None:
+        """Unpack a layer's states from its conv / recurrent inputs, as previous ones (each a copy: the
+        layer updates its states in place)."""
+        flat = {"conv": conv.reshape(conv.shape[0], -1), "recurrent": recurrent.reshape(recurrent.shape[0], -1)}
+        offset = {"conv": 0, "recurrent": 0}
+        for part, shape in parts:
+            kind, j = part.rsplit("_", 1)
+            j, n = int(j), _numel(shape)
+            tensor = flat[kind][:, offset[kind]:offset[kind] + n].reshape(-1, *shape).clone()
+            offset[kind] += n
+            getattr(layer, f"{kind}_states")[j] = tensor
+            getattr(layer, f"is_{kind}_states_initialized")[j] = True
+            if kind == "conv":
+                layer.conv_kernel_size[j] = shape[-1]
+            layer.has_previous_state[j] = True
+            layer.dtype, layer.device = tensor.dtype, tensor.device
+
+    def _pack_states(self, layer, parts, given: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        packed = []
+        for kind, size in (("conv", self.conv_size), ("recurrent", self.recurrent_size)):
+            pieces = [getattr(layer, f"{kind}_states")[int(part.rsplit("_", 1)[1])] for part, _ in parts
+                      if part.startswith(kind)]
+            if not pieces:  # a layer with no state of this kind passes its input on
+                packed.append(given[kind].clone())
+                continue
+            flat = torch.cat([p.reshape(p.shape[0], -1) for p in pieces], dim=1)
+            flat = torch.nn.functional.pad(flat, (0, size - flat.shape[1]))
+            packed.append(flat[:, None] if kind == "conv" else flat[:, None, None])
+        return packed[0], packed[1]
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None,
                 **past: torch.Tensor) -> dict[str, torch.Tensor]:
-
         cache = plain_cache(self.model)
-        for i in range(self.layers):
-            cache.update(self._narrow(past[f"past_{i}_key"], i, 0), self._narrow(past[f"past_{i}_value"], i, 1), i)
+        for i in self.shapes:
+            cache.update(self._narrow(past[PAST["key"] % i], i, 0), self._narrow(past[PAST["value"] % i], i, 1), i)
+        for i, parts in self.states.items():
+            self._load_states(cache.layers[i], past[PAST["conv"] % i], past[PAST["recurrent"] % i], parts)
         kwargs = {"position_ids": position_ids} if self.takes_positions else {}
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True,
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, **{self.cache_arg: cache}, use_cache=True,
                          return_dict=True, **kwargs)
         outputs = {"logits": out.logits}
-        for i, layer in enumerate(out.past_key_values.layers):
-            outputs[f"present_{i}_key"], outputs[f"present_{i}_value"] = self._widen(layer.keys), self._widen(layer.values)
+        layers = getattr(out, self.cache_arg).layers
+        for i in self.shapes:
+            outputs[PRESENT["key"] % i], outputs[PRESENT["value"] % i] = (self._widen(layers[i].keys),
+                                                                          self._widen(layers[i].values))
+        for i, parts in self.states.items():
+            outputs[PRESENT["conv"] % i], outputs[PRESENT["recurrent"] % i] = self._pack_states(
+                layers[i], parts, {kind: past[PAST[kind] % i] for kind in ("conv", "recurrent")})
         return outputs
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The forward argument (and output field) that carries the model's cache: ``past_key_values``, or
+    ``cache_params`` for the Mamba family, whose Cache holds only linear-attention layers."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache_params" if "cache_params" in params and "past_key_values" not in params else "past_key_values"
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def plain_cache(model: torch.nn.Module):
     """The model's DynamicCache with each sliding-window layer made a plain one
-    (``capture.plain_sliding_layers``): genai_config.json then describes one layout for every layer.
-    Other layer kinds stay, and are refused by ``_layout`` by name."""
-    from transformers.cache_utils import DynamicCache
+    (``capture.plain_sliding_layers``; beside linear-attention states, a LinearAttentionAndFullAttentionLayer):
+    genai_config.json then describes one layout for every attention layer. Other layer kinds stay, and
+    are refused by ``_layout`` by name."""
+    from transformers.cache_utils import (
+        DynamicCache,
+        LinearAttentionAndFullAttentionLayer,
+        LinearAttentionAndSlidingWindowAttentionLayer,
+    )
 
     cache = DynamicCache(config=model.config)
     plain_sliding_layers(cache)
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is LinearAttentionAndSlidingWindowAttentionLayer and not layer.is_initialized:
+            cache.layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
     return cache
 
 
-def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[list, bool]:
-    """(each layer's ((heads, size) of keys, (heads, size) of values), takes_positions), read off one eager
-    forward with a DynamicCache whose layers must all be plain key/value layers."""
-    from transformers.cache_utils import DynamicLayer
+def _layer_states(layer) -> list[tuple[str, tuple[int, ...]]]:
+    """A linear-attention layer's states as (``conv_<j>`` / ``recurrent_<j>``, shape without batch)."""
+    parts = []
+    for j in range(layer.number_of_states):
+        for kind in ("conv", "recurrent"):
+            if getattr(layer, f"is_{kind}_states_initialized")[j]:
+                parts.append((f"{kind}_{j}", tuple(int(d) for d in getattr(layer, f"{kind}_states")[j].shape[1:])))
+    return parts
+
+
+def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[dict, bool, dict, dict]:
+    """(each attention layer's ((heads, size) of keys, (heads, size) of values), takes_positions, each
+    linear-attention layer's states, the dtype of each kind of state), read off one eager forward with a DynamicCache whose layers must
+    all be key/value or linear-attention layers."""
+    from transformers.cache_utils import (
+        DummyLayer,
+        DynamicLayer,
+        LinearAttentionAndFullAttentionLayer,
+        LinearAttentionLayer,
+    )
 
     name = type(model).__name__
     if encoder_of(model) is not None:
@@ -105,40 +208,46 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[list, bo
         raise GenerationError(f"{name} takes {other}, which onnxruntime-genai's decoder inputs have no key for")
     try:
         with torch.no_grad():
-            out = model(input_ids=ids[:1], use_cache=True, past_key_values=plain_cache(model), return_dict=True)
+            out = model(input_ids=ids[:1], use_cache=True, **{cache_argument(model): plain_cache(model)}, return_dict=True)
     except Exception as exc:  # noqa: BLE001 - the model refuses the plain cache it would be given
-        raise GenerationError(f"{name} does not run with a plain key/value DynamicCache ({type(exc).__name__}: "
+        raise GenerationError(f"{name} does not run with a plain DynamicCache ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}); genai_config.json describes that "
                               "cache only") from exc
-    cache = getattr(out, "past_key_values", None)
+    cache = getattr(out, cache_argument(model), None)
     if cache is None:
         state = sorted(k for k, v in (out.items() if hasattr(out, "items") else []) if k.endswith(("cache", "params")))
         raise GenerationError(f"{name} returns no past_key_values (its state: {state or 'none'}); genai_config.json "
-                              "describes a key/value cache only")
+                              "describes a transformers cache only")
     layers = list(getattr(cache, "layers", []))
-    odd = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+    known = (DynamicLayer, LinearAttentionLayer, LinearAttentionAndFullAttentionLayer, DummyLayer)  # Dummy: no cache
+    odd = sorted({type(layer).__name__ for layer in layers if type(layer) not in known})
     if not layers or odd:
         raise GenerationError(f"{name}'s cache holds {odd or 'no'} layers; " + _unsupported_layers(odd))
-    shapes = [((int(layer.keys.shape[1]), int(layer.keys.shape[3])), (int(layer.values.shape[1]), int(layer.values.shape[3])))
-              for layer in layers]
+    shapes = {i: ((int(layer.keys.shape[1]), int(layer.keys.shape[3])),
+                  (int(layer.values.shape[1]), int(layer.values.shape[3])))
+              for i, layer in enumerate(layers) if isinstance(layer, DynamicLayer) and layer.is_initialized}
+    states = {i: _layer_states(layer) for i, layer in enumerate(layers) if isinstance(layer, LinearAttentionLayer)}
+    states = {i: parts for i, parts in states.items() if parts}
+    dtypes = {kind: {getattr(layers[i], f"{kind}_states")[int(p.rsplit("_", 1)[1])].dtype
+                     for i, parts in states.items() for p, _ in parts if p.startswith(kind)}
+              for kind in ("conv", "recurrent")}
+    mixed = {kind: sorted(map(str, d)) for kind, d in dtypes.items() if len(d) > 1}
+    if mixed:
+        raise GenerationError(f"{name}'s linear-attention states differ in dtype ({mixed}); the graph packs each "
+                              "kind into one tensor of one dtype")
     import inspect
 
     takes_positions = "position_ids" in inspect.signature(model.forward).parameters
-    return shapes, takes_positions
+    return shapes, takes_positions, states, {kind: next(iter(d)) for kind, d in dtypes.items() if d}
 
 
 def _unsupported_layers(kinds: list[str]) -> str:
     """Why the folder cannot carry these cache layers, by kind."""
-    if any(k.startswith("LinearAttention") for k in kinds):
-        return ("onnxruntime-genai (0.18) takes conv and recurrent state by name (past_conv_names / "
-                "past_recurrent_names), but runs one graph for the prompt and for every step from the state it is "
-                "given, while transformers' linear-attention layers run the prompt from zero state and only a "
-                "one-token step from a stored one (has_previous_state); the one-graph form of these layers (the "
-                "prompt's convolution and chunked recurrence started from the given state) is not built yet")
     if any("Indexed" in k for k in kinds):
         return ("a sparse-attention indexer's keys are a cache of their own, which genai_config.json has no input "
                 "names for (it names key, value, conv and recurrent tensors only)")
-    return "the onnxruntime-genai folder describes key/value, conv and recurrent layers only"
+    return ("the onnxruntime-genai folder describes key/value (DynamicLayer) and linear-attention (conv and "
+            "recurrent state: LinearAttentionLayer) layers only")
 
 
 def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], config=None):
@@ -147,42 +256,121 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
 
     if exporter.backend != "onnx":
         raise GenerationError(f"onnxruntime-genai runs ONNX graphs; this generator was exported for {exporter.backend}")
-    layer_shapes, takes_positions = _layout(model, inputs)
-    step = GenaiStep(model, layer_shapes, takes_positions).eval()
+    layer_shapes, takes_positions, states, state_dtypes = _layout(model, inputs)
+    step = GenaiStep(model, layer_shapes, takes_positions, states).eval()
+    if states:
+        _check_one_graph(step, inputs["input_ids"][:1], state_dtypes)
     ids = inputs["input_ids"]
     if ids.shape[0] < 2:  # a traced batch of 1 would be specialized
         ids = ids.expand(2, -1)
+    if states and ids.shape[1] < 2:  # traced from a sequence of 2 or more (below)
+        ids = torch.cat([ids, ids], dim=1)
     batch, seq, past = ids.shape[0], ids.shape[1], 3  # traced with a past of 3, run from past 0
     example: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones(batch, past + seq, dtype=torch.long)}
     if takes_positions:
         example["position_ids"] = torch.arange(past, past + seq).expand(batch, -1)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    for i in range(step.layers):
+    for i in layer_shapes:
         for part in ("key", "value"):
-            example[f"past_{i}_{part}"] = torch.zeros(batch, step.heads, past, step.size, dtype=dtype)
+            example[PAST[part] % i] = torch.zeros(batch, step.heads, past, step.size, dtype=dtype)
+    for i in states:
+        example[PAST["conv"] % i] = torch.zeros(batch, 1, step.conv_size, dtype=state_dtypes.get("conv", dtype))
+        example[PAST["recurrent"] % i] = torch.zeros(batch, 1, 1, step.recurrent_size,
+                                                     dtype=state_dtypes.get("recurrent", dtype))
     from torch.export import Dim
 
     limit = (config.max_dim if config is not None else 1024)
-    b, s, p = Dim("batch", min=1, max=limit), Dim("seq", min=1, max=limit), Dim("past", min=0, max=limit)
+    # with linear-attention layers the sequence is traced from 2: transformers' layers test `seq_len == 1` to
+    # take their one-token path, so the trace takes the multi-token path, which starts from the given state
+    # and is defined for one token as well; the graph then runs at every length (module doc), and the
+    # artifact's bound says so (below)
+    seq_from = 2 if states else 1
+    b, s, p = Dim("batch", min=1, max=limit), Dim("seq", min=seq_from, max=limit), Dim("past", min=0, max=limit)
     shapes: dict[str, Any] = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: Dim.AUTO}}
     if takes_positions:
         shapes["position_ids"] = {0: b, 1: s}
-    shapes.update({k: {0: b, 2: p} for k in example if k.startswith("past_")})
+    for name in example:
+        if name.startswith("past_key_values."):
+            shapes[name] = {0: b, 2: p} if name.endswith((".key", ".value")) else {0: b}
     config = config if config is not None else exporter.config_class()
-    config = dataclasses.replace(config, dynamic=False, dynamic_shapes=shapes, accept_size_one=False)
+    # with states, also torch's size-oblivious mode: a contiguity question on the padded chunks
+    # (check_contiguous_sizes_strides) would guard the sequence away from the one length with no padding
+    config = dataclasses.replace(config, dynamic=False, dynamic_shapes=shapes, accept_size_one=bool(states))
     artifact = exporter.export(step, example, config)
-    layout = {"layers": step.layers, "kv_heads": step.heads, "head_size": step.size, "takes_positions": takes_positions}
+    for name in ("input_ids", "position_ids") if seq_from > 1 else ():
+        dims = artifact.input_specs.get(name, ((), None, {}))[2]
+        if 1 in dims:
+            dims[1]["min"] = 1
+    layout = {"layers": _num_layers(model), "kv_heads": step.heads, "head_size": step.size,
+              "takes_positions": takes_positions, "attention_layers": sorted(layer_shapes)}
     if not step.uniform:  # each layer's own (heads, size) of keys and values inside the padded tensors (GenaiStep)
-        layout["layer_shapes"] = [[list(k), list(v)] for k, v in layer_shapes]
+        layout["layer_shapes"] = {str(i): [list(k), list(v)] for i, (k, v) in layer_shapes.items()}
+    if states:  # each linear-attention layer's states inside its conv / recurrent tensors (GenaiStep)
+        layout["states"] = {str(i): [[part, list(shape)] for part, shape in parts] for i, parts in states.items()}
+        layout["conv_size"], layout["recurrent_size"] = step.conv_size, step.recurrent_size
     artifact.extra_metadata.update({"component": "genai_decoder", "cache_layout": layout})
     return artifact, layout
+
+
+def _check_one_graph(step: GenaiStep, prompt: torch.Tensor, state_dtypes: Mapping[str, torch.dtype],
+                     atol: float = 1e-3) -> None:
+    """Run ``step`` eagerly as onnxruntime-genai runs the graph, a first call from empty keys and zero states,
+    then a call of two tokens from the presents it returned (two: eager takes the multi-token path the trace
+    takes for every length), and compare those tokens' logits with the model's own forward over the whole
+    sequence. A layer whose multi-token path ignores the state it is given (Mamba's full-sequence scan
+    starts from zero) would decode from the wrong state: refused, by name."""
+    model = step.model
+    while prompt.shape[1] < 4:
+        prompt = torch.cat([prompt, prompt], dim=1)
+    batch, seq = prompt.shape
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    past: dict[str, torch.Tensor] = {}
+    for i in step.shapes:
+        for part in ("key", "value"):
+            past[PAST[part] % i] = torch.zeros(batch, step.heads, 0, step.size, dtype=dtype)
+    for i in step.states:
+        past[PAST["conv"] % i] = torch.zeros(batch, 1, step.conv_size, dtype=state_dtypes.get("conv", dtype))
+        past[PAST["recurrent"] % i] = torch.zeros(batch, 1, 1, step.recurrent_size,
+                                                  dtype=state_dtypes.get("recurrent", dtype))
+
+    def positions(start, n):
+        return {"position_ids": torch.arange(start, start + n).expand(batch, -1)} if step.takes_positions else {}
+
+    def call(ids, past, start):
+        return step(ids, torch.ones(batch, start + ids.shape[1], dtype=torch.long), **positions(start, ids.shape[1]),
+                    **past)
+
+    try:
+        with torch.no_grad():
+            first = call(prompt[:, :-2], past, 0)
+            given = {PAST[name.rsplit(".", 1)[1].removesuffix("_state")] % int(name.split(".")[1]): tensor
+                     for name, tensor in first.items() if name.startswith("present.")}
+            got = call(prompt[:, -2:], given, seq - 2)["logits"]
+            expected = model(input_ids=prompt, attention_mask=torch.ones_like(prompt), use_cache=False,
+                             **positions(0, seq)).logits[:, -2:]
+    except Exception as exc:  # noqa: BLE001 - the model cannot run several new tokens over its states
+        raise GenerationError(
+            f"{type(model).__name__}: several new tokens after a first call, over its cache's states, fail in eager "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); onnxruntime-genai runs one graph "
+            "for the prompt and every step, which needs that call") from exc
+    if not torch.allclose(got.float(), expected.float(), atol=atol, rtol=atol):
+        raise GenerationError(
+            f"{type(model).__name__}: its linear-attention layers do not run their multi-token path from the state "
+            f"they are given (two tokens after a first call: logits {(got - expected).abs().max().item():.3g} off the "
+            "model's forward over the whole sequence); the one graph onnxruntime-genai runs for prompt and steps "
+            "would decode from the wrong state")
+
+
+def _num_layers(model: torch.nn.Module) -> int:
+    text = model.config.get_text_config(decoder=True)
+    return int(getattr(text, "num_hidden_layers", 0) or 0)
 
 
 def genai_config(model: torch.nn.Module, generation: Mapping[str, Any], layout: Mapping[str, Any],
                  context_length: int) -> dict[str, Any]:
     text = model.config.get_text_config(decoder=True)
     inputs = {"input_ids": "input_ids", "attention_mask": "attention_mask",
-              "past_key_names": "past_%d_key", "past_value_names": "past_%d_value"}
+              "past_key_names": PAST["key"], "past_value_names": PAST["value"]}
     if layout["takes_positions"]:
         inputs["position_ids"] = "position_ids"
     eos = generation.get("eos_token_id")
@@ -207,10 +395,10 @@ def genai_config(model: torch.nn.Module, generation: Mapping[str, Any], layout: 
                 "hidden_size": int(getattr(text, "hidden_size", layout["head_size"] * layout["kv_heads"])),
                 "num_attention_heads": int(getattr(text, "num_attention_heads", layout["kv_heads"])),
                 "num_key_value_heads": layout["kv_heads"],
-                "num_hidden_layers": layout["layers"],
+                "num_hidden_layers": layout["layers"] or len(layout["attention_layers"]),
                 "inputs": inputs,
-                "outputs": {"logits": "logits", "present_key_names": "present_%d_key",
-                            "present_value_names": "present_%d_value"},
+                "outputs": {"logits": "logits", "present_key_names": PRESENT["key"],
+                            "present_value_names": PRESENT["value"]},
             },
         },
         "search": {"do_sample": False, "max_length": context_length, "min_length": 0, "num_beams": 1,

@@ -16,7 +16,9 @@ What this changes (while tracing only). Before ``_maybe_evaluate_static`` runs w
 the axioms are re-simplified here and the flag cleared, but only those with a ``a // b`` whose
 ``Mod(a, b)`` is among the facts added since the last time: ``ShapeEnv.simplify`` turns a floor
 division into an exact one only for such a pair, so for every other axiom it would return what
-the axiom table already holds. Calls that pass their own ``axioms`` are left as they were.
+the axiom table already holds. Calls that pass their own ``axioms`` are left as they were. The same
+patch (one per path) then decides what is left undecided over small bounded ranges
+(``_finite_range_guards.py``, its own docstring).
 
     before: divisible grows by Mod(s0, 7) -> simplify(k) for every axiom k containing //
     after:  divisible grows by Mod(s0, 7) -> simplify(k) for the axioms containing (s0) // 7
@@ -35,6 +37,7 @@ every axiom containing a floor division.
 from __future__ import annotations
 
 from exporters.utils import ActedFlag, register_patch
+from exporters.workarounds.torch_internals._finite_range_guards import decide_over_range
 
 
 def resimplify_touched_axioms(env) -> int:
@@ -67,7 +70,13 @@ def _patch_floor_div_axioms_resimplified_by_need(original):
         if getattr(self, "_resimplify_floor_div_axioms", False) and kwargs.get("axioms") is None:
             acted.set()
             resimplify_touched_axioms(self)
-        return original(self, expr, **kwargs)
+        out = original(self, expr, **kwargs)
+        if out is None and not any(kwargs.get(k) for k in ("axioms", "var_to_range", "compute_hint", "unbacked_only")):
+            # the one patch of this path also decides over small bounded ranges (_finite_range_guards.py)
+            out = decide_over_range(self, expr)
+            if out is not None:
+                acted.set()
+        return out
 
     maybe_evaluate_static.acted = acted  # fired only when it re-simplifies, not on every query
     maybe_evaluate_static.cache_clear = original.cache_clear  # ShapeEnv clears it when a range is refined
