@@ -146,6 +146,32 @@ def test_ort_genai_carries_linear_attention_states_in_one_graph(tmp_path):
     assert stats["sequence_length"] == len(PROMPT) + len(got) - (got[-1] == 63)
 
 
+@pytest.mark.slow
+def test_ort_genai_carries_an_indexers_keys_as_one_more_head(tmp_path):
+    """DeepSeek-V3.2's sparse attention keeps its lightning indexer's keys [batch, past, size] beside keys and
+    values (DynamicIndexedLayer). They travel as one more head of the layer's key tensor, which
+    genai_config.json's num_key_value_heads counts, and the runner generates what eager generates."""
+    import json
+
+    from exporters.generation.genai import export_genai_folder, run_ort_genai
+    from sweeps.zoo import build_tiny
+
+    model = build_tiny("DeepseekV32ForCausalLM", seed=0, init_range=1.0).model
+    model.generation_config.eos_token_id = None
+    onnx_exporter = get_exporter("onnx")
+    export_genai_folder(tmp_path, onnx_exporter, model, {"input_ids": torch.tensor([PROMPT])},
+                        onnx_exporter.config_class(dynamic=True, max_dim=64), {"eos_token_id": 1})
+    layout = json.loads((tmp_path / "metadata.json").read_text())["cache_layout"]
+    assert layout["indexers"], layout
+    heads = {json.dumps(shape[0]) for shape in layout["layer_shapes"].values()}
+    config = json.loads((tmp_path / "genai_config.json").read_text())["model"]["decoder"]
+    assert config["num_key_value_heads"] == max(k[0] for k, _ in layout["layer_shapes"].values()) + 1, heads
+    expected = _eager(model, 10, eos=False)
+    assert len(set(expected)) > 3, expected
+    got, _ = run_ort_genai(str(tmp_path), PROMPT, 10)
+    assert got[:len(expected)] == expected[:len(got)] and len(got) >= 8
+
+
 def test_ort_genai_carries_keys_and_values_of_different_sizes(tmp_path):
     """Multi-head latent attention (DeepSeek-V3): its cache keys and values differ in size. The folder's cache
     tensors are all as wide as the wider, the narrower zero-padded, and the runner generates what eager generates."""

@@ -59,21 +59,26 @@ class GenaiStep(torch.nn.Module):
     """``model`` over a DynamicCache rebuilt from the graph's past inputs; returns logits and presents."""
 
     def __init__(self, model: torch.nn.Module, shapes: Mapping[int, tuple[tuple[int, int], tuple[int, int]]],
-                 takes_positions: bool, states: Mapping[int, list[tuple[str, tuple[int, ...]]]] | None = None):
+                 takes_positions: bool, states: Mapping[int, list[tuple[str, tuple[int, ...]]]] | None = None,
+                 indexers: Mapping[int, int] | None = None):
         """``shapes``: each attention layer's own ((heads, size) of keys, (heads, size) of values).
         genai_config.json has one num_key_value_heads and one head_size, so where they are not all one
         (multi-head latent attention: keys and values of different sizes; layers of different head
         counts) the graph's cache tensors all have the largest of each: a layer's own part is zero-padded
         on the way out and sliced off on the way in, and the model sees its own cache exactly.
         ``states``: each linear-attention layer's states as (part, shape without batch), part
-        ``conv_<j>`` or ``recurrent_<j>``, packed into one conv and one recurrent tensor (module doc)."""
+        ``conv_<j>`` or ``recurrent_<j>``, packed into one conv and one recurrent tensor (module doc).
+        ``indexers``: each sparse-attention layer's indexer key size; its keys [batch, past, size] travel as
+        one more head of the layer's key tensor (they grow along the sequence as keys do)."""
         super().__init__()
         self.model, self.shapes, self.takes_positions = model, dict(shapes), takes_positions
         self.cache_arg = cache_argument(model)
         self.states = {i: list(parts) for i, parts in (states or {}).items()}
+        self.indexers = dict(indexers or {})
         dims = {d for pair in self.shapes.values() for d in pair}
+        dims |= {(self.shapes[i][0][0] + 1, size) for i, size in self.indexers.items()}  # keys + the indexer's
         self.heads, self.size = (max(h for h, _ in dims), max(s for _, s in dims)) if dims else (1, 1)
-        self.uniform = len(dims) <= 1
+        self.uniform = len({d for pair in self.shapes.values() for d in pair}) <= 1 and not self.indexers
         sizes = {kind: [sum(_numel(shape) for part, shape in parts if part.startswith(kind))
                         for parts in self.states.values()] for kind in ("conv", "recurrent")}
         self.conv_size, self.recurrent_size = (max(sizes[kind], default=0) or 1 for kind in ("conv", "recurrent"))
@@ -123,7 +128,12 @@ class GenaiStep(torch.nn.Module):
                 **past: torch.Tensor) -> dict[str, torch.Tensor]:
         cache = plain_cache(self.model)
         for i in self.shapes:
-            cache.update(self._narrow(past[PAST["key"] % i], i, 0), self._narrow(past[PAST["value"] % i], i, 1), i)
+            key = past[PAST["key"] % i]
+            cache.update(self._narrow(key, i, 0), self._narrow(past[PAST["value"] % i], i, 1), i)
+            if i in self.indexers:  # the head after the layer's own keys
+                layer, heads = cache.layers[i], self.shapes[i][0][0]
+                layer.lazy_initialization_indexer(key[:, heads, :, :self.indexers[i]])
+                layer.indexer_keys = key[:, heads, :, :self.indexers[i]]
         for i, parts in self.states.items():
             self._load_states(cache.layers[i], past[PAST["conv"] % i], past[PAST["recurrent"] % i], parts)
         kwargs = {"position_ids": position_ids} if self.takes_positions else {}
@@ -132,8 +142,13 @@ class GenaiStep(torch.nn.Module):
         outputs = {"logits": out.logits}
         layers = getattr(out, self.cache_arg).layers
         for i in self.shapes:
-            outputs[PRESENT["key"] % i], outputs[PRESENT["value"] % i] = (self._widen(layers[i].keys),
-                                                                          self._widen(layers[i].values))
+            keys = layers[i].keys
+            if i in self.indexers:
+                size = max(keys.shape[-1], self.indexers[i])
+                keys = torch.cat([torch.nn.functional.pad(keys, (0, size - keys.shape[-1])),
+                                  torch.nn.functional.pad(layers[i].indexer_keys[:, None], (0, size - self.indexers[i]))],
+                                 dim=1)
+            outputs[PRESENT["key"] % i], outputs[PRESENT["value"] % i] = self._widen(keys), self._widen(layers[i].values)
         for i, parts in self.states.items():
             outputs[PRESENT["conv"] % i], outputs[PRESENT["recurrent"] % i] = self._pack_states(
                 layers[i], parts, {kind: past[PAST[kind] % i] for kind in ("conv", "recurrent")})
@@ -185,12 +200,14 @@ def _layer_states(layer) -> list[tuple[str, tuple[int, ...]]]:
     return parts
 
 
-def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[dict, bool, dict, dict]:
+def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[dict, bool, dict, dict, dict]:
     """(each attention layer's ((heads, size) of keys, (heads, size) of values), takes_positions, each
-    linear-attention layer's states, the dtype of each kind of state), read off one eager forward with a DynamicCache whose layers must
-    all be key/value or linear-attention layers."""
+    linear-attention layer's states, the dtype of each kind of state, each indexer's key size), read off one
+    eager forward with a DynamicCache whose layers must all be key/value (with an indexer's keys or none),
+    linear-attention or empty layers."""
     from transformers.cache_utils import (
         DummyLayer,
+        DynamicIndexedLayer,
         DynamicLayer,
         LinearAttentionAndFullAttentionLayer,
         LinearAttentionLayer,
@@ -219,13 +236,19 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[dict, bo
         raise GenerationError(f"{name} returns no past_key_values (its state: {state or 'none'}); genai_config.json "
                               "describes a transformers cache only")
     layers = list(getattr(cache, "layers", []))
-    known = (DynamicLayer, LinearAttentionLayer, LinearAttentionAndFullAttentionLayer, DummyLayer)  # Dummy: no cache
+    known = (DynamicLayer, DynamicIndexedLayer, LinearAttentionLayer, LinearAttentionAndFullAttentionLayer,
+             DummyLayer)  # Dummy: no cache
     odd = sorted({type(layer).__name__ for layer in layers if type(layer) not in known})
+    # an indexer that keeps its positions as a growing history (Qwen4Exp) has a cache genai cannot name
+    odd += sorted({f"{type(layer).__name__} with indexer positions" for layer in layers
+                   if getattr(layer, "indexer_position_ids", None) is not None})
     if not layers or odd:
         raise GenerationError(f"{name}'s cache holds {odd or 'no'} layers; " + _unsupported_layers(odd))
     shapes = {i: ((int(layer.keys.shape[1]), int(layer.keys.shape[3])),
                   (int(layer.values.shape[1]), int(layer.values.shape[3])))
               for i, layer in enumerate(layers) if isinstance(layer, DynamicLayer) and layer.is_initialized}
+    indexers = {i: int(layer.indexer_keys.shape[-1]) for i, layer in enumerate(layers)
+                if isinstance(layer, DynamicIndexedLayer) and layer.is_indexer_initialized}
     states = {i: _layer_states(layer) for i, layer in enumerate(layers) if isinstance(layer, LinearAttentionLayer)}
     states = {i: parts for i, parts in states.items() if parts}
     dtypes = {kind: {getattr(layers[i], f"{kind}_states")[int(p.rsplit("_", 1)[1])].dtype
@@ -238,14 +261,14 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[dict, bo
     import inspect
 
     takes_positions = "position_ids" in inspect.signature(model.forward).parameters
-    return shapes, takes_positions, states, {kind: next(iter(d)) for kind, d in dtypes.items() if d}
+    return shapes, takes_positions, states, {kind: next(iter(d)) for kind, d in dtypes.items() if d}, indexers
 
 
 def _unsupported_layers(kinds: list[str]) -> str:
     """Why the folder cannot carry these cache layers, by kind."""
-    if any("Indexed" in k for k in kinds):
-        return ("a sparse-attention indexer's keys are a cache of their own, which genai_config.json has no input "
-                "names for (it names key, value, conv and recurrent tensors only)")
+    if any("indexer positions" in k for k in kinds):
+        return ("its sparse-attention indexer keeps the positions it has seen as a growing history beside its keys, "
+                "which the folder has no tensor for (an indexer's keys travel as one more head of the layer's keys)")
     return ("the onnxruntime-genai folder describes key/value (DynamicLayer) and linear-attention (conv and "
             "recurrent state: LinearAttentionLayer) layers only")
 
@@ -256,9 +279,9 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
 
     if exporter.backend != "onnx":
         raise GenerationError(f"onnxruntime-genai runs ONNX graphs; this generator was exported for {exporter.backend}")
-    layer_shapes, takes_positions, states, state_dtypes = _layout(model, inputs)
-    step = GenaiStep(model, layer_shapes, takes_positions, states).eval()
-    if states:
+    layer_shapes, takes_positions, states, state_dtypes, indexers = _layout(model, inputs)
+    step = GenaiStep(model, layer_shapes, takes_positions, states, indexers).eval()
+    if states or indexers:
         _check_one_graph(step, inputs["input_ids"][:1], state_dtypes)
     ids = inputs["input_ids"]
     if ids.shape[0] < 2:  # a traced batch of 1 would be specialized
@@ -305,6 +328,8 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
               "takes_positions": takes_positions, "attention_layers": sorted(layer_shapes)}
     if not step.uniform:  # each layer's own (heads, size) of keys and values inside the padded tensors (GenaiStep)
         layout["layer_shapes"] = {str(i): [list(k), list(v)] for i, (k, v) in layer_shapes.items()}
+    if indexers:  # each sparse-attention indexer's key size, one more head of its layer's keys (GenaiStep)
+        layout["indexers"] = {str(i): size for i, size in indexers.items()}
     if states:  # each linear-attention layer's states inside its conv / recurrent tensors (GenaiStep)
         layout["states"] = {str(i): [[part, list(shape)] for part, shape in parts] for i, parts in states.items()}
         layout["conv_size"], layout["recurrent_size"] = step.conv_size, step.recurrent_size
