@@ -146,6 +146,18 @@ def test_ort_genai_carries_linear_attention_states_in_one_graph(tmp_path):
     assert stats["sequence_length"] == len(PROMPT) + len(got) - (got[-1] == 63)
 
 
+def test_ort_genai_refuses_layers_whose_multi_token_path_ignores_the_given_state():
+    """Jamba's Mamba layers run several tokens through a full-sequence scan that takes no initial state: a call
+    after the prompt would compute from zero state. The eager check before export measures it and refuses."""
+    from exporters.generation.genai import export_genai
+    from sweeps.zoo import build_tiny
+
+    model = build_tiny("JambaForCausalLM", seed=0).model
+    with pytest.raises(GenerationError, match=r"JambaForCausalLM: its linear-attention layers do not run their "
+                                              r"multi-token path from the state they are given \(.*logits [0-9.e-]+ off"):
+        export_genai(get_exporter("onnx"), model, {"input_ids": torch.tensor([PROMPT])})
+
+
 @pytest.mark.slow
 def test_ort_genai_carries_an_indexers_keys_as_one_more_head(tmp_path):
     """DeepSeek-V3.2's sparse attention keeps its lightning indexer's keys [batch, past, size] beside keys and
