@@ -29,9 +29,13 @@ from the last call's at each step. A chunked recurrence loops over its chunks in
 graph holds as many as the traced bound needs: the context length (``max_dim``) must stay within
 what the trace decides (torch refuses it otherwise, naming the chunk-count guard).
 
+A sparse-attention layer's indexer keys (DeepSeek-V3.2 DSA: [batch, past, size], growing as keys do)
+travel as one more head of that layer's key tensor.
+
 A model the config cannot describe is refused by name (GenerationError): a cache with layers of other
-kinds (a sparse-attention indexer's keys, a model's own cache classes), or a forward that needs
-inputs besides ids, mask and positions.
+kinds (an indexer's position history, a model's own cache classes), layers whose multi-token path
+cannot start from a given state (checked in eager before export), or a forward that needs inputs
+besides ids, mask and positions.
 """
 
 from __future__ import annotations
@@ -165,10 +169,9 @@ def cache_argument(model: torch.nn.Module) -> str:
 
 
 def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
+    import math
+
+    return math.prod(int(d) for d in shape)
 
 
 def plain_cache(model: torch.nn.Module):
