@@ -164,8 +164,9 @@ def _cache_tensors(cache) -> dict[str, torch.Tensor]:
 
 def _dynamic_cache_pair(tree: str, eager_cache, got: dict[str, torch.Tensor]):
     """Eager's cache (``<tree>.<i>.key``...) and the artifact's, the latter cut to the last
-    positions where eager keeps fewer: a sliding-window layer keeps its window, the generation export
-    a plain layer with every position (``exporters.generation.capture.plain_sliding_layers``). The
+    positions where eager keeps fewer: a sliding-window layer keeps its window (beside linear-attention
+    states or not), the generation export a plain layer with every position
+    (``exporters.generation.capture.plain_sliding_layers``). The
     sliding layer's window size scalar (``_sliding_window_tensor``, a constant of the layer) is not
     state: it is dropped from eager's side where the artifact's layer has none."""
     from exporters.pytrees import flatten_outputs
@@ -176,7 +177,7 @@ def _dynamic_cache_pair(tree: str, eager_cache, got: dict[str, torch.Tensor]):
                                                                                         "cross_attention_cache")
                                      if getattr(eager_cache, k, None) is not None]
     sliding = {f"{prefix}.{i}" for prefix, cache in parts for i, layer in enumerate(getattr(cache, "layers", None) or [])
-               if type(layer).__name__ == "DynamicSlidingWindowLayer"}
+               if type(layer).__name__ in ("DynamicSlidingWindowLayer", "LinearAttentionAndSlidingWindowAttentionLayer")}
     pair_want, pair_got = {}, dict(got)
     for name, tensor in want.items():
         layer, _, leaf = name.rpartition(".")

@@ -52,3 +52,15 @@ def test_positions_from_the_cache_length_lower_on_executorch():
     with torch.no_grad():
         expected = model.generate(ids, max_new_tokens=8, do_sample=False)
     assert generator.generate(ids, max_new_tokens=8).tolist() == expected.tolist()
+
+
+def test_an_empty_argument_generate_passes_is_no_step_input():
+    """A multimodal model's generate passes mm_encoder_outputs={} with a text-only prompt (no modality encoded):
+    the forward reads it as absent, so the step takes tokens (the runner form ExecuTorch's LLM runner loads),
+    not embeddings."""
+    from exporters.generation.static import static_step_for
+    from sweeps.zoo import build_tiny
+
+    model = build_tiny("Gemma3ForConditionalGeneration", seed=0).model
+    step = static_step_for(model, {"input_ids": torch.tensor([[5, 9, 17, 30]])}, 16, "buffers")
+    assert not step.embeds and step.runner_form

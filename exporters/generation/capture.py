@@ -153,7 +153,12 @@ def plain_sliding_layers(cache: Any) -> int:
     window, so the logits are eager's up to float summation order. The cost is a cache that grows with
     the whole sequence instead of stopping at the window."""
     try:
-        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+        from transformers.cache_utils import (
+            DynamicLayer,
+            DynamicSlidingWindowLayer,
+            LinearAttentionAndFullAttentionLayer,
+            LinearAttentionAndSlidingWindowAttentionLayer,
+        )
     except ImportError:  # pragma: no cover - transformers is a dependency
         return 0
     caches = [cache, *(getattr(cache, k, None) for k in ("self_attention_cache", "cross_attention_cache"))]
@@ -165,6 +170,10 @@ def plain_sliding_layers(cache: Any) -> int:
         for i, layer in enumerate(layers):
             if type(layer) is DynamicSlidingWindowLayer and not layer.is_initialized:
                 layers[i] = DynamicLayer()
+                swapped += 1
+            elif type(layer) is LinearAttentionAndSlidingWindowAttentionLayer and not layer.is_initialized:
+                # the same beside linear-attention states (Inkling's short convolutions), which stay
+                layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
                 swapped += 1
     return swapped
 

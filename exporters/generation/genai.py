@@ -179,17 +179,10 @@ def plain_cache(model: torch.nn.Module):
     (``capture.plain_sliding_layers``; beside linear-attention states, a LinearAttentionAndFullAttentionLayer):
     genai_config.json then describes one layout for every attention layer. Other layer kinds stay, and
     are refused by ``_layout`` by name."""
-    from transformers.cache_utils import (
-        DynamicCache,
-        LinearAttentionAndFullAttentionLayer,
-        LinearAttentionAndSlidingWindowAttentionLayer,
-    )
+    from transformers.cache_utils import DynamicCache
 
     cache = DynamicCache(config=model.config)
     plain_sliding_layers(cache)
-    for i, layer in enumerate(cache.layers):
-        if type(layer) is LinearAttentionAndSlidingWindowAttentionLayer and not layer.is_initialized:
-            cache.layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
     return cache
 
 

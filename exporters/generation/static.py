@@ -421,7 +421,10 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> lis
     calls: list[dict[str, Any]] = []
 
     def names(forward, args, kwargs):
-        call = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else True) for k, v in kwargs.items() if v is not None}
+        # an argument with nothing in it (mm_encoder_outputs={} for a text-only prompt: no modality encoded) is
+        # one the forward reads as absent
+        call = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else True) for k, v in kwargs.items()
+                if v is not None and not (isinstance(v, (dict, list, tuple)) and len(v) == 0)}
         calls.append({**call, **({"<positional>": True} if args else {})})
         return forward(*args, **kwargs)
 
