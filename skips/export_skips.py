@@ -401,19 +401,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "cache_position (transformers), or the static step keeps one",
     ),
     ExportSkip(
-        classes=("FuyuForCausalLM", "Gemma3ForConditionalGeneration", "Gemma4ForConditionalGeneration",
-                 "Gemma4UnifiedForConditionalGeneration", "GotOcr2ForConditionalGeneration"),
-        backends=("executorch",),
-        variants=("static",),
-        tests=("runner",),
-        stage="export",
-        reason="multimodal models in the causal-LM mapping: with cache_implementation='static' their generate "
-               "passes mm_encoder_outputs to forward even for a text prompt, and static_step_for refuses it by name "
-               "(the one step program takes tokens, positions and a mask; GenerationError at 95d2c43). Remove when "
-               "the static form has a prefill step that takes the encoders' outputs (as for the static generate "
-               "entry of LlavaForConditionalGeneration)",
-    ),
-    ExportSkip(
         classes=("MiniMaxForCausalLM",),
         backends=("executorch",),
         variants=("static",),
