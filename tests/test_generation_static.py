@@ -304,19 +304,26 @@ def test_a_prompt_with_image_features_runs_over_embeddings(backend, tmp_path):
         generator.generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=2)
 
 
-def test_a_model_that_branches_on_one_token_runs_token_by_token():
-    """AriaText's MoE puts ``S * Min(32, 32 * S) == 32 * S`` on the sequence, which torch cannot prove over
-    S in [1, max_cache_len] (a constraint violation; Lfm2, Llama4 and Mllama put ``S != 1``): the step is
-    exported at one token a call, and the loop feeds the prompt token by token. Before: the export failed."""
+@pytest.mark.parametrize("name, token_by_token", [("AriaTextForCausalLM", False), ("Lfm2ForCausalLM", True)])
+def test_a_step_whose_sequence_bound_torch_cannot_prove_runs_token_by_token(name, token_by_token):
+    """Lfm2's short convolution branches on ``seq_len == 1`` (``S != 1`` on the sequence, a constraint violation over
+    S in [1, max_cache_len]): the step is exported at one token a call, and the loop feeds the prompt token by token.
+    AriaText's MoE puts ``S * Min(32, 32 * S) == 32 * S`` on it, which is true at every S in [1, 24]: the finite-range
+    decision (exporters/workarounds/torch_internals/_finite_range_guards.py) proves it, and its step takes the prompt
+    in one call (it ran token by token before). Both generate eager's tokens."""
     from sweeps.generate import generate_inputs
     from sweeps.runner import reference
 
-    tiny = reference("AriaTextForCausalLM", init_range=0.2).tiny
+    tiny = reference(name, init_range=0.2).tiny
     model, inputs = tiny.model, generate_inputs(tiny.inputs)
     generator = get_exporter("dynamo").export_for_generation(model, inputs, cache="static", max_cache_len=24)
-    assert generator.token_by_token
-    assert generator.components["step"].extra_metadata["sequence_dim"].startswith("one token a call")
-    assert not any(generator.components["step"].dynamic_dims.values())
+    step = generator.components["step"]
+    assert generator.token_by_token is token_by_token
+    if token_by_token:
+        assert step.extra_metadata["sequence_dim"].startswith("one token a call")
+        assert not any(step.dynamic_dims.values())
+    else:
+        assert step.dynamic_dims["input_ids"][1]["min"] == 1 and step.dynamic_dims["input_ids"][1]["max"] == 24
     with torch.no_grad():
         expected = model.generate(**inputs, max_new_tokens=8, do_sample=False)
     assert torch.equal(generator.generate(**inputs, max_new_tokens=8), expected)
