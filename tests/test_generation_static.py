@@ -181,16 +181,9 @@ def test_linear_attention_states_run_token_by_token():
     """A hybrid (Qwen3-Next: gated delta rule layers beside attention layers) keeps its conv and recurrent states
     as buffers of the step, which takes one token a call from zero state; a second generate starts again from
     zero (a running state is not masked by position as stale key/value slots are)."""
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    from _tiny_hybrid import tiny_qwen3_next
 
-    torch.manual_seed(0)
-    config = Qwen3NextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_value_heads=2,
-                             linear_num_key_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
-                             linear_conv_kernel_dim=3, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
-                             shared_expert_intermediate_size=16, layer_types=["linear_attention", "full_attention"],
-                             eos_token_id=None, pad_token_id=None)
-    model = Qwen3NextForCausalLM(config).eval()
+    model = tiny_qwen3_next()
     generator = get_exporter("dynamo").export_for_generation(
         model, {"input_ids": torch.randint(3, 64, (1, 5))}, cache="static", max_cache_len=24)
     assert generator.token_by_token

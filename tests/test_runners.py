@@ -117,18 +117,11 @@ def test_ort_genai_carries_linear_attention_states_in_one_graph(tmp_path):
     import json
 
     import onnx
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    from _tiny_hybrid import tiny_qwen3_next
 
     from exporters.generation.genai import export_genai_folder, run_ort_genai
 
-    torch.manual_seed(0)
-    config = Qwen3NextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_value_heads=2,
-                             linear_num_key_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
-                             linear_conv_kernel_dim=3, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
-                             shared_expert_intermediate_size=16, layer_types=["linear_attention", "full_attention"],
-                             eos_token_id=63, bos_token_id=0, pad_token_id=None)
-    model = Qwen3NextForCausalLM(config).eval()
+    model = tiny_qwen3_next(eos_token_id=63, bos_token_id=0)
     onnx_exporter = get_exporter("onnx")
     export_genai_folder(tmp_path, onnx_exporter, model, {"input_ids": torch.tensor([PROMPT])},
                         onnx_exporter.config_class(dynamic=True, max_dim=64), {"eos_token_id": 63})
