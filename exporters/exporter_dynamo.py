@@ -8,6 +8,7 @@ three. Each stage block below says what the stage applies and where its entries 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 from torch.utils import _pytree as pytree
@@ -96,11 +97,16 @@ class DynamoArtifact(Artifact):
     def guards(self, value) -> None:
         self._guards = value
 
+    @functools.cached_property
+    def _bound_names(self) -> list[str]:
+        """The names the program's module binds its inputs by (``tracing.parameter_names``), worked out once."""
+        return parameter_names(self.input_names)
+
     def _run(self, ordered):
         # inference, as in the other runtimes: a loaded program's buffers may be updated in place (a static
         # cache), which autograd refuses on views of its leaves
         with torch.no_grad():
-            out = self.module(**dict(zip(parameter_names(self.input_names), ordered)))  # the names it binds
+            out = self.module(**dict(zip(self._bound_names, ordered)))
         # by name, in the program's order (output_names): the module rebuilds a ModelOutput with its fields
         # in the dataclass's order, which re-flattening would follow instead
         named = flatten_outputs(out)

@@ -64,7 +64,7 @@ class GenaiStep(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, shapes: Mapping[int, tuple[tuple[int, int], tuple[int, int]]],
                  takes_positions: bool, states: Mapping[int, list[tuple[str, tuple[int, ...]]]] | None = None,
-                 indexers: Mapping[int, int] | None = None):
+                 indexers: Mapping[int, int] | None = None, state_dtypes: Mapping[str, torch.dtype] | None = None):
         """``shapes``: each attention layer's own ((heads, size) of keys, (heads, size) of values).
         genai_config.json has one num_key_value_heads and one head_size, so where they are not all one
         (multi-head latent attention: keys and values of different sizes; layers of different head
@@ -73,7 +73,8 @@ class GenaiStep(torch.nn.Module):
         ``states``: each linear-attention layer's states as (part, shape without batch), part
         ``conv_<j>`` or ``recurrent_<j>``, packed into one conv and one recurrent tensor (module doc).
         ``indexers``: each sparse-attention layer's indexer key size; its keys [batch, past, size] travel as
-        one more head of the layer's key tensor (they grow along the sequence as keys do)."""
+        one more head of the layer's key tensor (they grow along the sequence as keys do). ``state_dtypes``:
+        the dtype of each kind of state, where it is not the model's."""
         super().__init__()
         self.model, self.shapes, self.takes_positions = model, dict(shapes), takes_positions
         self.cache_arg = cache_argument(model)
@@ -86,6 +87,19 @@ class GenaiStep(torch.nn.Module):
         sizes = {kind: [sum(_numel(shape) for part, shape in parts if part.startswith(kind))
                         for parts in self.states.values()] for kind in ("conv", "recurrent")}
         self.conv_size, self.recurrent_size = (max(sizes[kind], default=0) or 1 for kind in ("conv", "recurrent"))
+        self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        self.state_dtypes = {kind: (state_dtypes or {}).get(kind, self.dtype) for kind in ("conv", "recurrent")}
+
+    def zero_past(self, batch: int, past: int) -> dict[str, torch.Tensor]:
+        """The graph's past inputs at ``past`` positions, all zeros (onnxruntime-genai's first call: past 0)."""
+        zeros: dict[str, torch.Tensor] = {}
+        for i in self.shapes:
+            for part in ("key", "value"):
+                zeros[PAST[part] % i] = torch.zeros(batch, self.heads, past, self.size, dtype=self.dtype)
+        for i in self.states:
+            zeros[PAST["conv"] % i] = torch.zeros(batch, 1, self.conv_size, dtype=self.state_dtypes["conv"])
+            zeros[PAST["recurrent"] % i] = torch.zeros(batch, 1, 1, self.recurrent_size, dtype=self.state_dtypes["recurrent"])
+        return zeros
 
     def _narrow(self, tensor: torch.Tensor, layer: int, part: int) -> torch.Tensor:
         if self.uniform:
@@ -219,14 +233,15 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[dict, bo
     other = [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in GENAI_INPUTS]
     if other:
         raise GenerationError(f"{name} takes {other}, which onnxruntime-genai's decoder inputs have no key for")
+    cache_arg = cache_argument(model)
     try:
         with torch.no_grad():
-            out = model(input_ids=ids[:1], use_cache=True, **{cache_argument(model): plain_cache(model)}, return_dict=True)
+            out = model(input_ids=ids[:1], use_cache=True, **{cache_arg: plain_cache(model)}, return_dict=True)
     except Exception as exc:  # noqa: BLE001 - the model refuses the plain cache it would be given
         raise GenerationError(f"{name} does not run with a plain DynamicCache ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}); genai_config.json describes that "
                               "cache only") from exc
-    cache = getattr(out, cache_argument(model), None)
+    cache = getattr(out, cache_arg, None)
     if cache is None:
         state = sorted(k for k, v in (out.items() if hasattr(out, "items") else []) if k.endswith(("cache", "params")))
         raise GenerationError(f"{name} returns no past_key_values (its state: {state or 'none'}); genai_config.json "
@@ -276,9 +291,9 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
     if exporter.backend != "onnx":
         raise GenerationError(f"onnxruntime-genai runs ONNX graphs; this generator was exported for {exporter.backend}")
     layer_shapes, takes_positions, states, state_dtypes, indexers = _layout(model, inputs)
-    step = GenaiStep(model, layer_shapes, takes_positions, states, indexers).eval()
+    step = GenaiStep(model, layer_shapes, takes_positions, states, indexers, state_dtypes).eval()
     if states or indexers:
-        _check_one_graph(step, inputs["input_ids"][:1], state_dtypes)
+        _check_one_graph(step, inputs["input_ids"][:1])
     ids = inputs["input_ids"]
     if ids.shape[0] < 2:  # a traced batch of 1 would be specialized
         ids = ids.expand(2, -1)
@@ -288,14 +303,7 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
     example: dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": torch.ones(batch, past + seq, dtype=torch.long)}
     if takes_positions:
         example["position_ids"] = torch.arange(past, past + seq).expand(batch, -1)
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    for i in layer_shapes:
-        for part in ("key", "value"):
-            example[PAST[part] % i] = torch.zeros(batch, step.heads, past, step.size, dtype=dtype)
-    for i in states:
-        example[PAST["conv"] % i] = torch.zeros(batch, 1, step.conv_size, dtype=state_dtypes.get("conv", dtype))
-        example[PAST["recurrent"] % i] = torch.zeros(batch, 1, 1, step.recurrent_size,
-                                                     dtype=state_dtypes.get("recurrent", dtype))
+    example.update(step.zero_past(batch, past))
     from torch.export import Dim
 
     limit = (config.max_dim if config is not None else 1024)
@@ -333,8 +341,7 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
     return artifact, layout
 
 
-def _check_one_graph(step: GenaiStep, prompt: torch.Tensor, state_dtypes: Mapping[str, torch.dtype],
-                     atol: float = 1e-3, share: float = 0.1) -> None:
+def _check_one_graph(step: GenaiStep, prompt: torch.Tensor, atol: float = 1e-3, share: float = 0.1) -> None:
     """Run ``step`` eagerly as onnxruntime-genai runs the graph, a first call from empty keys and zero states,
     then a call of two tokens from the presents it returned (two: eager takes the multi-token path the trace
     takes for every length), and compare those tokens' logits with the model's own forward over the whole
@@ -347,15 +354,7 @@ def _check_one_graph(step: GenaiStep, prompt: torch.Tensor, state_dtypes: Mappin
     while prompt.shape[1] < 4:
         prompt = torch.cat([prompt, prompt], dim=1)
     batch, seq = prompt.shape
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    past: dict[str, torch.Tensor] = {}
-    for i in step.shapes:
-        for part in ("key", "value"):
-            past[PAST[part] % i] = torch.zeros(batch, step.heads, 0, step.size, dtype=dtype)
-    for i in step.states:
-        past[PAST["conv"] % i] = torch.zeros(batch, 1, step.conv_size, dtype=state_dtypes.get("conv", dtype))
-        past[PAST["recurrent"] % i] = torch.zeros(batch, 1, 1, step.recurrent_size,
-                                                  dtype=state_dtypes.get("recurrent", dtype))
+    past = step.zero_past(batch, 0)
 
     def positions(start, n):
         return {"position_ids": torch.arange(start, start + n).expand(batch, -1)} if step.takes_positions else {}
