@@ -88,6 +88,7 @@ class Artifact:
     file_name = ""
     reference = None  # a quantized export: PyTorch's quantized model, called as the artifact (Exporter._with_reference)
     reference_spread = None  # and how far one-step rounding moves its outputs (exporters/quantization/rounding.py)
+    reference_given = None  # and the reference run with given selection indices (exporters/quantization/selections.py)
 
     def __init__(self, *, input_names, output_names, input_specs, constants, fired, config, extra_metadata=None,
                  guards=None):
@@ -274,8 +275,17 @@ class Exporter:
 
                 return rounding_spread(module, inputs)
 
+            def reference_given(indices: Any, **inputs: Any) -> dict[str, torch.Tensor]:
+                """The reference with each exposed selection returning the given indices (the artifact's,
+                ``selection.<i>.indices``, in order): exporters/quantization/selections.py."""
+                from exporters.pytrees import flatten_outputs
+
+                with torch.no_grad():
+                    return flatten_outputs(module.given(indices, **inputs))
+
             artifact.reference = reference
             artifact.reference_spread = reference_spread
+            artifact.reference_given = reference_given
             artifact.extra_metadata["quantization"] = quantized.metadata
         return artifact
 

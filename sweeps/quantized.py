@@ -15,8 +15,11 @@ Stages: ``build``, ``eager``, ``quantize`` (prepare, calibrate, convert), ``expo
   ``QUANT_STEPS`` (exporters/parity.py);
 - ``weight_range``, ``recipe``, ``workarounds_fired``;
 - ``selection_ops``: top-k, sort, argmax... in the quantized model. On int8-grid values exact ties are
-  common and one step elsewhere flips a choice, moving whole rows of the output: a failure of such a
-  model says so first, and the report groups those apart from arithmetic that drifts.
+  common and one step elsewhere flips a choice, moving whole rows of the output. The recipe exposes each
+  selection's input and indices as outputs (exporters/quantization/selections.py) and the artifact is
+  compared with the reference run with the artifact's own choices: the selection inputs by the same rule
+  (a choice that differs is then a tie within the bound), everything after them given those choices.
+  ``selections_differ``: how many selections chose otherwise than the reference on its own.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ SQNR_FLOOR_DB = 10.0
 def recipe_for(name: str, inputs: dict[str, Any]):
     from exporters.quantization import int8
 
-    if name == "int8":
-        return int8(calibration=[inputs])
+    if name == "int8":  # selections exposed: the reference is run with the artifact's choices (selections.py)
+        return int8(calibration=[inputs], expose_selections=True)
     raise ValueError(f"unknown recipe {name!r}; known: {RECIPES}")
 
 
@@ -49,6 +52,7 @@ def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
     from exporters import ExportStageError, get_exporter
     from exporters.parity import assert_close_quantized, quantization_step, sqnr_db, steps_off
     from exporters.pytrees import flatten_outputs
+    from exporters.quantization.selections import choices
     from sweeps.runner import StageFailure, passes_through, reference
 
     stage = "build"
@@ -76,9 +80,15 @@ def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
         record("selection_ops", meta["selection_ops"])
         stage = "run"
         record("stage", stage)
-        actual = artifact(**inputs)
-        expected = artifact.reference(**inputs)
-        sqnr = {k: round(sqnr_db(ref.expected[k], v), 2) for k, v in expected.items()
+        actual = {k: torch.as_tensor(v) for k, v in flatten_outputs(artifact(**inputs)).items()}
+        own = artifact.reference(**inputs)
+        expected = own
+        if meta["selection_outputs"]:  # the reference given the artifact's choices (module docstring)
+            chosen = choices(actual, meta["selection_outputs"])
+            expected = artifact.reference_given(chosen, **inputs)
+            record("selections_differ", sum(not torch.equal(a, b) for a, b in
+                                            zip(chosen, choices(own, meta["selection_outputs"]), strict=True)))
+        sqnr = {k: round(sqnr_db(ref.expected[k], v), 2) for k, v in own.items()
                 if isinstance(v, torch.Tensor) and v.is_floating_point() and k in ref.expected
                 and ref.expected[k].shape == v.shape}
         if sqnr:
@@ -99,12 +109,13 @@ def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
         stage = "compare"
         record("stage", stage)
         try:
-            assert_close_quantized(expected, {k: torch.as_tensor(v) for k, v in flatten_outputs(actual).items()},
-                                   case.backend, spread)
+            assert_close_quantized(expected, actual, case.backend, spread)
         except AssertionError as exc:
-            if meta["selection_ops"]:  # its own group in the report: a choice flipped, not arithmetic drifting
+            if meta["selection_ops"] and not meta["selection_outputs"]:  # a choice the check could not give
                 raise type(exc)(f"the quantized model selects ({', '.join(meta['selection_ops'])}) over int8-grid values, "
                                 f"where a tie or a one-step difference flips a choice: {exc}") from exc
+            if meta["selection_outputs"]:  # compared given the artifact's choices: the arithmetic differs
+                raise type(exc)(f"given the artifact's own choices ({', '.join(meta['selection_ops'])}), {exc}") from exc
             raise
         stage = "done"
         record("stage", stage)

@@ -52,13 +52,13 @@ class Recipe:
     tensors."""
 
     def __init__(self, name: str, calibration: tuple, dynamic: bool = False, quantizer: Any = None,
-                 reduce_range: bool | None = None):
+                 reduce_range: bool | None = None, expose_selections: bool = False):
         self.name, self.calibration, self.dynamic, self.quantizer = name, tuple(calibration), dynamic, quantizer
-        self.reduce_range = reduce_range
+        self.reduce_range, self.expose_selections = reduce_range, expose_selections
 
     def __repr__(self) -> str:  # a config repr in metadata: no tensors
         return (f"Recipe(name={self.name!r}, calibration=<{len(self.calibration)} inputs>, dynamic={self.dynamic}, "
-                f"reduce_range={self.reduce_range})")
+                f"reduce_range={self.reduce_range}, expose_selections={self.expose_selections})")
 
     def weight_range(self, backend: str) -> tuple[int, int]:
         """The int8 weights' [min, max]: 7-bit on ONNX unless ``reduce_range=False`` (the module docstring)."""
@@ -67,15 +67,17 @@ class Recipe:
 
 
 def int8(calibration: Sequence[Mapping[str, Any]], dynamic: bool = False, quantizer: Any = None,
-         reduce_range: bool | None = None) -> Recipe:
+         reduce_range: bool | None = None, expose_selections: bool = False) -> Recipe:
     """Static int8 (activations calibrated on ``calibration``), or with ``dynamic=True`` int8 weights and
     activations quantized per call; symmetric, per-channel weights. ``reduce_range``: 7-bit weights;
-    None: on ONNX only (the module docstring says why)."""
+    None: on ONNX only (the module docstring says why). ``expose_selections``: a model that selects (top-k,
+    argmax...) also outputs each selection's input and indices, so that the reference can be run with the
+    artifact's choices (exporters/quantization/selections.py); the computation is the same."""
     calibration = tuple(calibration)
     if not calibration:
         raise QuantizationError("int8(calibration=[]): the recipe needs at least one calibration input (the "
                                 "model's inputs, as export takes them)")
-    return Recipe("int8-dynamic" if dynamic else "int8", calibration, dynamic, quantizer, reduce_range)
+    return Recipe("int8-dynamic" if dynamic else "int8", calibration, dynamic, quantizer, reduce_range, expose_selections)
 
 
 def quantizer_for(recipe: Recipe, backend: str):
@@ -101,15 +103,46 @@ class Quantized:
 class QuantizedModel(torch.nn.Module):
     """The module ``convert_pt2e`` returned, called like the model: by the traced tensor inputs' names.
     The non-tensor inputs (flags, ints) were baked in when stage 0 traced the model; the artifact checks
-    a later call's values against them, so here they are dropped."""
+    a later call's values against them, so here they are dropped. ``taps``: the selection outputs the
+    converted module also returns (``selections.expose``); with them, the outputs are one flat dict."""
 
-    def __init__(self, converted: torch.nn.Module, tensor_names: Sequence[str]):
+    def __init__(self, converted: torch.nn.Module, tensor_names: Sequence[str], taps: Sequence[str] = ()):
         super().__init__()
         self.converted = converted
         self.tensor_names = tuple(tensor_names)
+        self.taps = tuple(taps)
+        object.__setattr__(self, "_forced", None)  # built on first use; not a submodule the export would carry
 
     def forward(self, **inputs: Any):
-        return self.converted(**{k: inputs[k] for k in self.tensor_names})
+        return self.merged(self.converted(**{k: inputs[k] for k in self.tensor_names}))
+
+    def merged(self, result: Any) -> Any:
+        """A (possibly perturbed or forced) copy's result as ``forward`` returns it."""
+        if not self.taps:
+            return result
+        from exporters.pytrees import flatten_outputs
+
+        outputs, tapped = result
+        return {**flatten_outputs(outputs), **tapped}
+
+    def forced(self) -> torch.fx.GraphModule:
+        """The converted module with its selections taking given indices (``selections.set_choices``)."""
+        from exporters.quantization import selections
+
+        if self._forced is None:
+            object.__setattr__(self, "_forced", selections.forced(self.converted))
+        return self._forced
+
+    def given(self, indices: Sequence[torch.Tensor] | None, **inputs: Any) -> Any:
+        """The reference with each selection returning ``indices[i]`` (None: its own choice)."""
+        from exporters.quantization import selections
+
+        module = self.forced()
+        selections.set_choices(module, None if indices is None else list(indices))
+        try:
+            return self.merged(module(**{k: inputs[k] for k in self.tensor_names}))
+        finally:
+            selections.set_choices(module, None)
 
 
 QUANT_OPS = ("quantize_per_tensor", "quantize_per_channel", "choose_qparams")
@@ -167,12 +200,18 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
                                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
         with apply_patches(patches, fired):
             converted = quantize_pt2e.convert_pt2e(prepared)
+    taps: list[str] = []
+    if recipe.expose_selections:
+        from exporters.quantization.selections import expose
+
+        converted, taps = expose(converted)
     ops = sum(1 for n in converted.graph.nodes if n.op == "call_function" and any(q in str(n.target) for q in QUANT_OPS))
     dynamic_ops = sum(1 for n in converted.graph.nodes if n.op == "call_function" and "choose_qparams" in str(n.target))
     metadata = {"recipe": recipe.name, "dynamic": recipe.dynamic, "calibration_count": len(recipe.calibration),
                 "quantizer": type(quantizer).__name__, "quantize_ops": ops, "dynamic_quantize_ops": dynamic_ops,
                 "selection_ops": selection_ops(converted.graph),
                 "float_for_selection": list(getattr(quantizer, "float_for_selection", [])),
+                "selection_outputs": taps,
                 "weight_range": None if recipe.quantizer is not None else list(recipe.weight_range(backend))}
-    return Quantized(QuantizedModel(converted, tensor_names), metadata)
+    return Quantized(QuantizedModel(converted, tensor_names, taps), metadata)
 

@@ -73,21 +73,30 @@ def perturbed_copy(converted: torch.fx.GraphModule, fraction: float = FRACTION) 
 def rounding_spread(quantized_model: Any, inputs: Mapping[str, Any], fraction: float = FRACTION,
                     seeds: tuple[int, ...] = SEEDS) -> dict[str, float]:
     """Per floating output of the reference (named as ``flatten_outputs`` names them): the largest
-    |perturbed - reference| over ``seeds``; empty where the model quantizes no activation. A non-finite
+    |perturbed - reference| over ``seeds``; empty where the model quantizes no activation. A model with exposed
+    selections (``taps``) keeps its own choices in the perturbed runs: the spread of the arithmetic, given them. A non-finite
     deviation (a perturbed value that overflows) is returned as inf: no spread can be relied on there."""
     from exporters.pytrees import flatten_outputs
 
     converted, names = quantized_model.converted, quantized_model.tensor_names
+    taps = getattr(quantized_model, "taps", ())
+    if taps:  # a model that selects: the perturbed copies keep the reference's own choices (selections.py)
+        converted = quantized_model.forced()
     perturbed, count = perturbed_copy(converted, fraction)
     if not count:
         return {}
     feed = {k: inputs[k] for k in names}
     with torch.no_grad():
-        reference = flatten_outputs(converted(**feed))
+        reference = flatten_outputs(quantized_model.merged(converted(**feed)) if taps else converted(**feed))
+        if taps:
+            from exporters.quantization import selections
+
+            selections.set_choices(perturbed, selections.choices(reference, list(taps)))
         spread: dict[str, float] = {}
         for seed in seeds:
             perturbed.get_submodule(NUDGE).generator.manual_seed(seed)
-            for name, value in flatten_outputs(perturbed(**feed)).items():
+            result = perturbed(**feed)
+            for name, value in flatten_outputs(quantized_model.merged(result) if taps else result).items():
                 ref = reference.get(name)
                 if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and ref.shape == value.shape):
                     continue
