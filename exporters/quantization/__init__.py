@@ -212,6 +212,7 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
                 "selection_ops": selection_ops(converted.graph),
                 "float_for_selection": list(getattr(quantizer, "float_for_selection", [])),
                 "selection_outputs": taps,
+                "vector_weights": list(getattr(quantizer, "vector_weights", [])),
                 "weight_range": None if recipe.quantizer is not None else list(recipe.weight_range(backend))}
     return Quantized(QuantizedModel(converted, tensor_names, taps), metadata)
 

@@ -85,6 +85,32 @@ def float32_annotations_only(model: torch.fx.GraphModule) -> int:
     return dropped
 
 
+def per_channel_needs_a_channel_axis(model: torch.fx.GraphModule) -> list[str]:
+    """Drop the annotation of a node that would observe a tensor of fewer than two dimensions per channel, and
+    return their names.
+
+    Cause. XNNPACK's quantizer gives every linear weight a per-channel observer, which flattens the weight from
+    dimension 1 on. D-FINE and DEIMv2 project a distribution onto a fixed vector, ``F.linear(probs, project)``
+    with a 1-D ``project``: the first calibration call failed there ("IndexError: Dimension out of range
+    (expected to be in range of [-1, 0], but got 1)", PerChannelMinMaxObserver). A vector has no channels to
+    scale apart and XNNPACK's int8 linear takes 2-D weights: such a node stays float."""
+    from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
+
+    per_channel = (torch.per_channel_symmetric, torch.per_channel_affine)
+    dropped: list[str] = []
+    for node in model.graph.nodes:
+        annotation = node.meta.get(Q_ANNOTATION_KEY)
+        if annotation is None:
+            continue
+        for arg, spec in (getattr(annotation, "input_qspec_map", None) or {}).items():
+            value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+            if getattr(spec, "qscheme", None) in per_channel and isinstance(value, torch.Tensor) and value.dim() < 2:
+                del node.meta[Q_ANNOTATION_KEY]
+                dropped.append(node.name)
+                break
+    return dropped
+
+
 # ops whose result is a choice (an index, an order); exporters.quantization.selection_ops names them in a graph
 _SELECTION_TARGETS = ("topk", "sort", "argsort", "argmax", "argmin", "kthvalue", "mode")
 _SELECTION_DEPTH = 8  # producers walked back from a selection's input, through unannotated ops
@@ -169,9 +195,11 @@ class IntegerSafeXNNPACKQuantizer(XNNPACKQuantizer):
     """XNNPACKQuantizer whose scalar conversion leaves integer nodes alone (see the module docstring),
     which leaves float64 nodes unannotated (``float32_annotations_only``) and keeps the scores a selection
     op chooses from in float (``float_selection_inputs``; their producers in ``float_for_selection``, with the
-    ops that shared their grid, ``drop_orphaned_sharing``)."""
+    ops that shared their grid, ``drop_orphaned_sharing``), and which leaves float a linear whose weight is a
+    vector (``per_channel_needs_a_channel_axis``, in ``vector_weights``)."""
 
     float_for_selection: list[str] = []
+    vector_weights: list[str] = []  # nodes left float: a per-channel observer on a 1-D tensor
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         return floating_scalars_to_attrs(model)
@@ -179,6 +207,7 @@ class IntegerSafeXNNPACKQuantizer(XNNPACKQuantizer):
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         model = super().annotate(model)
         float32_annotations_only(model)
+        self.vector_weights = per_channel_needs_a_channel_axis(model)
         self.float_for_selection = float_selection_inputs(model)
         self.float_for_selection += drop_orphaned_sharing(model)
         return model
