@@ -163,7 +163,10 @@ def compare_quantized(reference: dict[str, torch.Tensor], actual: dict[str, torc
                 steps = bound / step if step > 0 else QUANT_STEPS
                 own = spread.get(name)
                 why = "" if steps <= QUANT_STEPS else " (the reference's own spread under one-step rounding)"
-                if own is not None and step > 0 and own / step > QUANT_SPREAD_CAP:
+                if own is not None and not math.isfinite(own):
+                    why = (" (no spread of the reference's own could be measured: one-step rounding moved it out of "
+                           "the domain its program asserts, or to a non-finite value)")
+                elif own is not None and step > 0 and own / step > QUANT_SPREAD_CAP:
                     why = (f" (the reference's own spread under one-step rounding is {own / step:.3g} steps, past a quarter "
                            "of the output's range: a one-step rounding difference can move it anywhere, so the bound "
                            f"stays at {QUANT_SPREAD_CAP:g})")

@@ -523,3 +523,28 @@ def test_rounding_spread_moves_quantized_activations_one_step():
     spread = artifact.reference_spread(input=x)
     assert list(spread) == ["output"] and 0 < spread["output"] < float("inf")
     assert artifact.reference_spread(input=x) == spread
+
+
+def test_a_perturbed_run_outside_the_programs_asserted_domain_measures_no_spread(monkeypatch):
+    """A one-step move that breaks one of the program's runtime assertions (a data-dependent branch or count
+    baked at trace time) gives no spread: every floating output gets inf, so the fixed bound applies, and the
+    failure message says why."""
+    import exporters.quantization.rounding as rounding
+    from exporters.parity import compare_quantized
+    from exporters.quantization import quantize
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
+    quantized = quantize(model, {"input": x}, int8(calibration=[{"input": x}]), "dynamo").module
+    perturbed, count = rounding.perturbed_copy(quantized.converted)
+
+    def asserting(*args, **kwargs):
+        raise RuntimeError("Runtime assertion failed for expression u11 >= 1 on node 'ge_24'")
+
+    perturbed.forward = asserting
+    monkeypatch.setattr(rounding, "perturbed_copy", lambda converted, fraction=rounding.FRACTION: (perturbed, count))
+    spread = rounding.rounding_spread(quantized, {"input": x})
+    assert spread == {"output": float("inf")}
+    ref = quantized(input=x)
+    (problem,) = compare_quantized({"output": ref}, {"output": ref + 1.0}, "onnx", spread)
+    assert "no spread of the reference's own could be measured" in problem and "bound 8" in problem
