@@ -627,21 +627,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "is set (as Mistral does)",
     ),
     ExportSkip(
-        classes=("GPTNeoForCausalLM",),
-        tests=("generate", "runner"),
-        variants=("static",),
-        stage="compare",
-        reason="GPTNeoSelfAttention._attn slices its causal/local-window bias as bias[:, :, key_length - query_length "
-               ": key_length, :key_length] (models/gpt_neo/modeling_gpt_neo.py:115), which holds only when the keys "
-               "are the positions written so far: over a static cache key_length is max_cache_len, so the prompt's "
-               "rows take the bias rows of the cache's last positions and the local window lands elsewhere. The "
-               "model's own generate(cache_implementation='static') differs from its default generate by 1.13 at "
-               "step 0 (eager, tiny config window_size 4, prompt 7), and the static step, over the same cache, as "
-               "much (test_generate dynamo/static at bb55dd9; ExecuTorch's runner, over that step, differs from eager's "
-               "tokens at step 1, test_runner executorch at 705c599). Remove when GPTNeo indexes the bias by cache_position "
-               "(or builds its local mask with masking_utils' sliding-window mask)",
-    ),
-    ExportSkip(
         classes=("NemotronHForCausalLM", "NemotronH_Omni_Reasoning_V3", "Nemotron3_5TranscribeForConditionalGeneration"),
         tests=("generate",),
         variants=("static",),
