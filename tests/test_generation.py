@@ -257,6 +257,8 @@ def test_ngram_bans_are_applied_as_generate_applies_them(llama):
     assert not torch.equal(free, expected)
     generator = get_exporter("dynamo").export_for_generation(model, inputs, get_exporter("dynamo").config_class(dynamic=True))
     assert torch.equal(generator.generate(**inputs, max_new_tokens=16), expected)
+    static = get_exporter("dynamo").export_for_generation(model, inputs, cache="static", max_cache_len=32)
+    assert torch.equal(static.generate(**inputs, max_new_tokens=16), expected)  # the static loop bans them too
 
     bart = _tiny_bart()
     bart.generation_config.encoder_no_repeat_ngram_size = 2

@@ -166,7 +166,8 @@ class StaticGenerator:
             token = greedy_token(self.generation, logits, length=prompt + i, prompt_length=prompt,
                                  max_length=prompt + max_new_tokens, eos=eos, pad=pad, unfinished=unfinished,
                                  teacher=None if teacher_tokens is None else teacher_tokens[:, i],
-                                 sequence=torch.cat([input_ids, *(t[:, None] for t in new_tokens)], dim=1))
+                                 sequence=torch.cat([input_ids, *(t[:, None] for t in new_tokens)], dim=1),
+                                 encoder_ids=input_ids)  # generate's inputs_tensor: the prompt, as the dynamic loop
             new_tokens.append(token)
             step_logits.append(logits)
             if i == max_new_tokens - 1 or not unfinished.any():
