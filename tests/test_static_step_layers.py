@@ -64,3 +64,35 @@ def test_an_empty_argument_generate_passes_is_no_step_input():
     model = build_tiny("Gemma3ForConditionalGeneration", seed=0).model
     step = static_step_for(model, {"input_ids": torch.tensor([[5, 9, 17, 30]])}, 16, "buffers")
     assert not step.embeds and step.runner_form
+
+
+def test_a_decoder_that_embeds_itself_is_named_not_crashed_on():
+    """A multimodal model whose get_decoder() is given token ids and pixels (Chameleon: its ChameleonModel turns the
+    image into VQ token ids itself) has no embeddings to hand a step over embeddings: a GenerationError names the
+    decoder and what it was given, instead of an IndexError from the stand-in's empty output."""
+    import pytest
+    import torch
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    from exporters.generation.capture import GenerationError
+    from exporters.generation.static_embeds import PrefillEmbeds
+
+    class Decoder(torch.nn.Module):
+        def forward(self, input_ids=None, pixel_values=None, **kwargs):
+            return BaseModelOutputWithPast(last_hidden_state=torch.zeros(1, input_ids.shape[1], 4))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Decoder()
+
+        def get_decoder(self):
+            return self.model
+
+        def forward(self, input_ids, pixel_values, use_cache=False):
+            return self.model(input_ids=input_ids, pixel_values=pixel_values)[0]
+
+    embeds = PrefillEmbeds(Model(), "model")
+    with pytest.raises(GenerationError, match=r"hands its decoder Decoder no inputs_embeds \(it is given \['input_ids', "
+                                              r"'pixel_values'\]\)"):
+        embeds(input_ids=torch.ones(1, 3, dtype=torch.long), pixel_values=torch.zeros(1, 3, 2, 2))

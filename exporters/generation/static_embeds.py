@@ -137,6 +137,12 @@ class PrefillEmbeds(torch.nn.Module):
                 raise GenerationError(f"{type(self.model).__name__} calls its decoder with positional arguments; "
                                       "the embed component reads them by name")
             seen.update(kwargs)
+            if not isinstance(kwargs.get("inputs_embeds"), torch.Tensor):  # the decoder embeds (and merges) itself
+                raise GenerationError(f"{type(self.model).__name__}'s forward hands its decoder "
+                                      f"{type(decoder).__name__} no inputs_embeds (it is given "
+                                      f"{sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))}): the "
+                                      "decoder merges the prompt's other inputs itself, so no step over embeddings "
+                                      "can stand in for it")
             return _stand_in_class()(last_hidden_state=kwargs["inputs_embeds"])
 
         own = vars(decoder).get("forward")  # an instance-level forward someone set: put back as it was
