@@ -627,16 +627,19 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "is set (as Mistral does)",
     ),
     ExportSkip(
-        classes=("ChameleonForConditionalGeneration",),
+        classes=("ChameleonForConditionalGeneration", "Kosmos2_5ForConditionalGeneration"),
         tests=("generate",),
         variants=("static",),
         stage="export",
-        reason="Chameleon's images become tokens inside its decoder: ChameleonModel (get_decoder()) is handed input_ids "
-               "and pixel_values and replaces the image placeholders by VQ-VAE token ids itself "
-               "(models/chameleon/modeling_chameleon.py, get_image_tokens), so the prompt call hands no inputs_embeds "
-               "that a static step over embeddings could take ('hands its decoder ChameleonModel no inputs_embeds', "
-               "exporters/generation/static_embeds.py). Remove when the static form can take a model whose images "
-               "become token ids (an embed component returning the merged ids, then the token step)",
+        reason="the decoder merges the prompt's image itself, so the prompt call hands it no inputs_embeds that a "
+               "static step over embeddings could take ('hands its decoder ... no inputs_embeds', "
+               "exporters/generation/static_embeds.py): ChameleonModel (Chameleon's get_decoder()) is handed input_ids "
+               "and pixel_values and replaces the image placeholders by VQ-VAE token ids (models/chameleon/"
+               "modeling_chameleon.py, get_image_tokens); Kosmos2_5TextForCausalLM is handed input_ids and "
+               "image_embeds and scatters them at image_embeds_position_mask, adding segment embeddings "
+               "(models/kosmos2_5/modeling_kosmos2_5.py:943-965). Remove when the embed component can stop inside "
+               "such a decoder, where its inputs_embeds are formed (or, for Chameleon, return the merged token ids "
+               "for the token step)",
     ),
     ExportSkip(
         classes=("NemotronHForCausalLM", "NemotronH_Omni_Reasoning_V3", "Nemotron3_5TranscribeForConditionalGeneration"),
