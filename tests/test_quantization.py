@@ -145,6 +145,9 @@ def test_generation_export_takes_a_recipe_per_component_and_refuses_what_it_cann
         onnx.export_for_generation(model, inputs, cache="static", quantization={"decode": int8(calibration=[inputs])})
     with pytest.raises(QuantizationError, match="pass a recipe"):
         onnx.export_for_generation(model, inputs, quantization={"decode": "int8"})
+    with pytest.raises(QuantizationError, match=r"quantization\['decode'\] has expose_selections=True"):
+        onnx.export_for_generation(model, inputs, quantization={"decode": int8(calibration=[inputs],
+                                                                                expose_selections=True)})
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "onnx", "executorch"])

@@ -42,6 +42,10 @@ def checked_recipes(quantization: Mapping[str, Any] | None, labels: list[str]) -
         if not isinstance(recipe, Recipe):
             raise QuantizationError(f"quantization[{label!r}]={recipe!r}: pass a recipe, e.g. "
                                     "exporters.quantization.int8(calibration=[inputs])")
+        if recipe.expose_selections:  # extra outputs the loop does not read; the forward's parity check does
+            raise QuantizationError(f"quantization[{label!r}] has expose_selections=True: a generation component's "
+                                    "outputs are what the loop reads; selection outputs are for a forward export's "
+                                    "parity check (exporters/quantization/selections.py)")
     return dict(quantization)
 
 
