@@ -29,3 +29,28 @@ def test_a_vector_weight_stays_float_and_the_rest_is_quantized():
     assert len(meta["vector_weights"]) == 1 and meta["quantize_ops"] > 0  # the 2-D linear is still quantized
     assert torch.equal(artifact(x=x)["output"], artifact.reference(x=x)["output"])
     assert (artifact(x=x)["output"] - model(x)).abs().max() < 0.05
+
+
+class TwiceConv(torch.nn.Module):
+    """One convolution module called twice (a patch merger run per image), between quantized layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.merge = torch.nn.Conv2d(4, 4, 2, stride=2)
+
+    def forward(self, a, b):
+        return self.merge(self.stem(a)) + self.merge(self.stem(b))
+
+
+def test_a_convolution_called_twice_is_quantized_both_times_and_runs_on_executorch():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    model, inputs = TwiceConv().eval(), {"a": torch.randn(1, 3, 8, 8, generator=g), "b": torch.randn(1, 3, 8, 8, generator=g)}
+    exporter = get_exporter("executorch")
+    artifact = exporter.export(model, inputs, exporter.config_class(dynamic=False, quantization=int8(calibration=[inputs])))
+    meta = artifact.extra_metadata["quantization"]
+    assert meta["separated_conv_weights"] == 4  # the second call of each module: weight and bias
+    from exporters.parity import assert_close_quantized
+
+    assert_close_quantized(artifact.reference(**inputs), artifact(**inputs), "executorch")

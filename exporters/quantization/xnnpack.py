@@ -48,6 +48,34 @@ def floating_scalars_to_attrs(model: torch.fx.GraphModule) -> torch.fx.GraphModu
     return model
 
 
+def separate_shared_conv_weights(model: torch.fx.GraphModule) -> int:
+    """Give every convolution after the first that reads a weight or bias another convolution reads (a module
+    called twice) a ``get_attr`` node of its own, and return how many were made.
+
+    Cause. XNNPACK's quantizer annotates a convolution together with its weight and bias nodes and skips one whose
+    partition is already annotated (``_do_annotate_conv``: ``if _is_annotated(partition)``), so a second call of
+    the same module keeps float weights while its input, quantized for another consumer, reaches it dequantized.
+    XNNPACK's partitioner takes that dequantize-convolution pair as a quantized convolution, which its runtime
+    refuses at load: HunYuanVLVisionTransformer's patch merger, called twice ("Failed to create convolution node
+    ... xnn_status_invalid_parameter", then "Failed to load method forward"). With a node of its own each call is
+    annotated as the first is (the attribute is the same; convert_pt2e folds each use's int8 copy). Linear layers
+    share the annotator's skip but their mixed form lowers as a float linear; they are left as they are."""
+    count = 0
+    for node in list(model.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        convs = [u for u in node.users if u.op == "call_function" and str(u.target).startswith("aten.conv")]
+        for user in convs[1:]:
+            with model.graph.inserting_before(user):
+                own = model.graph.get_attr(node.target)
+            own.meta = dict(node.meta)
+            user.replace_input_with(node, own)
+            count += 1
+    if count:
+        model.recompile()
+    return count
+
+
 def _tensor_dtypes(node: torch.fx.Node) -> set[torch.dtype]:
     values = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
     return {v.dtype for v in values if isinstance(v, torch.Tensor)}
@@ -196,12 +224,15 @@ class IntegerSafeXNNPACKQuantizer(XNNPACKQuantizer):
     which leaves float64 nodes unannotated (``float32_annotations_only``) and keeps the scores a selection
     op chooses from in float (``float_selection_inputs``; their producers in ``float_for_selection``, with the
     ops that shared their grid, ``drop_orphaned_sharing``), and which leaves float a linear whose weight is a
-    vector (``per_channel_needs_a_channel_axis``, in ``vector_weights``)."""
+    vector (``per_channel_needs_a_channel_axis``, in ``vector_weights``); every call of a convolution module called
+    more than once is annotated (``separate_shared_conv_weights``)."""
 
     float_for_selection: list[str] = []
     vector_weights: list[str] = []  # nodes left float: a per-channel observer on a 1-D tensor
+    separated_conv_weights = 0  # weight / bias nodes given to a convolution that shared them (a module called twice)
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        self.separated_conv_weights = separate_shared_conv_weights(model)
         return floating_scalars_to_attrs(model)
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
