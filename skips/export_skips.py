@@ -172,6 +172,7 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
         classes=("VideoMAEForPreTraining",),
         backends=("executorch",),
         variants=("static",),
+        tests=("export", "quantized"),  # the int8 program's to_edge stops at the same assertion (d00c10b)
         stage="lower",
         reason="to_edge re-traces the two boolean-mask selections (embeddings[~bool_masked_pos] in the encoder and "
                "position_embeddings[bool_masked_pos] at models/videomae/modeling_videomae.py:576-577) into fresh "
