@@ -60,8 +60,8 @@ def separate_shared_conv_weights(model: torch.fx.GraphModule) -> int:
     ... xnn_status_invalid_parameter", then "Failed to load method forward"). With a node of its own each call is
     annotated as the first is (the attribute is the same; convert_pt2e folds each use's int8 copy). Linear layers
     share the annotator's skip and are left as they are, not measured: the classes that call a linear module twice
-    were not scanned, and PatchTSTForClassification's executorch item, failing at lowering with "Weight and Input
-    should both be quantized" (not diagnosed), may be one; extending this to linears changes each such program."""
+    were not scanned (PatchTSTForClassification's executorch failure, "Weight and Input should both be quantized",
+    is not one: its tiny model calls each linear once); extending this to linears changes each such program."""
     count = 0
     for node in list(model.graph.nodes):
         if node.op != "get_attr":
