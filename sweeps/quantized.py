@@ -115,8 +115,7 @@ def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
                 raise type(exc)(f"the quantized model selects ({', '.join(meta['selection_ops'])}) over int8-grid values, "
                                 f"where a tie or a one-step difference flips a choice: {exc}") from exc
             if meta["selection_outputs"]:  # compared given the artifact's choices: the arithmetic differs
-                given = len([t for t in meta["selection_outputs"] if not t.endswith(".input")])
-                raise type(exc)(f"given the artifact's own choices ({given} selections or roundings), {exc}") from exc
+                raise type(exc)(f"given the artifact's own choices ({len(chosen)} selections), {exc}") from exc
             raise
         stage = "done"
         record("stage", stage)

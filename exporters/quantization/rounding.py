@@ -77,21 +77,19 @@ def rounding_spread(quantized_model: Any, inputs: Mapping[str, Any], fraction: f
     selections (``taps``) keeps its own choices in the perturbed runs: the spread of the arithmetic, given them. A non-finite
     deviation (a perturbed value that overflows) is returned as inf: no spread can be relied on there."""
     from exporters.pytrees import flatten_outputs
+    from exporters.quantization import selections
 
-    converted, names = quantized_model.converted, quantized_model.tensor_names
-    taps = getattr(quantized_model, "taps", ())
-    if taps:  # a model that selects: the perturbed copies keep the reference's own choices (selections.py)
-        converted = quantized_model.forced()
+    taps, names, merged = quantized_model.taps, quantized_model.tensor_names, quantized_model.merged
+    # a model that selects: the perturbed copies keep the reference's own choices (selections.py)
+    converted = quantized_model.forced() if taps else quantized_model.converted
     perturbed, count = perturbed_copy(converted, fraction)
     if not count:
         return {}
     feed = {k: inputs[k] for k in names}
     with torch.no_grad():
-        reference = flatten_outputs(quantized_model.merged(converted(**feed)) if taps else converted(**feed))
+        reference = flatten_outputs(merged(converted(**feed)))
         if taps:
-            from exporters.quantization import selections
-
-            selections.set_choices(perturbed, selections.choices(reference, list(taps)))
+            selections.set_choices(perturbed, selections.choices(reference, taps))
         spread: dict[str, float] = {}
         for seed in seeds:
             perturbed.get_submodule(NUDGE).generator.manual_seed(seed)
@@ -104,7 +102,7 @@ def rounding_spread(quantized_model: Any, inputs: Mapping[str, Any], fraction: f
                 # at trace time: VITS's flows): no spread is measured, every output keeps the fixed bound
                 return {name: math.inf for name, value in reference.items()
                         if isinstance(value, torch.Tensor) and value.is_floating_point()}
-            for name, value in flatten_outputs(quantized_model.merged(result) if taps else result).items():
+            for name, value in flatten_outputs(merged(result)).items():
                 ref = reference.get(name)
                 if not (isinstance(ref, torch.Tensor) and ref.is_floating_point() and ref.shape == value.shape):
                     continue

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -137,6 +137,6 @@ def set_choices(module: torch.fx.GraphModule, indices: list[torch.Tensor] | None
     module.get_submodule(FORCE).indices = indices
 
 
-def choices(outputs: Mapping[str, Any], taps: list[str]) -> list[torch.Tensor]:
+def choices(outputs: Mapping[str, Any], taps: Sequence[str]) -> list[torch.Tensor]:
     """The indices the ``selection.<i>.indices`` outputs hold, in selection order."""
     return [torch.as_tensor(outputs[name]) for name in taps if name.endswith(".indices")]
