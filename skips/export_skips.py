@@ -256,22 +256,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ),
     # ── test_runner, onnxruntime-genai (scoped to its cache form, dynamic): what its folder cannot carry ──
     ExportSkip(
-        classes=("JambaForCausalLM", "ZambaForCausalLM", "MambaForCausalLM", "FalconMambaForCausalLM"),
-        backends=("onnx",),
-        variants=("dynamic",),
-        tests=("runner",),
-        stage="export",
-        reason="Mamba (v1) layers cannot run several new tokens from a given state: onnxruntime-genai runs one graph "
-               "for the prompt and every step, which takes the layers' multi-token path from the state it is given "
-               "(genai.py), and transformers' Mamba full-sequence scan (mamba_selective_scan, models/mamba/"
-               "modeling_mamba.py:459) takes no initial state, so it computes from zero: genai.py's eager check (two "
-               "tokens after a first call against the forward over the whole sequence) refuses Jamba (logits 4.84 "
-               "off) and Zamba (9.94); Mamba's and FalconMamba's mixers mask the new tokens with the whole "
-               "attention mask and fail there ('size of tensor a (2) must match ... (7)', GenerationError at "
-               "f1651b0). Remove when transformers' Mamba scan starts from the cached state (as Mamba-2's "
-               "mamba2_chunk_scan does with initial_states)",
-    ),
-    ExportSkip(
         classes=("DeepseekV4ForCausalLM", "Qwen4ExpForCausalLM"),
         backends=("onnx",),
         variants=("dynamic",),

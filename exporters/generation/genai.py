@@ -155,6 +155,8 @@ class GenaiStep(torch.nn.Module):
         for i, parts in self.states.items():
             self._load_states(cache.layers[i], past[PAST["conv"] % i], past[PAST["recurrent"] % i], parts)
         kwargs = {"position_ids": position_ids} if self.takes_positions else {}
+        if not self.shapes:  # no attention layer: the mask only zeroes padded new tokens (Mamba's mixers), its
+            attention_mask = attention_mask[:, -input_ids.shape[1]:]  # new tokens' columns, as generate passes it
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, **{self.cache_arg: cache}, use_cache=True,
                          return_dict=True, **kwargs)
         outputs = {"logits": out.logits}
@@ -292,8 +294,11 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
         raise GenerationError(f"onnxruntime-genai runs ONNX graphs; this generator was exported for {exporter.backend}")
     layer_shapes, takes_positions, states, state_dtypes, indexers = _layout(model, inputs)
     step = GenaiStep(model, layer_shapes, takes_positions, states, indexers, state_dtypes).eval()
-    if states or indexers:
-        _check_one_graph(step, inputs["input_ids"][:1])
+    if states or indexers:  # under the model patches the export installs (mamba_scan.py: a scan from the state)
+        from exporters.utils import apply_patches
+
+        with apply_patches(model_patches(exporter)):
+            _check_one_graph(step, inputs["input_ids"][:1])
     ids = inputs["input_ids"]
     if ids.shape[0] < 2:  # a traced batch of 1 would be specialized
         ids = ids.expand(2, -1)
@@ -339,6 +344,13 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
         layout["conv_size"], layout["recurrent_size"] = step.conv_size, step.recurrent_size
     artifact.extra_metadata.update({"component": "genai_decoder", "cache_layout": layout})
     return artifact, layout
+
+
+def model_patches(exporter) -> list:
+    """The exporter's patches of transformers model code (exporters/workarounds/models/): what the model
+    computes in the traced graph, which an eager check of that graph's calls must compute too."""
+    return [entry for entry in exporter.registry.patches("dynamo", exporter.backend)
+            if entry.path.startswith("transformers.models.")]
 
 
 def _check_one_graph(step: GenaiStep, prompt: torch.Tensor, atol: float = 1e-3, share: float = 0.1) -> None:
