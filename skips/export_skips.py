@@ -315,17 +315,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "Remove when the model keeps a key/value cache (transformers' Cache) in generate",
     ),
     ExportSkip(
-        classes=("BertGenerationDecoder",),
-        backends=("onnx",),
-        variants=("dynamic",),
-        tests=("runner",),
-        stage="export",
-        reason="no cache at all: forward returns no past_key_values, so each step must see the whole sequence, and "
-               "onnxruntime-genai feeds the graph only the new token after the prompt (GenerationError at 86526eb, "
-               "'returns no past_key_values (its state: none)'). Remove when the model keeps a key/value cache "
-               "(transformers' Cache) in generate",
-    ),
-    ExportSkip(
         classes=("BltForCausalLM",),
         backends=("onnx",),
         variants=("dynamic",),

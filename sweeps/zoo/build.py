@@ -512,9 +512,11 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True, init_range: float | 
         _fix_hardcoded_rope_sections(cls_config)
     config = cls_config
     _ensure_pad_token(config)
-    if entry.class_name.endswith(("ForCausalLM", "LMHeadModel", "WithLMHead")) and hasattr(config, "is_decoder") \
-            and not getattr(config, "is_encoder_decoder", False):
-        config.is_decoder = True  # as users configure encoder families for causal LM heads
+    # as users configure encoder families for causal LM heads (BertGenerationDecoder, in the causal-LM mapping
+    # without the suffix, warns "If you want to use BertGenerationDecoder as a standalone, add is_decoder=True")
+    if (entry.class_name.endswith(("ForCausalLM", "LMHeadModel", "WithLMHead")) or "causal_lm" in entry.tasks) \
+            and hasattr(config, "is_decoder") and not getattr(config, "is_encoder_decoder", False):
+        config.is_decoder = True
     if init_range is not None:
         _set_init_range(config, init_range)
     attn = ov.get("attn", PREFERRED_ATTN)
