@@ -95,17 +95,27 @@ def test_runner_folders_refuse_what_the_runner_would_misread(llama, tmp_path):
         load_generator(tmp_path / "c").save(tmp_path / "d", runner=True)
 
 
-def test_ort_genai_refuses_states_a_multi_token_call_cannot_start_from():
-    """onnxruntime-genai runs one graph for the prompt and each step, so a layer must run several new tokens
-    from the state it is given. Mamba's forward cannot (its mixer masks the new tokens with the whole mask):
-    refused by name before anything is exported."""
+def _genai_step(model):
+    from exporters.generation.genai import GenaiStep, _layout
+
+    shapes, positions, states, dtypes, indexers = _layout(model, {"input_ids": torch.tensor([PROMPT])})
+    return GenaiStep(model, shapes, positions, states, indexers, dtypes).eval()
+
+
+def test_ort_genai_gives_a_model_without_attention_layers_the_new_tokens_mask():
+    """onnxruntime-genai's graph takes a mask over past and new tokens; Mamba's mixers multiply the new tokens by
+    the mask they are given (generate passes none after the prompt), so a model without attention layers gets the
+    new tokens' columns, and two tokens after a first call run (the scan from the given state: mamba_scan.py)."""
     from transformers import MambaConfig, MambaForCausalLM
 
-    from exporters.generation.genai import export_genai
+    from exporters.generation.genai import _check_one_graph, model_patches
+    from exporters.utils import apply_patches
 
     model = MambaForCausalLM(MambaConfig(vocab_size=32, hidden_size=16, state_size=4, num_hidden_layers=1)).eval()
-    with pytest.raises(GenerationError, match=r"MambaForCausalLM: several new tokens after a first call.*one graph"):
-        export_genai(get_exporter("onnx"), model, {"input_ids": torch.tensor([[3, 4, 5]])})
+    step = _genai_step(model)
+    assert not step.shapes  # no attention layer
+    with apply_patches(model_patches(get_exporter("onnx"))):
+        _check_one_graph(step, torch.tensor([PROMPT]) % 32)
 
 
 @pytest.mark.slow
@@ -141,14 +151,18 @@ def test_ort_genai_carries_linear_attention_states_in_one_graph(tmp_path):
 
 def test_ort_genai_refuses_layers_whose_multi_token_path_ignores_the_given_state():
     """Jamba's Mamba layers run several tokens through a full-sequence scan that takes no initial state: a call
-    after the prompt would compute from zero state. The eager check before export measures it and refuses."""
-    from exporters.generation.genai import export_genai
+    after the prompt computes from zero state. The eager check measures it and refuses; under the model patches
+    the export installs (mamba_scan.py: the scan from the cached state) the same check passes."""
+    from exporters.generation.genai import _check_one_graph, model_patches
+    from exporters.utils import apply_patches
     from sweeps.zoo import build_tiny
 
-    model = build_tiny("JambaForCausalLM", seed=0).model
+    step = _genai_step(build_tiny("JambaForCausalLM", seed=0).model)
     with pytest.raises(GenerationError, match=r"JambaForCausalLM: its linear-attention layers do not run their "
                                               r"multi-token path from the state they are given \(.*logits [0-9.e-]+ off"):
-        export_genai(get_exporter("onnx"), model, {"input_ids": torch.tensor([PROMPT])})
+        _check_one_graph(step, torch.tensor([PROMPT]))
+    with apply_patches(model_patches(get_exporter("onnx"))):
+        _check_one_graph(step, torch.tensor([PROMPT]))
 
 
 @pytest.mark.slow
