@@ -139,14 +139,16 @@ def load_generator(directory: str | os.PathLike) -> Generator | StaticGenerator:
     components = {name: load_artifact(os.path.join(directory, dirs.get(name, name))) for name in doc["components"]}
     if doc["format"] == STATIC_FORMAT:
         known = ("format", "backend", "components", "component_dirs", "cache", "batch", "max_cache_len", "state", "cache_shapes",
-                 "takes_positions", "takes_mask", "token_input", "token_by_token", "generation", "extras", "embed_inputs", "encoder")
+                 "takes_positions", "takes_mask", "token_input", "token_by_token", "generation", "extras", "embed_inputs", "encoder",
+                 "whole_sequence")
         return StaticGenerator(components, batch=doc["batch"], max_cache_len=doc["max_cache_len"], state=doc["state"],
                                cache_shapes=doc["cache_shapes"], takes_positions=doc["takes_positions"],
                                takes_mask=doc["takes_mask"], generation=doc["generation"],
                                metadata={k: v for k, v in doc.items() if k not in known},
                                token_input=doc.get("token_input", "input_ids"),
                                token_by_token=bool(doc.get("token_by_token", False)), extras=doc.get("extras") or {},
-                               embed_inputs=doc.get("embed_inputs"), encoder=doc.get("encoder"))
+                               embed_inputs=doc.get("embed_inputs"), encoder=doc.get("encoder"),
+                               whole_sequence=bool(doc.get("whole_sequence", False)))
     known = ("format", "backend", "components", "rules", "prefill_inputs", "prefill_rules", "prefill_trees",
              "token_input", "trees", "generation", "encoder_outputs")
     return Generator(components, doc["rules"], doc["prefill_inputs"], doc["trees"], doc["generation"],

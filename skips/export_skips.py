@@ -305,14 +305,17 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "recurrent inputs, in one form for the prompt and each step",
     ),
     ExportSkip(
-        classes=("OpenAIGPTLMHeadModel", "XLMWithLMHeadModel", "XLNetLMHeadModel"),
+        classes=("XLMWithLMHeadModel", "XLNetLMHeadModel"),
         tests=("runner",),
         stage="export",
-        reason="no cache at all: forward returns no past_key_values, so each step must see the whole sequence "
-               "(generate passes it with next_sequence_length, langs or perm_mask / target_mapping), while both "
-               "runners feed only the new token after the prompt: genai.py refuses 'returns no past_key_values "
-               "(its state: none)' (86526eb), the static step refuses those forward arguments by name (95d2c43). "
-               "Remove when the model keeps a key/value cache (transformers' Cache) in generate",
+        reason="no key/value cache, and generate feeds forward more than the sequence so far: XLM appends its "
+               "mask_token_id column to the ids and passes langs at every call, XLNet appends a dummy token, builds "
+               "perm_mask / target_mapping and keeps mems of its own. onnxruntime-genai feeds only the new token after "
+               "the prompt (genai.py refuses 'returns no past_key_values (its state: none)', 86526eb); ExecuTorch's "
+               "runner without a KV cache feeds the plain token sequence, the form of OpenAIGPT and Mpt "
+               "(exporters/generation/static_whole.py), which refuses XLM's langs by name (python -m sweeps.repro "
+               "runner:executorch-llm-XLMWithLMHeadModel) and finds no re-fed sequence in XLNet's calls. Remove when "
+               "the models' generate feeds forward the plain ids (or keeps a transformers Cache)",
     ),
     ExportSkip(
         classes=("BltForCausalLM",),
@@ -640,8 +643,9 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "test_generate dynamo/dynamic at bc76b56). Remove when exporters/generation has prefill rules that "
                "carry a value (append an id column, a tensor filled with an id) and a decode rule that puts the "
                "chosen token before the trailing mask token (or XLM's generate feeds forward the plain ids); static: "
-               "GenerationError 'generate with a static cache passes [langs, next_sequence_length] to forward', "
-               "test_generate dynamo/static at 5cb5c06",
+               "GenerationError 'generate with a static cache passes [langs, next_sequence_length] to forward' "
+               "(test_generate dynamo/static at 5cb5c06), or, where the chosen token equals the mask id, '... re-feeds "
+               "the whole sequence and passes [langs]' (exporters/generation/static_whole.py)",
     ),
     ExportSkip(
         classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "InklingForCausalLM",
@@ -683,24 +687,14 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "mask without a branch on the cache length (for example only when the cache holds image tokens)",
     ),
     ExportSkip(
-        classes=("BltForCausalLM", "EvollaForProteinText2Text", "MptForCausalLM"),
+        classes=("BltForCausalLM",),
         tests=("generate", "runner"),
         variants=("static",),
         stage="export",
-        reason="with cache_implementation='static' their generate passes the model no cache at all (Mpt and Evolla "
-               "re-feed the whole sequence each step, Blt's byte-level decoder builds its own), so there is no cache "
-               "for a static step to hold (GenerationError 'passes no cache', test_generate dynamo/static at bc76b56; "
-               "test_runner executorch, the same step, at 705c599). Remove when the model's generate keeps its state "
-               "in the cache it is given",
-    ),
-    ExportSkip(
-        classes=("OpenAIGPTLMHeadModel",),
-        tests=("generate",),
-        variants=("static",),
-        stage="export",
-        reason="no cache at all: with cache_implementation='static' its generate passes the model no cache and re-feeds "
-               "the whole sequence each step (next_sequence_length), so there is no cache for a static step to hold "
-               "(GenerationError 'passes no cache', test_generate dynamo/static). Remove when the model keeps a "
-               "key/value cache (transformers' Cache) in generate",
+        reason="with cache_implementation='static' Blt's generate passes the model no cache at all: its byte-level "
+               "decoder builds its own, so there is no cache for a static step to hold, and it does not re-feed the "
+               "whole sequence either (the form of a model without a cache, exporters/generation/static_whole.py) "
+               "(GenerationError 'passes no cache', test_generate dynamo/static at bc76b56; test_runner executorch, the "
+               "same step, at 705c599). Remove when the model's generate keeps its state in the cache it is given",
     ),
 )

@@ -33,6 +33,7 @@ from exporters.generation.static import CrossAttention, StaticStep, static_step_
 from exporters.generation.static_embeds import DEEPSTACK_PREFIX, TokenEmbeds, prefill_embeds
 from exporters.generation.static_encdec import encoder_spec, same_inputs
 from exporters.generation.static_loop import StaticGenerator
+from exporters.generation.static_whole import WholeSequenceStep
 from exporters.generation.steps import TOKEN_INPUTS, Returned, check_no_module_state, infer_prefill_rules, infer_rules, record_returns
 
 __all__ = ["GenerateOutput", "GenerationError", "GenerationExport", "Generator", "StaticGenerator",
@@ -137,6 +138,8 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
         raise GenerationError(f"input 'input_ids' dim 1 (prompt) is {ids.shape[1]}, longer than "
                               f"max_cache_len={max_cache_len}")
     step = static_step_for(model, inputs, max_cache_len, state)
+    if isinstance(step, WholeSequenceStep):
+        return _export_whole_sequence(exporter, model, inputs, config, generation, step, state)
     missing = [k for k in step.extras if not isinstance(inputs.get(k), torch.Tensor)]
     if missing:
         raise GenerationError(f"{type(model).__name__}.generate passes {missing} to every forward call; give them "
@@ -176,6 +179,34 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                            takes_mask=step.takes_mask, generation=generation, metadata=metadata,
                            token_by_token=step.token_by_token, extras=step.extras,
                            embed_inputs=embed_inputs)
+
+
+def _export_whole_sequence(exporter, model, inputs, config, generation, step: WholeSequenceStep,
+                           state: str) -> StaticGenerator:
+    """The static form of a model whose generate keeps no cache (exporters/generation/static_whole.py): one step
+    over the sequence so far, S from 1 to max_cache_len."""
+    ids = inputs["input_ids"]
+    missing = [k for k in step.extras if not isinstance(inputs.get(k), torch.Tensor)]
+    if missing:
+        raise GenerationError(f"{type(model).__name__}.generate passes {missing} to every forward call; give them "
+                              "(shaped like input_ids) for the static step's first call")
+    example = step.example(ids, inputs.get("attention_mask") if step.takes_mask else None,
+                           {k: inputs[k] for k in step.extras})
+    config = config if config is not None else exporter.config_class()
+    config = dataclasses.replace(config, dynamic=False, dynamic_shapes=step.dynamic_shapes(example), accept_size_one=False)
+    if exporter.backend == "executorch" and step.runner_form:  # the LLM runner without a KV cache
+        config = dataclasses.replace(config, constant_methods={
+            **llm_runner_methods(model, generation, step.max_len, use_kv_cache=False),
+            **(config.constant_methods or {})})
+    artifact = exporter.export(step, example, config)
+    artifact.extra_metadata.update({"component": "step", "cache": "static", "max_cache_len": step.max_len,
+                                    "cache_state": "none: the whole sequence each call"})
+    metadata = {"model_class": type(model).__name__, "cache": "static", "vocab_size": vocab_size(model),
+                "workarounds_fired": {"step": artifact.workarounds_fired}}
+    return StaticGenerator({"step": artifact}, batch=step.batch, max_cache_len=step.max_len, state=state,
+                           cache_shapes={}, takes_positions=step.takes_positions and not step.runner_form,
+                           takes_mask=step.takes_mask, generation=generation, metadata=metadata, extras=step.extras,
+                           whole_sequence=True)
 
 
 def _export_static_encoder_decoder(exporter, model, inputs, config, generation, max_cache_len: int,

@@ -6,7 +6,10 @@ ExecuTorch's runner (extension/llm/runner: constants.h, text_decoder_runner.cpp,
 whose largest size is more than 1 is filled with ``start_pos .. start_pos + S - 1``), keeps the KV
 cache inside the program, and reads these constant methods: ``get_max_seq_len``,
 ``get_max_context_len``, ``get_vocab_size``, ``get_bos_id``, ``get_eos_ids``, ``use_kv_cache``,
-``use_sdpa_with_kv_cache``, ``enable_dynamic_shape``.
+``use_sdpa_with_kv_cache``, ``enable_dynamic_shape``. A model without a cache runs in the runner's
+no-cache form: ``use_kv_cache`` False and a ``forward`` of one input, the tokens ``[1, S]``, which the
+runner feeds the prompt, then the prompt and every token generated so far (text_token_generator.h), taking
+the last position's logits (exporters/generation/static_whole.py).
 
 A tiny model has no tokenizer. ``word_tokenizer(vocab_size)`` builds one with the ``tokenizers``
 library that the runners' own tokenizer code loads (ExecuTorch's C++ ``HFTokenizer`` takes a BPE model
@@ -30,14 +33,15 @@ ALPHABET = string.digits + string.ascii_uppercase + string.ascii_lowercase
 
 
 def llm_runner_methods(model: torch.nn.Module, generation: Mapping[str, Any], max_cache_len: int,
-                       token_by_token: bool = False) -> dict[str, Any]:
+                       token_by_token: bool = False, use_kv_cache: bool = True) -> dict[str, Any]:
     """The constant methods ExecuTorch's LLM runner reads, for a static step of ``max_cache_len`` slots
-    (``token_by_token``: a step of one token a call, which the runner then prefills token by token)."""
+    (``token_by_token``: a step of one token a call, which the runner then prefills token by token;
+    ``use_kv_cache`` False: a step over the whole sequence, which the runner feeds every token so far)."""
     methods: dict[str, Any] = {
         "get_max_seq_len": max_cache_len,
         "get_max_context_len": max_cache_len,
         "get_vocab_size": vocab_size(model),
-        "use_kv_cache": True,
+        "use_kv_cache": use_kv_cache,
         "use_sdpa_with_kv_cache": False,
         # True: the step takes a whole prompt at once (S from 1 to max_seq_len); False: one token a call
         "enable_dynamic_shape": not token_by_token,

@@ -36,8 +36,11 @@ class StaticGenerator:
                  cache_shapes: Mapping[str, tuple[int, ...]], takes_positions: bool, takes_mask: bool,
                  generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None, token_input: str = "input_ids",
                  token_by_token: bool = False, extras: Mapping[str, str] | None = None,
-                 embed_inputs: list[str] | None = None, encoder: Mapping[str, Any] | None = None):
+                 embed_inputs: list[str] | None = None, encoder: Mapping[str, Any] | None = None,
+                 whole_sequence: bool = False):
         self.components = dict(components)
+        # a model without a cache: the step takes the whole sequence so far at every call (static_whole.py)
+        self.whole_sequence = whole_sequence
         self.batch, self.max_cache_len, self.state = batch, max_cache_len, state
         self.cache_shapes = {k: tuple(v) for k, v in cache_shapes.items()}
         self.takes_positions, self.takes_mask = takes_positions, takes_mask
@@ -125,6 +128,12 @@ class StaticGenerator:
             return GenerateOutput(sequences, tuple(step_logits) if output_logits else (), cache, len(step_logits))
         self._check(input_ids, attention_mask, max_new_tokens, other)
         eos, pad = end_and_pad(self.generation, eos_token_id, pad_token_id)
+        if self.whole_sequence:
+            sequences, step_logits = self._generate_whole(input_ids, attention_mask, max_new_tokens, eos, pad,
+                                                          teacher_tokens, {k: other[k] for k in self.extras})
+            if not return_dict_in_generate:
+                return sequences
+            return GenerateOutput(sequences, tuple(step_logits) if output_logits else (), {}, len(step_logits))
         batch, prompt = input_ids.shape
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         full = torch.zeros(batch, self.max_cache_len, dtype=torch.long)
@@ -188,6 +197,39 @@ class StaticGenerator:
             return sequences
         return GenerateOutput(sequences, tuple(step_logits) if output_logits else (), cache, len(new_tokens))
 
+    def _generate_whole(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_new_tokens: int,
+                        eos: list[int], pad: int | None, teacher_tokens: torch.Tensor | None,
+                        extras: dict[str, torch.Tensor]):
+        """The loop of a step over the whole sequence (no cache): each call takes every token so far, and the
+        per-token ``extras`` grown by their rules."""
+        from exporters.generation.static_whole import positions_from_mask
+
+        step = self.components["step"]
+        batch, prompt = input_ids.shape
+        sequence = input_ids
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        unfinished = torch.ones(batch, dtype=torch.bool)
+        new_tokens, step_logits = [], []
+        for i in range(max_new_tokens):
+            feed = {"input_ids": sequence, **extras}
+            if self.takes_mask:
+                feed["attention_mask"] = mask
+            if self.takes_positions:
+                feed["position_ids"] = positions_from_mask(mask)
+            logits = step(**feed)["logits"]
+            token = greedy_token(self.generation, logits, length=prompt + i, prompt_length=prompt,
+                                 max_length=prompt + max_new_tokens, eos=eos, pad=pad, unfinished=unfinished,
+                                 teacher=None if teacher_tokens is None else teacher_tokens[:, i],
+                                 sequence=sequence, encoder_ids=input_ids)
+            new_tokens.append(token)
+            step_logits.append(logits)
+            sequence = torch.cat([sequence, token[:, None]], dim=1)
+            mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=1)
+            extras = {k: apply_tensor_rule(self.extras[k], v, token) for k, v in extras.items()}
+            if not unfinished.any():
+                break
+        return sequence, step_logits
+
     def _call(self, step, feed: Mapping[str, torch.Tensor], cache: dict[str, torch.Tensor]):
         """One step call; the cache the next call takes (the step's presents in the "inputs" form)."""
         outputs = step(**feed, **cache)
@@ -219,7 +261,7 @@ class StaticGenerator:
                "cache_shapes": self.cache_shapes, "takes_positions": self.takes_positions,
                "takes_mask": self.takes_mask, "token_input": self.token_input, "token_by_token": self.token_by_token,
                "extras": self.extras, "embed_inputs": self.embed_inputs, "encoder": self.encoder,
-               "generation": self.generation,
+               "whole_sequence": self.whole_sequence, "generation": self.generation,
                **self.metadata}
         path = os.path.join(directory, GENERATOR_FILE)
         with open(path, "w") as f:
@@ -238,9 +280,14 @@ class StaticGenerator:
         if self.takes_mask:
             lacking.append("no attention_mask input (the runner passes tokens and cache positions only: export "
                            "from an unpadded prompt of batch 1)")
-        if list(step.input_names) != ["input_ids", "cache_position"]:
-            lacking.append(f"the inputs (tokens, cache positions), not {list(step.input_names)}")
+        want = ["input_ids"] if self.whole_sequence else ["input_ids", "cache_position"]
+        if list(step.input_names) != want:
+            lacking.append(f"the inputs ({'tokens' if self.whole_sequence else 'tokens, cache positions'}), not "
+                           f"{list(step.input_names)}")
         methods = (step.metadata.get("config_values") or {}).get("constant_methods") or {}
+        if methods.get("use_kv_cache", not self.whole_sequence) == self.whole_sequence:
+            form = "over the whole sequence" if self.whole_sequence else "over a cache"
+            lacking.append(f"use_kv_cache {not self.whole_sequence} (a step {form})")
         missing = [m for m in ("get_max_seq_len", "use_kv_cache", "get_vocab_size") if m not in methods]
         if missing:
             lacking.append(f"the runner's metadata methods {missing}")

@@ -1,0 +1,141 @@
+"""The static form of a model whose ``generate`` keeps no cache and feeds the whole sequence at every call
+(OpenAIGPT, Mpt): one ``step`` component over the sequence so far, ``input_ids`` ``[batch, S]`` with S
+from 1 to ``max_cache_len`` (the longest sequence the loop will feed), returning the last position's
+``logits``. Nothing is kept between calls; each call recomputes the sequence, as the model's own
+generate does.
+
+Read off the model's own ``generate(cache_implementation='static')`` calls (``rereads_sequence``): every
+call's ``input_ids`` must be the previous call's with one token appended, and besides them the calls may
+pass only positions (the running count of attended positions, as generate counts them), a mask and
+generate's own bookkeeping flags; anything else is refused by name. A cache object generate passes along
+is left out: the model re-reads the sequence, so it holds nothing a call needs (the sweep compares the
+tokens with eager generate's).
+
+A batch of one without padding is the runner form: the step takes ``input_ids`` only and builds the
+positions (``0 .. S-1``) and the all-ones mask itself. That is the program ExecuTorch's LLM runner runs
+without a KV cache (``use_kv_cache`` False: its ``forward`` has one input, which the runner feeds the
+prompt, then the prompt and every token so far; extension/llm/runner/text_decoder_runner.cpp,
+text_token_generator.h).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from exporters.generation.capture import GenerationError
+
+# what generate passes besides the model's inputs: flags, and a cache object a model that re-reads the sequence
+# does not use (OpenAIGPT is handed one and ignores it)
+WHOLE_FLAGS = ("past_key_values", "cache_params", "use_cache", "return_dict", "logits_to_keep", "output_attentions",
+               "output_hidden_states", "next_sequence_length", "is_first_iteration")
+WHOLE_INPUTS = ("input_ids", "attention_mask", "position_ids")
+# how a per-token input shaped like input_ids (token_type_ids) grows by one column a call (steps.py's rules)
+EXTRA_RULES = ("append_last", "append_one")
+
+
+def rereads_sequence(calls: list[dict[str, Any]]) -> bool:
+    """Whether every call's ``input_ids`` is the previous call's with one token appended."""
+    ids = [c.get("input_ids") for c in calls]
+    if len(ids) < 2 or not all(isinstance(i, torch.Tensor) and i.dim() == 2 for i in ids):
+        return False
+    return all(b.shape[1] == a.shape[1] + 1 and torch.equal(b[:, :-1], a) for a, b in zip(ids, ids[1:]))
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Generate's positions: the running count of attended positions, 0 on padding (which no attended
+    position reads: ``whole_sequence_step_for`` compares the attended ones only)."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+class WholeSequenceStep(torch.nn.Module):
+    """``model`` over the whole sequence so far: the last position's logits (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, batch: int, max_len: int, takes_positions: bool, takes_mask: bool,
+                 reads_mask: bool, extras: Mapping[str, str] | None = None):
+        """``extras``: the other per-token inputs generate passes (``token_type_ids``), shaped like the call's
+        ``input_ids``, each with the rule (``EXTRA_RULES``) by which the next call's value grows."""
+        super().__init__()
+        self.model, self.batch, self.max_len = model, batch, max_len
+        self.takes_positions, self.takes_mask, self.reads_mask = takes_positions, takes_mask, reads_mask
+        self.extras = dict(extras or {})
+        self.runner_form = batch == 1 and not takes_mask and not self.extras
+        import inspect
+
+        self.keeps_last = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def input_names(self) -> list[str]:
+        if self.runner_form:
+            return ["input_ids"]
+        return ["input_ids", *(["attention_mask"] if self.takes_mask else []),
+                *(["position_ids"] if self.takes_positions else []), *self.extras]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, **extras: torch.Tensor) -> dict[str, torch.Tensor]:
+        kwargs: dict[str, Any] = {"input_ids": input_ids, **{k: extras[k] for k in self.extras}}
+        if self.runner_form:  # one unpadded row: generate's all-ones mask and its positions 0 .. S-1
+            if self.reads_mask:
+                attention_mask = torch.ones_like(input_ids)
+            if self.takes_positions:
+                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        if self.reads_mask and attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        if self.takes_positions and position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        if self.keeps_last:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs, use_cache=False, return_dict=True)
+        return {"logits": out.logits[:, -1, :]}
+
+    def example(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                extras: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        given = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions_from_mask(mask), **(extras or {})}
+        return {k: given[k] for k in self.input_names()}
+
+    def dynamic_shapes(self, example: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        seq = torch.export.Dim("S", min=1, max=self.max_len)
+        return {name: {1: seq} for name in example}
+
+
+def whole_sequence_step_for(model: torch.nn.Module, calls: list[dict[str, Any]], inputs: Mapping[str, Any],
+                            max_len: int, batch: int | None = None) -> WholeSequenceStep:
+    """The step of a model whose generate re-reads the sequence (``rereads_sequence(calls)``), checked against
+    every captured call: only tokens, positions generate counts from the mask, a mask and flags."""
+    from exporters.generation.steps import apply_tensor_rule
+
+    name = type(model).__name__
+    extras = {}
+    for key in sorted({k for c in calls for k in c if k not in WHOLE_INPUTS and k not in WHOLE_FLAGS}):
+        values = [c.get(key) for c in calls]
+        if not all(isinstance(v, torch.Tensor) and v.shape == c["input_ids"].shape for v, c in zip(values, calls)):
+            continue
+        for rule in EXTRA_RULES:
+            if all(torch.equal(apply_tensor_rule(rule, a, c["input_ids"][:, -1]), b)
+                   for a, b, c in zip(values, values[1:], calls[1:])):
+                extras[key] = rule
+                break
+    for i, call in enumerate(calls):
+        other = sorted(k for k in call if k not in WHOLE_INPUTS and k not in WHOLE_FLAGS and k not in extras)
+        if other:
+            raise GenerationError(f"{name}.generate re-feeds the whole sequence and passes {other} to forward; the "
+                                  f"static step of such a model takes only {WHOLE_INPUTS} and inputs shaped like "
+                                  f"input_ids that grow by one of {EXTRA_RULES}")
+        ids = call["input_ids"]
+        mask = call.get("attention_mask")
+        mask = mask if isinstance(mask, torch.Tensor) else torch.ones_like(ids)
+        positions = call.get("position_ids")
+        attended = mask == 1
+        if isinstance(positions, torch.Tensor) and (positions.shape != mask.shape or not torch.equal(
+                positions[attended], positions_from_mask(mask)[attended])):
+            raise GenerationError(f"{name}.generate's call {i} passes position_ids other than the running count of "
+                                  "attended positions; the static step derives them so")
+    batch = batch if batch is not None else int(inputs["input_ids"].shape[0])
+    mask = inputs.get("attention_mask")
+    unpadded = mask is None or bool((mask == 1).all())
+    reads_mask = any("attention_mask" in c for c in calls)
+    takes_positions = any("position_ids" in c for c in calls)
+    return WholeSequenceStep(model, batch, max_len, takes_positions, reads_mask and not (batch == 1 and unpadded),
+                             reads_mask, extras).eval()

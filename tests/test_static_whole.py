@@ -1,0 +1,70 @@
+"""The static form of a model without a cache (exporters/generation/static_whole.py): one step over the whole
+sequence so far, which ExecuTorch's LLM runner runs with ``use_kv_cache`` False."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from exporters import get_exporter, load_generator
+from exporters.generation import GenerationError
+
+PROMPT = [5, 9, 17, 30, 12]
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
+
+    torch.manual_seed(0)
+    config = OpenAIGPTConfig(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4, tie_word_embeddings=False)
+    return OpenAIGPTLMHeadModel(config).eval()
+
+
+def _eager(model, ids, mask=None, n=8):
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=mask if mask is not None else torch.ones_like(ids),
+                              max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+def test_a_model_without_a_cache_gets_a_step_over_the_whole_sequence(gpt, tmp_path):
+    ids = torch.tensor([PROMPT])
+    generator = get_exporter("dynamo").export_for_generation(gpt, {"input_ids": ids}, cache="static", max_cache_len=16)
+    assert generator.whole_sequence
+    assert generator.components["step"].input_names == ["input_ids"]  # the runner form: positions built inside
+    want = _eager(gpt, ids)
+    assert len(set(want[0, 5:].tolist())) > 3, want
+    got = generator.generate(ids, max_new_tokens=8, eos_token_id=[])
+    assert torch.equal(got, want)
+    generator.save(tmp_path / "g")
+    loaded = load_generator(tmp_path / "g")
+    assert loaded.whole_sequence and torch.equal(loaded.generate(ids, max_new_tokens=8, eos_token_id=[]), want)
+    # the longest call is prompt + max_new_tokens - 1 tokens: past the step's bound, refused before anything runs
+    with pytest.raises(GenerationError, match="max_cache_len is 16"):
+        generator.generate(ids, max_new_tokens=13, eos_token_id=[])
+
+
+def test_a_padded_batch_takes_its_mask_and_positions(gpt):
+    ids = torch.tensor([[0, 0, 9, 17, 30], [5, 9, 17, 30, 12]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    generator = get_exporter("dynamo").export_for_generation(gpt, {"input_ids": ids, "attention_mask": mask},
+                                                             cache="static", max_cache_len=16)
+    assert generator.components["step"].input_names == ["input_ids", "attention_mask", "position_ids"]
+    got = generator.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=[], pad_token_id=0)
+    assert torch.equal(got, _eager(gpt, ids, mask))
+
+
+@pytest.mark.slow
+def test_executorch_llm_runner_runs_it_without_a_kv_cache(gpt, tmp_path):
+    from exporters.generation.runners import run_executorch_llm
+
+    ids = torch.tensor([PROMPT])
+    generator = get_exporter("executorch").export_for_generation(gpt, {"input_ids": ids}, cache="static", max_cache_len=16)
+    generator.save(tmp_path, runner=True)
+    methods = json.loads((tmp_path / "metadata.json").read_text())["config_values"]["constant_methods"]
+    assert methods["use_kv_cache"] is False and methods["enable_dynamic_shape"] is True
+    got, stats = run_executorch_llm(str(tmp_path), PROMPT, 8)
+    assert got == _eager(gpt, ids)[0, 5:].tolist()
+    assert stats["num_prompt_tokens"] == len(PROMPT)
