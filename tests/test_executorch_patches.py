@@ -293,3 +293,27 @@ def test_executorch_tensors_over_six_dims_stay_out_of_xnnpack():
         et.ExecutorchExporter(registry=no_rank_limit).export(model, inputs)
     art = et.ExecutorchExporter().export(model, inputs)
     torch.testing.assert_close(art(**inputs)["output"], model(**inputs))
+
+
+def test_channels_last_copies_carry_their_value():
+    """XNNPACK's ChannelsLastTaggedReshapePass creates memory-format copies without ``meta["val"]``, yet reads
+    the value of a graph output it rewired to one (KeyError 'val': int8 ZoeDepth, MaskFormer). Patched, a copy
+    it creates carries ``_to_copy``'s value on its input's (the new memory format); a copy of an input without a
+    value is left as before."""
+    from executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass import ChannelsLastTaggedReshapePass
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from exporters.workarounds.executorch.xnnpack_passes import _patch_channels_last_copies_carry_val
+
+    gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph())
+    x, bare = gm.graph.placeholder("x"), gm.graph.placeholder("bare")
+    with FakeTensorMode():
+        x.meta["val"] = torch.empty(1, 4, 3, 3)
+    create = _patch_channels_last_copies_carry_val(ChannelsLastTaggedReshapePass.create_call_function_node)
+    copy_op = exir_ops.edge.aten._to_copy.default
+    copy = create(None, gm, copy_op, (x,), torch.channels_last)
+    assert copy.meta["val"].shape == (1, 4, 3, 3)
+    assert copy.meta["val"].is_contiguous(memory_format=torch.channels_last)
+    assert "val" not in create(None, gm, copy_op, (bare,), torch.channels_last).meta
+    assert ChannelsLastTaggedReshapePass.create_call_function_node(None, gm, copy_op, (x,), torch.channels_last).meta == {}

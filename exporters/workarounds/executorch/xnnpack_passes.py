@@ -91,3 +91,38 @@ def _patch_channels_last_scalar_placeholder(original):
 
     is_node.acted = acted  # fired only for a scalar placeholder
     return is_node
+
+
+@register_patch("executorch",
+                "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass"
+                ".create_call_function_node")
+def _patch_channels_last_copies_carry_val(original):
+    """XNNPACK's ChannelsLastTaggedReshapePass creates its memory-format copies (and the quantize /
+    dequantize pairs around them, which copy the copy's meta) without ``meta["val"]``, relying on the
+    re-trace after the pass; but within the pass, where a dequantized NHWC tensor feeds both an op that
+    needs NCHW and the graph's output, ``replace_all_uses_with`` rewires the output to the new dequantize,
+    and the output branch then reads its ``val``: "KeyError: 'val'" (int8 ZoeDepthForDepthEstimation and
+    MaskFormerForInstanceSegmentation on executorch). Each copy the pass creates gets the value
+    ``_to_copy`` gives on its input's value (a fake tensor in the new memory format), as the re-trace
+    would; the pass then copies that meta to the quantize / dequantize pair it puts after the copy (their
+    dtype is not what the check reads: it asks the dim order only). Copies of an input without a value
+    are left as before.
+
+    before: copy = _to_copy(x, memory_format=...)         meta: {}   (q, dq after it: meta of the copy)
+    after:  copy.meta["val"] = _to_copy(x.val, memory_format=...)
+    """
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    acted = ActedFlag()
+    copy_op = exir_ops.edge.aten._to_copy.default
+
+    def create_call_function_node(self, graph_module, target, args, memory_format=None):
+        node = original(self, graph_module, target, args, memory_format)
+        source = args[0] if target == copy_op and args and isinstance(args[0], torch.fx.Node) else None
+        if source is not None and isinstance(source.meta.get("val"), torch.Tensor) and "val" not in node.meta:
+            node.meta["val"] = target(source.meta["val"], **node.kwargs)
+            acted.set()
+        return node
+
+    create_call_function_node.acted = acted  # fired when a created node got its value
+    return create_call_function_node
