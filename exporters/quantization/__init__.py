@@ -146,21 +146,13 @@ class QuantizedModel(torch.nn.Module):
 
 
 QUANT_OPS = ("quantize_per_tensor", "quantize_per_channel", "choose_qparams")
-# ops whose result is a choice (an index, an order), not a value: on int8-grid inputs, exact ties are common
-# and a one-step difference elsewhere flips the choice, moving whole rows of the output at once
-# (max.dim / min.dim are left out: models use their values, which are continuous in the input)
-SELECTION_OPS = ("topk", "sort", "argsort", "argmax", "argmin", "kthvalue", "mode")
 
 
 def selection_ops(graph: torch.fx.Graph) -> list[str]:
-    """The selection ops (SELECTION_OPS) a graph calls, as ``aten.topk.default``..., sorted."""
-    found = set()
-    for node in graph.nodes:
-        if node.op == "call_function":
-            name = str(node.target)
-            if name.startswith("aten.") and any(f".{op}." in f"{name}." or name.endswith(f".{op}") for op in SELECTION_OPS):
-                found.add(name)
-    return sorted(found)
+    """The selection ops (``selections.SELECTION_OPS``) a graph calls, as ``aten.topk.default``..., sorted."""
+    from exporters.quantization.selections import is_selection
+
+    return sorted({str(node.target) for node in graph.nodes if is_selection(node)})
 
 
 def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, backend: str,

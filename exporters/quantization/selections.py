@@ -31,9 +31,20 @@ import torch
 from torch.utils import _pytree as pytree
 
 FORCE = "_selection_force"  # the submodule a forced copy calls after each selection
-# op name -> (position of ``dim`` in the args, its default, whether the op returns (values, indices))
+# ops whose result is a choice (an index, an order), not a value: on int8-grid inputs, exact ties are common
+# and a one-step difference elsewhere flips the choice, moving whole rows of the output at once
+# (max.dim / min.dim are left out: models use their values, which are continuous in the input)
+SELECTION_OPS = ("topk", "sort", "argsort", "argmax", "argmin", "kthvalue", "mode")
+# the SELECTION_OPS a forced copy can take given indices for: op name -> (position of ``dim`` in the args, its
+# default, whether the op returns (values, indices))
 FORCEABLE = {"topk": (2, -1, True), "sort": (1, -1, True), "argsort": (1, -1, False),
              "argmax": (1, None, False), "argmin": (1, None, False)}
+
+
+def is_selection(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls one of SELECTION_OPS (any overload: ``aten.topk.default``, ``aten.sort.stable``)."""
+    parts = str(node.target).split(".")
+    return node.op == "call_function" and len(parts) >= 2 and parts[0] == "aten" and parts[1] in SELECTION_OPS
 
 
 def _op_name(node: torch.fx.Node) -> str | None:

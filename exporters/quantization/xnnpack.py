@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
 
+from exporters.quantization.selections import is_selection
+
 _SCALAR_OPS = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
 
 
@@ -141,14 +143,7 @@ def per_channel_needs_a_channel_axis(model: torch.fx.GraphModule) -> list[str]:
     return dropped
 
 
-# ops whose result is a choice (an index, an order); exporters.quantization.selection_ops names them in a graph
-_SELECTION_TARGETS = ("topk", "sort", "argsort", "argmax", "argmin", "kthvalue", "mode")
 _SELECTION_DEPTH = 8  # producers walked back from a selection's input, through unannotated ops
-
-
-def _is_selection(node: torch.fx.Node) -> bool:
-    name = str(node.target)
-    return node.op == "call_function" and name.startswith("aten.") and name.split(".")[1] in _SELECTION_TARGETS
 
 
 def float_selection_inputs(model: torch.fx.GraphModule) -> list[str]:
@@ -165,7 +160,7 @@ def float_selection_inputs(model: torch.fx.GraphModule) -> list[str]:
 
     kept: list[str] = []
     for node in model.graph.nodes:
-        if not _is_selection(node):
+        if not is_selection(node):
             continue
         frontier, seen = list(node.all_input_nodes), set()
         for _ in range(_SELECTION_DEPTH):
