@@ -271,6 +271,41 @@ def test_executorch_batch_norm_1d_with_two_dynamic_dims_stays_outside_xnnpack():
         torch.testing.assert_close(got, model(probe))
 
 
+class _NormedEmbedding(torch.nn.Module):
+    """PatchTST's encoder: a linear, then BatchNorm1d over its channels (a standalone batch norm)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj, self.norm, self.head = torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.norm(self.proj(x).transpose(1, 2)).transpose(1, 2))
+
+
+def test_int8_standalone_batch_norm_stays_outside_xnnpack():
+    """Over a dequantized input XNNPACK's decomposed batch norm is a float depthwise convolution beside an int8
+    input, which its convolution refuses ("Weight and Input should both be quantized"); kept out, the program
+    lowers and computes the quantized reference."""
+    from exporters.parity import assert_close_quantized
+    from exporters.pytrees import flatten_outputs
+    from exporters.quantization import int8
+
+    torch.manual_seed(0)
+    model = _NormedEmbedding().eval()
+    with torch.no_grad():
+        model.norm.running_mean.uniform_(-1, 1)
+        model.norm.running_var.uniform_(0.5, 2)
+    inputs = {"x": torch.randn(2, 5, 8)}
+    config = et.ExecutorchConfig(quantization=int8(calibration=[inputs]))
+    name = "patch:executorch:executorch.backends.xnnpack.partition.config.node_configs.BatchNormConfig.check_constraints"
+    with pytest.raises(ExportStageError, match="Weight and Input should both be quantized"):
+        et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(model, inputs, config)
+    art = et.ExecutorchExporter().export(model, inputs, config)
+    assert name in art.workarounds_fired
+    got = {k: torch.as_tensor(v) for k, v in flatten_outputs(art(**inputs)).items()}
+    assert_close_quantized(art.reference(**inputs), got, "executorch", art.reference_spread(**inputs))  # the sweep's rule
+
+
 class _EightDims(torch.nn.Module):
     """Inkling's 8-D reshape and permute between two linear layers."""
 

@@ -84,24 +84,37 @@ def _patch_conv1d_dynamic_dims_constraint(original):
 
 @register_patch("executorch", "executorch.backends.xnnpack.partition.config.node_configs.BatchNormConfig.check_constraints")
 def _patch_batch_norm_1d_dynamic_dims_constraint(original):
-    """XNNPACK lowers a BatchNorm it cannot fuse over a (N, C, L) input as a depthwise 1-D convolution
-    (DecomposeBatchNorm), which then runs as a 2-D one between the static reshapes that allow one
-    dynamic dimension (see the conv1d constraint above): FastSpeech2Conformer's BatchNorm1d after a
-    conv1d kept out of the delegate, over a dynamic batch and a data-dependent length, failed the
-    lowering ("XNNPACK reshape only supports 1 dynamic dimension"). Leave such a batch norm to the
-    portable kernel; 4-D ones and those with one symbolic dimension are still delegated.
+    """XNNPACK lowers a BatchNorm it cannot fuse as a depthwise convolution (DecomposeBatchNorm). Two
+    such batch norms it cannot lower, left to the portable kernel here:
 
-    before: batch_norm(x[s0, C, u0]) partitioned -> RuntimeError at to_backend
+    - over a (N, C, L) input the convolution runs as a 2-D one between the static reshapes that allow
+      one dynamic dimension (see the conv1d constraint above): FastSpeech2Conformer's BatchNorm1d after a
+      conv1d kept out of the delegate, over a dynamic batch and a data-dependent length, failed the
+      lowering ("XNNPACK reshape only supports 1 dynamic dimension"); 4-D ones and those with one
+      symbolic dimension are still delegated;
+    - over a dequantized input (int8 activations; PT2E folds only a batch norm that follows a
+      convolution, so a standalone one keeps its float statistics) the convolution has float weights
+      beside a quantized input, which XNNPACK's convolution refuses: "Weight and Input should both be
+      quantized" (int8 PatchTSTForClassification, whose encoder normalizes with BatchNorm1d).
+
+    before: batch_norm(x[s0, C, u0]) / batch_norm(dequantize(q)) partitioned -> RuntimeError at to_backend
     after:  it runs outside the delegate
     """
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant
+
+    acted = ActedFlag()
 
     def check_constraints(self, node, ep) -> bool:
         if not original(self, node, ep):
             return False
         source = node.all_input_nodes[0]
         val = source.meta.get("val")
-        return not (isinstance(val, torch.Tensor) and val.dim() <= 3 and _symbolic_dims(source) > 1)
+        if (isinstance(val, torch.Tensor) and val.dim() <= 3 and _symbolic_dims(source) > 1) or is_dequant(source):
+            acted.set()
+            return False
+        return True
 
+    check_constraints.acted = acted  # fired when a batch norm is kept out
     return check_constraints
 
 
