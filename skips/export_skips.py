@@ -157,6 +157,16 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "generator argument (or an eval-time switch to disable the always-on dropout)",
     ),
     ExportSkip(
+        classes=("SpeechT5ForTextToSpeech",),
+        tests=("quantized",),
+        reason="SpeechT5SpeechDecoderPrenet applies dropout even in eval (_consistent_dropout draws "
+               "torch.bernoulli, models/speecht5/modeling_speecht5.py:672), so two runs of the quantized reference on "
+               "the same inputs differ and there is nothing to compare an artifact with: onnx stops at the reference's "
+               "determinism check (it had passed once and failed once on the draws, fe12b87 / 084ec21), executorch at "
+               "lowering ('Missing out variants: aten::bernoulli', d00c10b). Remove when the prenet takes a dropout "
+               "mask or generator argument (or an eval-time switch to disable the always-on dropout)",
+    ),
+    ExportSkip(
         classes=("VideoMAEForPreTraining",),
         variants=("dynamic",),
         stage="export",

@@ -45,6 +45,28 @@ def recipe_for(name: str, inputs: dict[str, Any]):
     raise ValueError(f"unknown recipe {name!r}; known: {RECIPES}")
 
 
+def _check_deterministic(first: dict, second: dict) -> None:
+    """Two runs of the quantized reference on the same inputs must agree exactly; one that draws random numbers
+    in eval (SpeechT5's prenet dropout) leaves nothing to compare an artifact with, and a bound wide enough
+    for its draws would pass anything."""
+    import torch
+
+    from exporters.parity import ParityError
+
+    for name, value in first.items():
+        other = second.get(name)
+        if not (isinstance(value, torch.Tensor) and isinstance(other, torch.Tensor) and value.shape == other.shape):
+            continue
+        same = value == other
+        if value.is_floating_point():
+            same |= value.isnan() & other.isnan()  # NaN where both runs give NaN is the same result
+        if not bool(same.all()):
+            gap = (value.double() - other.double()).abs().nan_to_num(nan=float("inf")).max().item()
+            raise ParityError(f"the quantized reference is not deterministic: two runs on the same inputs differ at "
+                              f"{name!r} (max |difference| {gap:.3g}); a random op runs in eval, so there is no "
+                              "reference to compare the artifact with")
+
+
 def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
     """Run one quantized item; raise ``sweeps.runner.StageFailure`` naming the stage."""
     import torch
@@ -82,6 +104,7 @@ def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
         record("stage", stage)
         actual = {k: torch.as_tensor(v) for k, v in flatten_outputs(artifact(**inputs)).items()}
         own = artifact.reference(**inputs)
+        _check_deterministic(own, artifact.reference(**inputs))
         expected = own
         if meta["selection_outputs"]:  # the reference given the artifact's choices (module docstring)
             chosen = choices(actual, meta["selection_outputs"])

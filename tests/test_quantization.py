@@ -551,3 +551,15 @@ def test_a_perturbed_run_outside_the_programs_asserted_domain_measures_no_spread
     ref = quantized(input=x)
     (problem,) = compare_quantized({"output": ref}, {"output": ref + 1.0}, "onnx", spread)
     assert "no spread of the reference's own could be measured" in problem and "bound 8" in problem
+
+
+def test_a_reference_that_differs_between_two_runs_is_refused():
+    """A model that draws random numbers in eval (SpeechT5's prenet dropout) has no reference to compare with:
+    two runs of the quantized reference must agree exactly (NaN where both give NaN counts as agreeing)."""
+    from exporters.parity import ParityError
+    from sweeps.quantized import _check_deterministic
+
+    nan = torch.tensor([1.0, float("nan")])
+    _check_deterministic({"a": nan, "ids": torch.tensor([3])}, {"a": nan.clone(), "ids": torch.tensor([3])})
+    with pytest.raises(ParityError, match=r"not deterministic: two runs on the same inputs differ at 'a' \(max \|difference\| 0.5"):
+        _check_deterministic({"a": torch.tensor([1.0, 2.0])}, {"a": torch.tensor([1.5, 2.0])})
