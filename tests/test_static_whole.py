@@ -42,7 +42,7 @@ def test_a_model_without_a_cache_gets_a_step_over_the_whole_sequence(gpt, tmp_pa
     loaded = load_generator(tmp_path / "g")
     assert loaded.whole_sequence and torch.equal(loaded.generate(ids, max_new_tokens=8, eos_token_id=[]), want)
     # the longest call is prompt + max_new_tokens - 1 tokens: past the step's bound, refused before anything runs
-    with pytest.raises(GenerationError, match="max_cache_len is 16"):
+    with pytest.raises(GenerationError, match="needs 17 tokens in its last call; max_cache_len is 16"):
         generator.generate(ids, max_new_tokens=13, eos_token_id=[])
 
 

@@ -92,8 +92,10 @@ class StaticGenerator:
             raise GenerationError(f"input 'input_ids' dim 1 (prompt) is {prompt}, longer than the static cache "
                                   f"(max_cache_len={self.max_cache_len})")
         if prompt + max_new_tokens - 1 > self.max_cache_len:
+            # a step over the whole sequence keeps no cache: its bound is the longest sequence one call takes
+            need = "tokens in its last call" if self.whole_sequence else "cache slots"
             raise GenerationError(f"a prompt of {prompt} plus max_new_tokens={max_new_tokens} needs "
-                                  f"{prompt + max_new_tokens - 1} cache slots; max_cache_len is {self.max_cache_len} "
+                                  f"{prompt + max_new_tokens - 1} {need}; max_cache_len is {self.max_cache_len} "
                                   f"(at most {self.max_cache_len - prompt + 1} new tokens for this prompt)")
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise GenerationError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
