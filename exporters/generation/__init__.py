@@ -138,12 +138,12 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
         raise GenerationError(f"input 'input_ids' dim 1 (prompt) is {ids.shape[1]}, longer than "
                               f"max_cache_len={max_cache_len}")
     step = static_step_for(model, inputs, max_cache_len, state)
-    if isinstance(step, WholeSequenceStep):
-        return _export_whole_sequence(exporter, model, inputs, config, generation, step, state)
     missing = [k for k in step.extras if not isinstance(inputs.get(k), torch.Tensor)]
     if missing:
         raise GenerationError(f"{type(model).__name__}.generate passes {missing} to every forward call; give them "
                               "(shaped like input_ids) for the static step's first call")
+    if isinstance(step, WholeSequenceStep):
+        return _export_whole_sequence(exporter, model, inputs, config, generation, step, state)
     config = config if config is not None else exporter.config_class()
     components, embedded, embed_inputs = {}, None, None
     if step.embeds:  # the prompt's call takes image / audio features: embed and embed_tokens components
@@ -186,10 +186,6 @@ def _export_whole_sequence(exporter, model, inputs, config, generation, step: Wh
     """The static form of a model whose generate keeps no cache (exporters/generation/static_whole.py): one step
     over the sequence so far, S from 1 to max_cache_len."""
     ids = inputs["input_ids"]
-    missing = [k for k in step.extras if not isinstance(inputs.get(k), torch.Tensor)]
-    if missing:
-        raise GenerationError(f"{type(model).__name__}.generate passes {missing} to every forward call; give them "
-                              "(shaped like input_ids) for the static step's first call")
     example = step.example(ids, inputs.get("attention_mask") if step.takes_mask else None,
                            {k: inputs[k] for k in step.extras})
     config = config if config is not None else exporter.config_class()

@@ -347,8 +347,9 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
 
 
 def model_patches(exporter) -> list:
-    """The exporter's patches of transformers model code (exporters/workarounds/models/): what the model
-    computes in the traced graph, which an eager check of that graph's calls must compute too."""
+    """The exporter's patches of transformers' per-model code (paths under ``transformers.models.``, such as
+    exporters/workarounds/models/mamba_scan.py's): what the model computes in the traced graph, which an eager
+    check of that graph's calls must compute too."""
     return [entry for entry in exporter.registry.patches("dynamo", exporter.backend)
             if entry.path.startswith("transformers.models.")]
 

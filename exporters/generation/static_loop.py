@@ -15,6 +15,7 @@ from exporters.generation.capture import GenerationError
 from exporters.generation.generator import GENERATOR_FILE, GenerateOutput
 from exporters.generation.processors import end_and_pad, greedy_token
 from exporters.generation.static_embeds import per_token_embedding
+from exporters.generation.static_whole import positions_from_mask
 from exporters.generation.steps import apply_tensor_rule
 
 FORMAT = "exporters.static-generator/1"
@@ -204,8 +205,6 @@ class StaticGenerator:
                         extras: dict[str, torch.Tensor]):
         """The loop of a step over the whole sequence (no cache): each call takes every token so far, and the
         per-token ``extras`` grown by their rules."""
-        from exporters.generation.static_whole import positions_from_mask
-
         step = self.components["step"]
         batch, prompt = input_ids.shape
         sequence = input_ids
@@ -287,9 +286,10 @@ class StaticGenerator:
             lacking.append(f"the inputs ({'tokens' if self.whole_sequence else 'tokens, cache positions'}), not "
                            f"{list(step.input_names)}")
         methods = (step.metadata.get("config_values") or {}).get("constant_methods") or {}
-        if methods.get("use_kv_cache", not self.whole_sequence) == self.whole_sequence:
-            form = "over the whole sequence" if self.whole_sequence else "over a cache"
-            lacking.append(f"use_kv_cache {not self.whole_sequence} (a step {form})")
+        uses_cache = not self.whole_sequence  # what use_kv_cache must say (its absence is reported below)
+        if methods.get("use_kv_cache", uses_cache) != uses_cache:
+            form = "over a cache" if uses_cache else "over the whole sequence"
+            lacking.append(f"use_kv_cache {uses_cache} (a step {form})")
         missing = [m for m in ("get_max_seq_len", "use_kv_cache", "get_vocab_size") if m not in methods]
         if missing:
             lacking.append(f"the runner's metadata methods {missing}")

@@ -20,12 +20,14 @@ text_token_generator.h).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from exporters.generation.capture import GenerationError
+from exporters.generation.steps import apply_tensor_rule, derive_prefill_input
 
 # what generate passes besides the model's inputs: flags, and a cache object a model that re-reads the sequence
 # does not use (OpenAIGPT is handed one and ignores it)
@@ -45,9 +47,10 @@ def rereads_sequence(calls: list[dict[str, Any]]) -> bool:
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
-    """Generate's positions: the running count of attended positions, 0 on padding (which no attended
-    position reads: ``whole_sequence_step_for`` compares the attended ones only)."""
-    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    """Generate's positions: the prefill rule ``positions_from_mask`` (steps.py: the running count of attended
+    positions, 0 on padding, which no attended position reads; ``whole_sequence_step_for`` compares the
+    attended ones only)."""
+    return derive_prefill_input("positions_from_mask", {"attention_mask": mask})
 
 
 class WholeSequenceStep(torch.nn.Module):
@@ -62,8 +65,6 @@ class WholeSequenceStep(torch.nn.Module):
         self.takes_positions, self.takes_mask, self.reads_mask = takes_positions, takes_mask, reads_mask
         self.extras = dict(extras or {})
         self.runner_form = batch == 1 and not takes_mask and not self.extras
-        import inspect
-
         self.keeps_last = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def input_names(self) -> list[str]:
@@ -104,8 +105,6 @@ def whole_sequence_step_for(model: torch.nn.Module, calls: list[dict[str, Any]],
                             max_len: int, batch: int | None = None) -> WholeSequenceStep:
     """The step of a model whose generate re-reads the sequence (``rereads_sequence(calls)``), checked against
     every captured call: only tokens, positions generate counts from the mask, a mask and flags."""
-    from exporters.generation.steps import apply_tensor_rule
-
     name = type(model).__name__
     extras = {}
     for key in sorted({k for c in calls for k in c if k not in WHOLE_INPUTS and k not in WHOLE_FLAGS}):
