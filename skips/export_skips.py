@@ -290,19 +290,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "it keeps a LinearAttentionLayer's",
     ),
     ExportSkip(
-        classes=("xLSTMForCausalLM", "RwkvForCausalLM"),
-        tests=("generate", "runner"),
-        variants=("static",),
-        stage="export",
-        reason="the static step (the .pte ExecuTorch's runner loads) holds a transformers StaticCache (past_key_values or "
-               "cache_params), and these two keep their state elsewhere: xLSTM's forward reads "
-               "cache_params.rnn_state, an attribute of its own xLSTMCache ('StepCache' object has no attribute "
-               "'rnn_state'), and Rwkv's generate passes state, a list of tensors, with no cache at all "
-               "(GenerationError 'passes [state] to forward', test_generate dynamo/static at bc76b56, test_runner "
-               "executorch at 705c599; Mamba, Mamba2 and FalconMamba pass there). Remove when the static step keeps "
-               "a model's own state tensors as buffers (xLSTMCache's rnn_state, Rwkv's state list)",
-    ),
-    ExportSkip(
         classes=("RecurrentGemmaForCausalLM", "MiniMaxForCausalLM"),
         backends=("onnx",),
         variants=("dynamic",),
@@ -418,14 +405,29 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ),
     ExportSkip(
         classes=("MiniMaxForCausalLM",),
-        backends=("executorch",),
         variants=("static",),
-        tests=("runner",),
+        tests=("generate", "runner"),
         stage="export",
-        reason="MiniMax refuses any cache but its own ('MiniMax uses cache of its own and is not compatible with "
-               "past_key_values of type ...'), so the static step's StaticCache cannot be sized by a forward call "
-               "(GenerationError at 11d4116). Remove when the static step builds MiniMax's own cache class and keeps "
-               "its tensors as buffers",
+        reason="MiniMax's generate passes its own MiniMaxCache (a DynamicCache subclass holding the lightning-attention "
+               "layers' states in linear_cache beside growing keys and values), and its forward refuses any other "
+               "cache ('MiniMax uses cache of its own and is not compatible with past_key_values of type ...', "
+               "GenerationError at 11d4116); the own-state step (exporters/generation/static_state.py) carries "
+               "fixed-size state tensors only and refuses a transformers Cache by name. Remove when the static step "
+               "builds a MiniMaxCache whose attention layers are static slots and keeps its tensors as buffers",
+    ),
+    ExportSkip(
+        classes=("RwkvForCausalLM",),
+        variants=("static",),
+        tests=("generate",),
+        stage="compare",
+        reason="a bug in transformers' Rwkv one-token path for a batch over 1: RwkvSelfAttention.extract_key_value and "
+               "RwkvFeedForward take shifted = state[1][:, :, layer] ([batch, hidden]) against hidden [batch, 1, "
+               "hidden], which broadcast to [batch, batch, hidden], so each row's one-token call mixes every row's "
+               "state. The static step (exporters/generation/static_state.py) takes one token a call and feeds the "
+               "prompt through that path, while eager's prompt path (time_shift over the sequence) is right: the "
+               "batch of 2 differs at step 0 (logits 0.94 off, dynamo/onnx/executorch static at this entry's "
+               "commit); one row passes (test_runner executorch-llm). Remove when transformers unsqueezes the "
+               "shifted state (modeling_rwkv.py) or the static step takes the prompt whole",
     ),
     ExportSkip(
         classes=("KimiLinearForCausalLM",),

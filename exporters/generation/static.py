@@ -35,6 +35,7 @@ import torch
 
 from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped
 from exporters.generation.static_embeds import decoder_path, decoder_receives, deepstack_names, per_token_embedding
+from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, rereads_sequence, whole_sequence_step_for
 from exporters.generation.steps import apply_tensor_rule
 
@@ -337,11 +338,12 @@ class StaticStep(torch.nn.Module):
 
 
 def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache_len: int, state: str,
-                    batch: int | None = None) -> StaticStep | WholeSequenceStep:
+                    batch: int | None = None) -> StaticStep | WholeSequenceStep | OwnStateStep:
     """The step for ``model``, its inputs read off the model's own ``generate`` run with a static cache:
     it must be a decoder-only model whose forward calls take token ids, positions, a mask and per-token
     extras (``per_token_extras``) only. A model whose generate re-feeds the whole sequence at every call
-    gets a ``WholeSequenceStep`` (exporters/generation/static_whole.py)."""
+    gets a ``WholeSequenceStep`` (exporters/generation/static_whole.py), one that keeps a state of its own instead
+    of a transformers Cache an ``OwnStateStep`` (exporters/generation/static_state.py)."""
     name = type(model).__name__
     if encoder_of(model) is not None:
         raise GenerationError(f"{name} is an encoder-decoder; the static cache form is built for decoder-only "
@@ -349,6 +351,10 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     calls = _forward_arguments(model, inputs)
     if rereads_sequence(calls):  # no cache: each call over the whole sequence (exporters/generation/static_whole.py)
         return whole_sequence_step_for(model, calls, inputs, max_cache_len, batch)
+    own = own_state_argument(model, calls)
+    if own is not None:  # Rwkv's state list, xLSTM's xLSTMCache (exporters/generation/static_state.py)
+        return own_state_step_for(model, calls, own, max_cache_len, state,
+                                  batch if batch is not None else int(inputs["input_ids"].shape[0]))
     cache_arg = next((a for a in CACHE_ARGS if all(a in call for call in calls[1:])), None)
     if cache_arg is None:  # before the inputs: a model that re-reads the whole sequence passes more of them
         raise GenerationError(f"{name}.generate(cache_implementation='static') passes no cache ({' or '.join(CACHE_ARGS)})")

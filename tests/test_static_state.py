@@ -1,0 +1,105 @@
+"""The static form of a model that keeps a state of its own instead of a transformers Cache
+(exporters/generation/static_state.py): Rwkv's state list, xLSTM's xLSTMCache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from exporters import get_exporter, load_generator
+from exporters.generation import GenerationError
+from exporters.generation.static_state import OwnStateStep
+
+PROMPT = [5, 9, 17, 30, 12, 7]
+
+
+@pytest.fixture(scope="module")
+def rwkv():
+    from transformers import RwkvConfig, RwkvForCausalLM
+
+    torch.manual_seed(0)
+    config = RwkvConfig(vocab_size=64, context_length=64, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                        intermediate_size=64, rescale_every=0)
+    model = RwkvForCausalLM(config).eval()
+    with torch.no_grad():  # a head that tells tokens apart (its default init gives a few repeated ones)
+        model.head.weight.normal_(0, 1.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def xlstm():
+    from transformers import xLSTMConfig, xLSTMForCausalLM
+
+    torch.manual_seed(0)
+    config = xLSTMConfig(vocab_size=64, hidden_size=32, embedding_dim=32, num_hidden_layers=2, num_blocks=2, num_heads=4,
+                         qk_dim_factor=2.0, v_dim_factor=2.0)
+    return xLSTMForCausalLM(config).eval()
+
+
+def _eager(model, ids, n=8):
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_rwkv_state_list_is_carried_from_its_own_starting_value(rwkv, backend, tmp_path):
+    ids = torch.tensor([PROMPT])
+    generator = get_exporter(backend).export_for_generation(rwkv, {"input_ids": ids}, cache="static", max_cache_len=16)
+    assert generator.token_by_token
+    assert sorted(generator.cache_shapes) == [f"past_state_{j}" for j in range(5)]
+    want = _eager(rwkv, ids)
+    assert len(set(want[0, len(PROMPT):].tolist())) > 3, want
+    assert torch.equal(generator.generate(ids, max_new_tokens=8, eos_token_id=[]), want)
+    # a second sequence starts again from the model's starting state, not from the first one's
+    assert torch.equal(generator.generate(ids, max_new_tokens=8, eos_token_id=[]), want)
+    generator.save(tmp_path / "g")
+    assert torch.equal(load_generator(tmp_path / "g").generate(ids, max_new_tokens=8, eos_token_id=[]), want)
+
+
+def test_the_starting_state_is_the_one_the_model_builds(rwkv):
+    step = OwnStateStep(rwkv, "state", batch=1, max_cache_len=16, state="buffers")
+    starts = [getattr(step, f"initial_{j}") for j in range(5)]
+    assert all(bool((s == 0).all()) for s in starts[:4])
+    assert bool((starts[4] == -1e30).all())  # Rwkv's running maximum: zero here would change the arithmetic
+    assert not any(name.startswith("initial_") for name in step.state_dict())  # constants, not state
+
+
+def test_xlstm_cache_object_is_rebuilt_around_the_carried_tensors(xlstm):
+    ids = torch.tensor([PROMPT])
+    generator = get_exporter("dynamo").export_for_generation(xlstm, {"input_ids": ids}, cache="static", max_cache_len=16)
+    assert len(generator.cache_shapes) == 3 * xlstm.config.num_hidden_layers  # rnn_state, not seqlen_offset
+    want = _eager(xlstm, ids)
+    assert torch.equal(generator.generate(ids, max_new_tokens=8, eos_token_id=[]), want)
+
+
+def test_a_cache_of_its_own_class_is_refused_by_name():
+    from transformers import MiniMaxConfig, MiniMaxForCausalLM
+
+    torch.manual_seed(0)
+    config = MiniMaxConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=8, num_local_experts=2, num_experts_per_tok=1,
+                           layer_types=["linear_attention", "full_attention"], block_size=4)
+    model = MiniMaxForCausalLM(config).eval()
+    with pytest.raises(GenerationError, match="MiniMaxCache, a transformers Cache of its own class"):
+        get_exporter("dynamo").export_for_generation(model, {"input_ids": torch.tensor([PROMPT])}, cache="static",
+                                                     max_cache_len=16)
+
+
+def test_executorch_llm_runner_prefills_the_state_token_by_token(xlstm, tmp_path):
+    from exporters.generation.runners import run_executorch_llm
+
+    ids = torch.tensor([PROMPT])
+    generator = get_exporter("executorch").export_for_generation(xlstm, {"input_ids": ids}, cache="static",
+                                                                 max_cache_len=16)
+    generator.save(tmp_path, runner=True)
+    methods = json.loads((tmp_path / "metadata.json").read_text())["config_values"]["constant_methods"]
+    assert methods["use_kv_cache"] is True and methods["enable_dynamic_shape"] is False
+    want = _eager(xlstm, ids)[0, len(PROMPT):].tolist()
+    got, stats = run_executorch_llm(str(tmp_path), PROMPT, 8)
+    assert got == want
+    # the runner starts its second generation at position 0 again: the state starts over
+    got, _ = run_executorch_llm(str(tmp_path), PROMPT, 8)
+    assert got == want and stats["num_prompt_tokens"] == len(PROMPT)
