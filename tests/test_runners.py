@@ -95,6 +95,20 @@ def test_runner_folders_refuse_what_the_runner_would_misread(llama, tmp_path):
         load_generator(tmp_path / "c").save(tmp_path / "d", runner=True)
 
 
+def test_runner_generation_settings_are_refused_only_where_they_name_a_token_of_the_vocabulary():
+    from exporters.generation.runners import check_runner_generation
+
+    inert = {"begin_suppress_tokens": [220, 50256], "suppress_tokens": [300], "forced_eos_token_id": 128}
+    check_runner_generation(inert, "a runner", vocab=128)  # a tiny Whisper's: no id among its 128
+    for setting, value in (("begin_suppress_tokens", [220, 5]), ("forced_eos_token_id", 2), ("suppress_tokens", [3])):
+        with pytest.raises(GenerationError, match=setting):
+            check_runner_generation({**inert, setting: value}, "a runner", vocab=128)
+    with pytest.raises(GenerationError, match="begin_suppress_tokens"):  # no vocabulary given: named ids count
+        check_runner_generation(inert, "a runner")
+    with pytest.raises(GenerationError, match="min_new_tokens"):  # not a token id: refused whatever the vocabulary
+        check_runner_generation({"min_new_tokens": 4}, "a runner", vocab=128)
+
+
 def _genai_step(model):
     from exporters.generation.genai import GenaiStep, _layout
 

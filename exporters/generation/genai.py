@@ -474,7 +474,7 @@ def export_genai_folder(directory: str | os.PathLike, exporter, model: torch.nn.
     write the folder (context length: the config's ``max_dim``). Returns the artifact."""
     from exporters.generation.runners import check_runner_generation
 
-    check_runner_generation(generation, "onnxruntime-genai")
+    check_runner_generation(generation, "onnxruntime-genai", vocab_size(model))
     artifact, layout = export_genai(exporter, model, inputs, config)
     context = int(getattr(config, "max_dim", 1024) or 1024)
     save_genai(directory, artifact, genai_config(model, generation, layout, context))

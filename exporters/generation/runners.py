@@ -167,12 +167,28 @@ RUNNER_UNSUPPORTED = {"forced_bos_token_id": None, "forced_eos_token_id": None, 
                       "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0}
 
 
-def check_runner_generation(generation: Mapping[str, Any], runner: str) -> None:
-    """Raise a GenerationError naming the generation-config settings ``runner`` cannot apply."""
+# the settings among those that name token ids: one naming no id of the vocabulary changes no logit
+# (transformers' processors select the ids they name among the vocabulary's: SuppressTokensLogitsProcessor,
+# SuppressTokensAtBeginLogitsProcessor, ForcedEOS / ForcedBOSTokenLogitsProcessor)
+TOKEN_ID_SETTINGS = ("forced_bos_token_id", "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens")
+
+
+def _names_a_token(value: Any, vocab: int | None) -> bool:
+    if vocab is None:
+        return True
+    ids = value if isinstance(value, (list, tuple)) else [value]
+    return any(0 <= int(i) < vocab for i in ids)
+
+
+def check_runner_generation(generation: Mapping[str, Any], runner: str, vocab: int | None = None) -> None:
+    """Raise a GenerationError naming the generation-config settings ``runner`` cannot apply. With the
+    vocabulary size ``vocab``, a token-id setting whose ids all lie outside it acts on nothing and passes (a tiny
+    Whisper's begin_suppress_tokens [220, 50256] over 128 ids)."""
     from exporters.generation.capture import GenerationError
 
     active = {k: generation.get(k) for k, neutral in RUNNER_UNSUPPORTED.items()
-              if generation.get(k) not in (neutral, None, [], {})}
+              if generation.get(k) not in (neutral, None, [], {})
+              and (k not in TOKEN_ID_SETTINGS or _names_a_token(generation.get(k), vocab))}
     if active:
         raise GenerationError(f"the model's generation config sets {active}, which {runner}'s greedy loop has no "
                               "setting for: its tokens would differ from the model's generate")

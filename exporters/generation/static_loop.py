@@ -297,6 +297,7 @@ class StaticGenerator:
             lacking.append("the model's vocabulary size (for the tokenizer)")
         from exporters.generation.runners import check_runner_generation
 
-        check_runner_generation(self.generation, "ExecuTorch's LLM runner")
+        check_runner_generation(self.generation, "ExecuTorch's LLM runner",
+                                int(self.metadata["vocab_size"]) if "vocab_size" in self.metadata else None)
         if lacking:
             raise GenerationError("ExecuTorch's LLM runner would misread this program; it needs " + "; ".join(lacking))
