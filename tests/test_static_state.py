@@ -103,3 +103,44 @@ def test_executorch_llm_runner_prefills_the_state_token_by_token(xlstm, tmp_path
     # the runner starts its second generation at position 0 again: the state starts over
     got, _ = run_executorch_llm(str(tmp_path), PROMPT, 8)
     assert got == want and stats["num_prompt_tokens"] == len(PROMPT)
+
+
+def test_closed_form_wkv_continues_the_loop_from_a_given_state():
+    from transformers.models.rwkv.modeling_rwkv import rwkv_linear_attention_cpu
+
+    from exporters.workarounds.models.rwkv_wkv import wkv_closed_form
+
+    torch.manual_seed(0)
+    decay, first = torch.randn(16), torch.randn(16)
+    key, value = torch.randn(2, 9, 16) * 3, torch.randn(2, 9, 16)
+    given = [torch.randn(2, 16), torch.rand(2, 16) + 0.1, torch.randn(2, 16)]
+    for state in (None, given, [torch.zeros(2, 16), torch.zeros(2, 16), torch.full((2, 16), -1e30)]):
+        want, want_state = rwkv_linear_attention_cpu(decay, first, key, value, state=None if state is None else
+                                                     [s.clone() for s in state], return_state=True)
+        got, got_state = wkv_closed_form(decay, first, key, value, state=state, return_state=True)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        # the two states stand for the same sums (each scaled by its own maximum): the next token agrees
+        step_key, step_value = torch.randn(2, 1, 16), torch.randn(2, 1, 16)
+        torch.testing.assert_close(rwkv_linear_attention_cpu(decay, first, step_key, step_value, state=got_state)[0],
+                                   rwkv_linear_attention_cpu(decay, first, step_key, step_value, state=want_state)[0],
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_ort_genai_runs_rwkv_from_its_state_in_one_graph(rwkv, tmp_path):
+    from exporters.generation.genai import export_genai_folder, run_ort_genai
+
+    onnx = get_exporter("onnx")
+    ids = torch.tensor([PROMPT])
+    generation = {"eos_token_id": 63}
+    artifact = export_genai_folder(tmp_path, onnx, rwkv, {"input_ids": ids}, onnx.config_class(dynamic=True, max_dim=64),
+                                   generation)
+    assert sorted(artifact.input_names) == ["attention_mask", "input_ids", "past_key_values.0.conv_state",
+                                            "past_key_values.0.recurrent_state"]
+    config = json.loads((tmp_path / "genai_config.json").read_text())
+    assert config["model"]["decoder"]["num_hidden_layers"] == 1
+    with torch.no_grad():
+        want = rwkv.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, min_new_tokens=8,
+                             do_sample=False, eos_token_id=63, pad_token_id=0)[0, len(PROMPT):].tolist()
+    assert 63 not in want
+    got, stats = run_ort_genai(str(tmp_path), PROMPT, 8)
+    assert got == want and stats["sequence_length"] == len(PROMPT) + 8

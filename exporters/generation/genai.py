@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError, encoder_of, plain_sliding_layers
+from exporters.generation.genai_state import export_genai_own_state, own_state_argument_of
 from exporters.generation.runners import fixed_width_tokenizer, vocab_size
 
 CONFIG_FILE = "genai_config.json"
@@ -292,6 +293,9 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
 
     if exporter.backend != "onnx":
         raise GenerationError(f"onnxruntime-genai runs ONNX graphs; this generator was exported for {exporter.backend}")
+    own = own_state_argument_of(model)
+    if own is not None:  # Rwkv's state list: one recurrent-state slot (exporters/generation/genai_state.py)
+        return export_genai_own_state(exporter, model, inputs, own, config, _check_one_graph)
     layer_shapes, takes_positions, states, state_dtypes, indexers = _layout(model, inputs)
     step = GenaiStep(model, layer_shapes, takes_positions, states, indexers, state_dtypes).eval()
     if states or indexers:  # under the model patches the export installs (mamba_scan.py: a scan from the state)

@@ -1,0 +1,126 @@
+"""The onnxruntime-genai graph of a model that keeps a recurrent state of its own instead of a transformers
+Cache (Rwkv's ``state`` list; exporters/generation/static_state.py reads it the same way).
+
+onnxruntime-genai carries a recurrent state by name, starting at zero (exporters/generation/genai.py).
+Here the whole state is one slot: inputs ``past_key_values.0.recurrent_state`` [batch, 1, 1, R], every
+floating tensor of the model's state object flattened and concatenated per row, and
+``past_key_values.0.conv_state`` [batch, 1, 1], which nothing reads and which comes back unchanged (the
+runner pairs the two); outputs ``present.0.*`` of the same shapes and ``logits`` [batch, S, vocab].
+genai_config.json names one layer and no key/value inputs.
+
+One graph serves the prompt and every step, as for linear-attention layers: it is traced from a sequence
+of 2, so the model takes its multi-token path, which continues from the given state (a model whose
+multi-token path ignores it is refused by genai.py's eager check). Where the call has no past (the mask is
+as long as the new tokens) the graph starts from the model's own starting state, kept in it as a constant,
+not from the runner's zeros: Rwkv's running maximum starts at -1e30. A model whose multi-token attention is
+a Python loop over the sequence (Rwkv on CPU) is traced with that loop in closed form
+(exporters/workarounds/models/rwkv_wkv.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from exporters.generation.capture import GenerationError
+from exporters.generation.static_state import _initial_state, _rebuilt, state_leaves
+
+# the arguments a model's own state goes in by here (MiniMax's own cache goes in by past_key_values: refused
+# by genai.py's layout check, which names it)
+GENAI_OWN_STATE_ARGS = ("state", "cache_params")
+RECURRENT, CONV = "past_key_values.0.recurrent_state", "past_key_values.0.conv_state"
+
+
+def own_state_argument_of(model: torch.nn.Module) -> str | None:
+    """The argument ``model`` takes its own state by, where it keeps one (``_supports_default_dynamic_cache()``
+    False), else None."""
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    if supports is None or supports():
+        return None
+    params = inspect.signature(model.forward).parameters
+    return next((arg for arg in GENAI_OWN_STATE_ARGS if arg in params), None)
+
+
+class GenaiOwnStateStep(torch.nn.Module):
+    """``model`` over its own state from the graph's one recurrent-state input (module docstring)."""
+
+    takes_positions = False
+
+    def __init__(self, model: torch.nn.Module, arg: str):
+        super().__init__()
+        self.model, self.arg = model, arg
+        self.template, initial = _initial_state(model, arg, batch=1)
+        self.paths = list(initial)
+        self.shapes = {p: tuple(t.shape[1:]) for p, t in initial.items()}
+        self.size = sum(math.prod(s) for s in self.shapes.values())
+        self.dtype = next(iter(initial.values())).dtype
+        odd = sorted({str(t.dtype) for t in initial.values()} - {str(self.dtype)})
+        if odd:
+            raise GenerationError(f"{type(model).__name__}'s {arg} mixes dtypes ({odd} beside {self.dtype}); the graph "
+                                  "packs it into one tensor of one dtype")
+        for j, path in enumerate(self.paths):
+            self.register_buffer(f"initial_{j}", initial[path][0], persistent=False)
+        self.states = {0: [("recurrent_0", (self.size,))]}  # for genai.py's eager check: one kind of state
+
+    def zero_past(self, batch: int, past: int) -> dict[str, torch.Tensor]:
+        """The graph's state inputs as onnxruntime-genai starts them: zeros."""
+        return {CONV: torch.zeros(batch, 1, 1, dtype=self.dtype),
+                RECURRENT: torch.zeros(batch, 1, 1, self.size, dtype=self.dtype)}
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **past: torch.Tensor) -> dict[str, torch.Tensor]:
+        batch, new = input_ids.shape
+        # a past of 0 (the prompt's call): the model's own starting state, not the runner's zeros
+        going_on = torch.ones(attention_mask.shape[1] - new, device=input_ids.device).sum() > 0
+        flat = past[RECURRENT].reshape(batch, self.size)
+        values, offset = {}, 0
+        for j, path in enumerate(self.paths):
+            shape, n = self.shapes[path], math.prod(self.shapes[path])
+            held = flat[:, offset:offset + n].reshape(batch, *shape)
+            offset += n
+            values[path] = torch.where(going_on, held, getattr(self, f"initial_{j}").expand(batch, *shape))
+        out = self.model(input_ids=input_ids, **{self.arg: _rebuilt(self.template, values)}, use_cache=True,
+                         return_dict=True)
+        updated = dict(state_leaves(getattr(out, self.arg)))
+        packed = torch.cat([updated[path].reshape(batch, -1) for path in self.paths], dim=1)
+        return {"logits": out.logits, "present.0.conv_state": past[CONV].clone(),
+                "present.0.recurrent_state": packed.reshape(batch, 1, 1, self.size)}
+
+
+def export_genai_own_state(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], arg: str, config, check):
+    """The GenaiOwnStateStep of ``model`` exported (batch dynamic, sequence from 2, relaxed to 1 after: module
+    docstring), after ``check(step, prompt)`` (genai.py's eager one-graph check). Returns (artifact, layout)."""
+    import dataclasses
+
+    from torch.export import Dim
+
+    from exporters.workarounds.models.rwkv_wkv import closed_form_wkv
+
+    step = GenaiOwnStateStep(model, arg).eval()
+    ids = inputs["input_ids"]
+    with closed_form_wkv():
+        check(step, ids[:1])
+        if ids.shape[0] < 2:  # a traced batch of 1 would be specialized
+            ids = ids.expand(2, -1)
+        if ids.shape[1] < 2:
+            ids = torch.cat([ids, ids], dim=1)
+        batch, past = ids.shape[0], 3
+        example = {"input_ids": ids, "attention_mask": torch.ones(batch, past + ids.shape[1], dtype=torch.long),
+                   **step.zero_past(batch, past)}
+        limit = config.max_dim if config is not None else 1024
+        b, s = Dim("batch", min=1, max=limit), Dim("seq", min=2, max=limit)
+        shapes = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: Dim.AUTO}, CONV: {0: b}, RECURRENT: {0: b}}
+        config = config if config is not None else exporter.config_class()
+        config = dataclasses.replace(config, dynamic=False, dynamic_shapes=shapes, accept_size_one=True)
+        artifact = exporter.export(step, example, config)
+    dims = artifact.input_specs.get("input_ids", ((), None, {}))[2]
+    if 1 in dims:
+        dims[1]["min"] = 1
+    layout = {"layers": 1, "kv_heads": 1, "head_size": 1, "takes_positions": False, "attention_layers": [],
+              "own_state": {"argument": arg, "parts": [[list(map(str, p)), list(s)] for p, s in step.shapes.items()]},
+              "recurrent_size": step.size, "conv_size": 1}
+    artifact.extra_metadata.update({"component": "genai_decoder", "cache_layout": layout})
+    return artifact, layout
