@@ -664,21 +664,18 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "the whole sequence and passes [langs]' (exporters/generation/static_whole.py)",
     ),
     ExportSkip(
-        classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "InklingForCausalLM",
-                 "InklingForConditionalGeneration", "Inkling2ForCausalLM", "Inkling2ForConditionalGeneration",
-                 "ProphetNetForCausalLM"),
+        classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "ProphetNetForCausalLM"),
         tests=("generate", "runner"),
         variants=("static",),
         stage="export",
-        reason="the model's own generate(cache_implementation='static') fails before anything is exported, so there is "
-               "no static-cache call to read the step from (test_generate dynamo/static at bc76b56; the same errors in "
-               "test_runner executorch, whose .pte is that static step, at 95d2c43 and 705c599): CpmAnt prepends "
-               "prompt_length tokens the cache was not sized for (index_copy_(): index 9 out of bounds for size 9); "
-               "DeepseekV4 has no static layer for its compressed attention (KeyError "
-               "'heavily_compressed_attention'); Inkling and Inkling2 mask over their own sliding lengths, not the static "
-               "cache's ('size of tensor a (4) must match ... b (9) at non-singleton dimension 3'); ProphetNet's n-gram "
-               "stream mask does not fit the static cache (dimension 5: 7 vs 9). Remove when each model's generate runs "
-               "with a static cache (transformers)",
+        reason="the model's own generate fails with transformers' static cache and over the step's own (every layer "
+               "full length), so there is no static-cache call to read the step from (test_generate dynamo/static at "
+               "bc76b56; the same errors in test_runner executorch, whose .pte is that static step, at 95d2c43 and "
+               "705c599; both caches at this entry's commit): CpmAnt prepends prompt_length tokens the cache was not "
+               "sized for (index_copy_(): index 9 out of bounds for size 9); DeepseekV4 has no static layer for its "
+               "compressed attention (KeyError 'heavily_compressed_attention'); ProphetNet's n-gram stream mask does "
+               "not fit the static cache (dimension 5: 7 vs 9). Remove when each model's generate runs with a static "
+               "cache (transformers)",
     ),
     ExportSkip(
         classes=("GitForCausalLM",),
@@ -687,8 +684,9 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
         stage="export",
         reason="the model's own generate(cache_implementation='static') fails before anything is exported, so there is "
                "no static-cache call to read the step from: Git builds a 2-D mask where the static cache's is 4-D "
-               "('Tensors must have same number of dimensions: got 2 and 4', test_generate dynamo/static at bc76b56). "
-               "Remove when Git's generate runs with a static cache (transformers)",
+               "('Tensors must have same number of dimensions: got 2 and 4', test_generate dynamo/static at bc76b56; "
+               "over the step's own full-length static cache too, at the commit of exporters/generation/static.py's "
+               "fallback). Remove when Git's generate runs with a static cache (transformers)",
     ),
     ExportSkip(
         classes=("GitForCausalLM",),

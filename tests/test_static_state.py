@@ -144,3 +144,20 @@ def test_ort_genai_runs_rwkv_from_its_state_in_one_graph(rwkv, tmp_path):
     assert 63 not in want
     got, stats = run_ort_genai(str(tmp_path), PROMPT, 8)
     assert got == want and stats["sequence_length"] == len(PROMPT) + 8
+
+
+def test_calls_are_read_over_the_steps_own_cache_where_transformers_static_cache_fails():
+    """Inkling's relative-position bias spans a sliding layer's rolling window, generate's mask every slot:
+    its own generate(cache_implementation='static') fails, while over the step's cache (every layer full
+    length) it runs, and the step generates eager's tokens."""
+    from transformers import InklingForCausalLM
+
+    from sweeps.zoo.build import tiny_config
+
+    torch.manual_seed(0)
+    model = InklingForCausalLM(tiny_config("inkling_text")).eval()
+    ids = torch.tensor([[5, 9, 17, 30, 12, 7, 3, 21, 40]])  # past the sliding window
+    with pytest.raises(RuntimeError, match="must match the size"), torch.no_grad():
+        model.generate(input_ids=ids, max_new_tokens=3, do_sample=False, cache_implementation="static")
+    generator = get_exporter("dynamo").export_for_generation(model, {"input_ids": ids}, cache="static", max_cache_len=24)
+    assert torch.equal(generator.generate(ids, max_new_tokens=8, eos_token_id=[]), _eager(model, ids))

@@ -438,12 +438,28 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> lis
         calls.append({**call, **({"<positional>": True} if args else {})})
         return forward(*args, **kwargs)
 
-    try:
+    def run(**cache: Any) -> None:
+        calls.clear()
         with forward_wrapped(model, names), torch.no_grad():
-            model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False, cache_implementation="static")
+            model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False, **cache)
+
+    try:
+        run(cache_implementation="static")
     except Exception as exc:  # noqa: BLE001 - the model's own generate refuses a static cache
-        raise GenerationError(f"{name}.generate(cache_implementation='static') fails: {type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        failed = f"{name}.generate(cache_implementation='static') fails: {type(exc).__name__}: " \
+                 f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        # transformers' static cache keeps a sliding layer as a rolling window, which some models' masks do not
+        # fit (Inkling: its relative-position bias spans the window, generate's mask every slot); the step's own
+        # cache keeps every slot in every layer, so generate is given that one to read the calls off
+        ids = inputs.get("input_ids")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            raise GenerationError(failed) from exc
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        try:
+            run(past_key_values=_static_cache(model, int(ids.shape[0]), int(ids.shape[1]) + 3, dtype))
+        except Exception as again:  # noqa: BLE001 - the step's own cache fails too: the first failure says why
+            raise GenerationError(f"{failed}; over the step's own static cache too ({type(again).__name__}: "
+                                  f"{str(again).splitlines()[0] if str(again) else ''})") from exc
     if not calls:
         raise GenerationError(f"{name}.generate never called forward")
     return calls
