@@ -297,24 +297,13 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
         variants=("dynamic",),
         tests=("runner",),
         stage="export",
-        reason="RecurrentGemma's forward returns no past_key_values (its recurrent state lives in a cache the "
-               "model builds itself), MiniMax refuses a DynamicCache for a cache class of its own; genai.py builds "
-               "the graph's cache from a plain DynamicCache and refuses both by name (GenerationError at 86526eb). "
-               "Remove when GenaiStep carries these caches' linear-attention state as onnxruntime-genai conv / "
-               "recurrent inputs, in one form for the prompt and each step",
-    ),
-    ExportSkip(
-        classes=("OpenAIGPTLMHeadModel",),
-        backends=("onnx",),
-        variants=("dynamic",),
-        tests=("runner",),
-        stage="export",
-        reason="no cache at all: forward returns no past_key_values and generate re-feeds the whole sequence, while "
-               "onnxruntime-genai feeds the graph only the new token after the prompt and carries the rest as the "
-               "cache the graph returns (genai.py refuses 'returns no past_key_values (its state: none)', "
-               "runner_whole_906e581). ExecuTorch's runner has a no-cache form, which passes "
-               "(exporters/generation/static_whole.py). Remove when onnxruntime-genai runs a decoder without a cache "
-               "over the whole sequence (or the model keeps a transformers Cache)",
+        reason="RecurrentGemma's forward returns no past_key_values (its recurrent and convolution states live in "
+               "its modules, set up by _setup_cache, and its prompt path restarts them rather than continuing), and "
+               "its generate does not re-feed the sequence either (GenerationError naming both); MiniMax refuses a "
+               "DynamicCache for a cache class of its own; genai.py builds the graph's cache from a plain "
+               "DynamicCache and refuses both by name (GenerationError at 86526eb). Remove when GenaiStep carries "
+               "these models' own states as onnxruntime-genai conv / recurrent inputs, in one form for the prompt "
+               "and each step",
     ),
     ExportSkip(
         classes=("XLMWithLMHeadModel", "XLNetLMHeadModel"),
@@ -322,12 +311,12 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
         stage="export",
         reason="no key/value cache, and generate feeds forward more than the sequence so far: XLM appends its "
                "mask_token_id column to the ids and passes langs at every call, XLNet appends a dummy token, builds "
-               "perm_mask / target_mapping and keeps mems of its own. onnxruntime-genai feeds only the new token after "
-               "the prompt (genai.py refuses 'returns no past_key_values (its state: none)', 86526eb); ExecuTorch's "
-               "runner without a KV cache feeds the plain token sequence, the form of OpenAIGPT and Mpt "
-               "(exporters/generation/static_whole.py), which refuses XLM's langs by name (python -m sweeps.repro "
-               "runner:executorch-llm-XLMWithLMHeadModel) and finds no re-fed sequence in XLNet's calls. Remove when "
-               "the models' generate feeds forward the plain ids (or keeps a transformers Cache)",
+               "perm_mask / target_mapping and keeps mems of its own. Both runners' forms of a model without a cache "
+               "re-read the plain token sequence (ExecuTorch's runner without a KV cache, exporters/generation/"
+               "static_whole.py; onnxruntime-genai with the ids so far as its state, genai_state.py; OpenAIGPT "
+               "passes in both): they refuse XLM's langs by name and find no re-fed sequence in XLNet's calls "
+               "(python -m sweeps.repro runner:<runner>-XLMWithLMHeadModel / -XLNetLMHeadModel). Remove when the "
+               "models' generate feeds forward the plain ids (or keeps a transformers Cache)",
     ),
     ExportSkip(
         classes=("BltForCausalLM",),

@@ -68,3 +68,23 @@ def test_executorch_llm_runner_runs_it_without_a_kv_cache(gpt, tmp_path):
     got, stats = run_executorch_llm(str(tmp_path), PROMPT, 8)
     assert got == _eager(gpt, ids)[0, 5:].tolist()
     assert stats["num_prompt_tokens"] == len(PROMPT)
+
+
+def test_ort_genai_carries_the_sequence_so_far_as_the_state_of_a_model_without_a_cache(gpt, tmp_path):
+    from exporters.generation.genai import export_genai_folder, run_ort_genai
+
+    onnx = get_exporter("onnx")
+    ids = torch.tensor([PROMPT])
+    artifact = export_genai_folder(tmp_path, onnx, gpt, {"input_ids": ids}, onnx.config_class(dynamic=True, max_dim=32),
+                                   {"eos_token_id": 0})
+    assert artifact.extra_metadata["cache_layout"]["whole_sequence"] == {"context": 32}
+    want = _eager(gpt, ids)[0, len(PROMPT):].tolist()
+    assert 0 not in want and len(set(want)) > 3, want
+    got, stats = run_ort_genai(str(tmp_path), PROMPT, 8)
+    assert got == want and stats["sequence_length"] == len(PROMPT) + 8
+    # the graph itself, as onnxruntime-genai calls it: a prompt at past 0, then one token after it
+    first = artifact(input_ids=ids, attention_mask=torch.ones(1, 5, dtype=torch.long),
+                     **{"past_key_values.0.conv_state": torch.zeros(1, 1, 1),
+                        "past_key_values.0.recurrent_state": torch.zeros(1, 1, 1, 32)})
+    assert first["present.0.recurrent_state"][0, 0, 0, :5].tolist() == PROMPT  # the ids so far, as floats
+    assert not first["present.0.recurrent_state"][0, 0, 0, 5:].any()

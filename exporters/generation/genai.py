@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError, encoder_of, plain_sliding_layers
-from exporters.generation.genai_state import export_genai_own_state, own_state_argument_of
+from exporters.generation.genai_state import export_genai_own_state, export_genai_whole_sequence, own_state_argument_of
 from exporters.generation.runners import fixed_width_tokenizer, vocab_size
 
 CONFIG_FILE = "genai_config.json"
@@ -58,6 +58,10 @@ PAST = {"key": "past_key_values.%d.key", "value": "past_key_values.%d.value",
         "conv": "past_key_values.%d.conv_state", "recurrent": "past_key_values.%d.recurrent_state"}
 PRESENT = {"key": "present.%d.key", "value": "present.%d.value",
            "conv": "present.%d.conv_state", "recurrent": "present.%d.recurrent_state"}
+
+
+class NoCacheReturned(GenerationError):
+    """The model's forward returns no cache (``_layout``): the graph may carry the sequence itself instead."""
 
 
 class GenaiStep(torch.nn.Module):
@@ -247,7 +251,7 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[dict, bo
     cache = getattr(out, cache_arg, None)
     if cache is None:
         state = sorted(k for k, v in (out.items() if hasattr(out, "items") else []) if k.endswith(("cache", "params")))
-        raise GenerationError(f"{name} returns no past_key_values (its state: {state or 'none'}); genai_config.json "
+        raise NoCacheReturned(f"{name} returns no past_key_values (its state: {state or 'none'}); genai_config.json "
                               "describes a transformers cache only")
     layers = list(getattr(cache, "layers", []))
     known = (DynamicLayer, DynamicIndexedLayer, LinearAttentionLayer, LinearAttentionAndFullAttentionLayer,
@@ -296,7 +300,10 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
     own = own_state_argument_of(model)
     if own is not None:  # Rwkv's state list: one recurrent-state slot (exporters/generation/genai_state.py)
         return export_genai_own_state(exporter, model, inputs, own, config, _check_one_graph)
-    layer_shapes, takes_positions, states, state_dtypes, indexers = _layout(model, inputs)
+    try:
+        layer_shapes, takes_positions, states, state_dtypes, indexers = _layout(model, inputs)
+    except NoCacheReturned:  # OpenAIGPT: the sequence so far is the state (exporters/generation/genai_state.py)
+        return export_genai_whole_sequence(exporter, model, inputs, config, _check_one_graph)
     step = GenaiStep(model, layer_shapes, takes_positions, states, indexers, state_dtypes).eval()
     if states or indexers:  # under the model patches the export installs (mamba_scan.py: a scan from the state)
         from exporters.utils import apply_patches

@@ -124,3 +124,86 @@ def export_genai_own_state(exporter, model: torch.nn.Module, inputs: Mapping[str
               "recurrent_size": step.size, "conv_size": 1}
     artifact.extra_metadata.update({"component": "genai_decoder", "cache_layout": layout})
     return artifact, layout
+
+
+class GenaiWholeSequenceStep(torch.nn.Module):
+    """A model without a cache (its generate re-feeds the whole sequence: OpenAIGPT) as onnxruntime-genai's one
+    graph: the sequence so far is the state. ``past_key_values.0.recurrent_state`` [batch, 1, 1, context] holds the
+    token ids fed so far (as floats: exact below 2^24, far above any vocabulary here) in its first ``past``
+    places; each call reads them, appends the new tokens, runs the model over the whole sequence, returns the new
+    tokens' logits and writes the new ids after the old ones. ``past`` is the mask's length less the new tokens',
+    as onnxruntime-genai feeds it; a padded prompt's mask reaches the model as generate passes it, and positions,
+    where the model takes them, are the running count of attended positions (exporters/generation/static_whole.py)."""
+
+    takes_positions = False  # onnxruntime-genai feeds none: the graph derives them over the whole sequence
+
+    def __init__(self, model: torch.nn.Module, context: int, takes_positions: bool, reads_mask: bool):
+        super().__init__()
+        self.model, self.context = model, context
+        self.positions, self.reads_mask = takes_positions, reads_mask
+        self.keeps_last = False
+        self.size = context
+        self.states = {0: [("recurrent_0", (context,))]}
+
+    def zero_past(self, batch: int, past: int) -> dict[str, torch.Tensor]:
+        return {CONV: torch.zeros(batch, 1, 1), RECURRENT: torch.zeros(batch, 1, 1, self.context)}
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **past: torch.Tensor) -> dict[str, torch.Tensor]:
+        from exporters.generation.static_whole import positions_from_mask
+
+        total, new = attention_mask.shape[1], input_ids.shape[1]
+        held = past[RECURRENT][:, 0, 0]
+        earlier = held[:, :total - new]
+        ids = torch.cat([earlier.round().to(input_ids.dtype), input_ids], dim=1)
+        kwargs: dict[str, Any] = {}
+        if self.reads_mask:
+            kwargs["attention_mask"] = attention_mask
+        if self.positions:
+            kwargs["position_ids"] = positions_from_mask(attention_mask)
+        logits = self.model(input_ids=ids, use_cache=False, return_dict=True, **kwargs).logits[:, total - new:]
+        kept = torch.cat([earlier, input_ids.to(held.dtype), held[:, total:]], dim=1)
+        return {"logits": logits, "present.0.conv_state": past[CONV].clone(),
+                "present.0.recurrent_state": kept[:, None, None]}
+
+
+def export_genai_whole_sequence(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], config, check):
+    """The GenaiWholeSequenceStep of a model whose generate re-feeds the whole sequence, exported with batch,
+    sequence and past dynamic within the context (``config.max_dim``), after genai.py's eager check. Returns
+    (artifact, layout); refuses a model whose generate passes more than ids, mask and positions."""
+    import dataclasses
+
+    from torch.export import Dim
+
+    from exporters.generation.static import _forward_arguments
+    from exporters.generation.static_whole import rereads_sequence, whole_sequence_step_for
+
+    ids = inputs["input_ids"]
+    context = int(config.max_dim if config is not None else 1024)
+    prompt = {"input_ids": ids[:1]}
+    calls = _forward_arguments(model, prompt)
+    if not rereads_sequence(calls):
+        raise GenerationError(f"{type(model).__name__} returns no past_key_values and its generate does not re-feed the "
+                              "whole sequence (its state lives elsewhere: in its modules, say); genai_config.json "
+                              "describes a transformers cache, or here a sequence re-read at every call")
+    whole = whole_sequence_step_for(model, calls, prompt, context, batch=1)
+    if whole.extras:
+        raise GenerationError(f"{type(model).__name__}.generate feeds {sorted(whole.extras)} beside the ids, which "
+                              "onnxruntime-genai's decoder inputs have no key for")
+    step = GenaiWholeSequenceStep(model, context, whole.takes_positions, whole.reads_mask).eval()
+    check(step, ids[:1])
+    if ids.shape[0] < 2:
+        ids = ids.expand(2, -1)
+    if ids.shape[1] < 2:
+        ids = torch.cat([ids, ids], dim=1)
+    batch, past = ids.shape[0], 3
+    example = {"input_ids": ids, "attention_mask": torch.ones(batch, past + ids.shape[1], dtype=torch.long),
+               **step.zero_past(batch, past)}
+    b, s = Dim("batch", min=1, max=context), Dim("seq", min=1, max=context)
+    shapes = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: Dim.AUTO}, CONV: {0: b}, RECURRENT: {0: b}}
+    config = config if config is not None else exporter.config_class()
+    config = dataclasses.replace(config, dynamic=False, dynamic_shapes=shapes, accept_size_one=True)
+    artifact = exporter.export(step, example, config)
+    layout = {"layers": 1, "kv_heads": 1, "head_size": 1, "takes_positions": False, "attention_layers": [],
+              "whole_sequence": {"context": context}, "recurrent_size": context, "conv_size": 1}
+    artifact.extra_metadata.update({"component": "genai_decoder", "cache_layout": layout})
+    return artifact, layout
