@@ -266,17 +266,17 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ),
     # ── test_runner, onnxruntime-genai (scoped to its cache form, dynamic): what its folder cannot carry ──
     ExportSkip(
-        classes=("DeepseekV4ForCausalLM", "Qwen4ExpForCausalLM"),
+        classes=("DeepseekV4ForCausalLM",),
         backends=("onnx",),
         variants=("dynamic",),
         tests=("runner",),
         stage="export",
-        reason="caches that grow along the sequence beside keys and values, other than an indexer's keys (which "
-               "travel as one more head of a layer's keys): DeepseekV4 keeps compressed-attention caches of its own "
-               "(DeepseekV4CSACache / HCACache), Qwen4Exp's indexer keeps the positions it has seen as a growing "
-               "history (indexer_position_ids); genai_config.json names key, value, conv and recurrent tensors "
-               "only, and genai.py refuses both by name (GenerationError at f1651b0). Remove when genai.py packs "
-               "these into the key tensors too (each grows along the sequence, as keys do)",
+        reason="caches that grow along the sequence beside keys and values, other than an indexer's keys and "
+               "position history (which travel as more heads of a layer's keys): DeepseekV4 keeps "
+               "compressed-attention caches of its own (DeepseekV4CSACache / HCACache, compressed every few "
+               "tokens, not one entry a token); genai_config.json names key, value, conv and recurrent tensors "
+               "only, and genai.py refuses them by name (GenerationError at f1651b0). Remove when genai.py packs "
+               "these into tensors the runner grows (or onnxruntime-genai names such caches)",
     ),
     ExportSkip(
         classes=("xLSTMForCausalLM",),

@@ -112,8 +112,8 @@ def test_runner_generation_settings_are_refused_only_where_they_name_a_token_of_
 def _genai_step(model):
     from exporters.generation.genai import GenaiStep, _layout
 
-    shapes, positions, states, dtypes, indexers = _layout(model, {"input_ids": torch.tensor([PROMPT])})
-    return GenaiStep(model, shapes, positions, states, indexers, dtypes).eval()
+    shapes, positions, states, dtypes, indexers, histories = _layout(model, {"input_ids": torch.tensor([PROMPT])})
+    return GenaiStep(model, shapes, positions, states, indexers, dtypes, histories).eval()
 
 
 def test_ort_genai_gives_a_model_without_attention_layers_the_new_tokens_mask():
@@ -199,6 +199,37 @@ def test_ort_genai_carries_an_indexers_keys_as_one_more_head(tmp_path):
     heads = {json.dumps(shape[0]) for shape in layout["layer_shapes"].values()}
     config = json.loads((tmp_path / "genai_config.json").read_text())["model"]["decoder"]
     assert config["num_key_value_heads"] == max(k[0] for k, _ in layout["layer_shapes"].values()) + 1, heads
+    expected = _eager(model, 10, eos=False)
+    assert len(set(expected)) > 3, expected
+    got, _ = run_ort_genai(str(tmp_path), PROMPT, 10)
+    assert got[:len(expected)] == expected[:len(got)] and len(got) >= 8
+
+
+@pytest.mark.slow
+def test_ort_genai_carries_an_indexers_position_history_as_one_more_head(tmp_path):
+    """Qwen4Exp's indexer keeps the 3-D positions it has seen ([3, batch, past] ids) beside its keys, a history
+    that grows as keys do. It travels as one more head after the indexer's keys, as floats in its first 3
+    columns, and comes back as the same ids; the runner generates what eager generates."""
+    import json
+
+    from exporters.generation.genai import export_genai_folder, run_ort_genai
+    from sweeps.zoo import build_tiny
+
+    model = build_tiny("Qwen4ExpForCausalLM", seed=0, init_range=1.0).model
+    model.generation_config.eos_token_id = None
+    onnx_exporter = get_exporter("onnx")
+    artifact = export_genai_folder(tmp_path, onnx_exporter, model, {"input_ids": torch.tensor([PROMPT])},
+                                   onnx_exporter.config_class(dynamic=True, max_dim=64), {"eos_token_id": 1})
+    layout = json.loads((tmp_path / "metadata.json").read_text())["cache_layout"]
+    (layer, dims), = layout["position_histories"].items()
+    assert dims == 3
+    # the present key's last head holds the positions 0 .. S-1 of a prompt at past 0, in each of the 3 dims
+    ids = torch.tensor([PROMPT, PROMPT])  # the artifact's bounds start at batch 2 (onnxruntime-genai runs 1 too)
+    given = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(len(PROMPT)).expand(2, -1),
+             **_genai_step(model).zero_past(2, 0)}
+    out = artifact(**{k: v for k, v in given.items() if k in artifact.input_names})
+    history = out[f"present.{layer}.key"][0, -1, :, :3]
+    assert history.tolist() == [[float(t)] * 3 for t in range(len(PROMPT))]
     expected = _eager(model, 10, eos=False)
     assert len(set(expected)) > 3, expected
     got, _ = run_ort_genai(str(tmp_path), PROMPT, 10)

@@ -32,8 +32,11 @@ what the trace decides (torch refuses it otherwise, naming the chunk-count guard
 A sparse-attention layer's indexer keys (DeepSeek-V3.2 DSA: [batch, past, size], growing as keys do)
 travel as one more head of that layer's key tensor.
 
+An indexer that keeps the positions it has seen as a growing history (Qwen4Exp: [dims, batch, past] ids)
+has it travel as one more head after the indexer's keys, as floats in its first columns.
+
 A model the config cannot describe is refused by name (GenerationError): a cache with layers of other
-kinds (an indexer's position history, a model's own cache classes), layers whose multi-token path
+kinds (a model's own cache classes), layers whose multi-token path
 cannot start from a given state (checked in eager before export), or a forward that needs inputs
 besides ids, mask and positions.
 """
@@ -69,7 +72,8 @@ class GenaiStep(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, shapes: Mapping[int, tuple[tuple[int, int], tuple[int, int]]],
                  takes_positions: bool, states: Mapping[int, list[tuple[str, tuple[int, ...]]]] | None = None,
-                 indexers: Mapping[int, int] | None = None, state_dtypes: Mapping[str, torch.dtype] | None = None):
+                 indexers: Mapping[int, int] | None = None, state_dtypes: Mapping[str, torch.dtype] | None = None,
+                 histories: Mapping[int, int] | None = None):
         """``shapes``: each attention layer's own ((heads, size) of keys, (heads, size) of values).
         genai_config.json has one num_key_value_heads and one head_size, so where they are not all one
         (multi-head latent attention: keys and values of different sizes; layers of different head
@@ -79,21 +83,29 @@ class GenaiStep(torch.nn.Module):
         ``conv_<j>`` or ``recurrent_<j>``, packed into one conv and one recurrent tensor (module doc).
         ``indexers``: each sparse-attention layer's indexer key size; its keys [batch, past, size] travel as
         one more head of the layer's key tensor (they grow along the sequence as keys do). ``state_dtypes``:
-        the dtype of each kind of state, where it is not the model's."""
+        the dtype of each kind of state, where it is not the model's. ``histories``: each layer whose indexer keeps
+        the positions it has seen ([dims, batch, past] ids, Qwen4Exp), with their count of dims: they travel as
+        one more head after the indexer's keys, as floats in its first ``dims`` columns (exact below 2^24)."""
         super().__init__()
         self.model, self.shapes, self.takes_positions = model, dict(shapes), takes_positions
         self.cache_arg = cache_argument(model)
         self.states = {i: list(parts) for i, parts in (states or {}).items()}
         self.indexers = dict(indexers or {})
+        self.histories = dict(histories or {})
         dims = {d for pair in self.shapes.values() for d in pair}
         dims |= {(self.shapes[i][0][0] + 1, size) for i, size in self.indexers.items()}  # keys + the indexer's
+        dims |= {(self._history_head(i) + 1, n) for i, n in self.histories.items()}  # + the position history's
         self.heads, self.size = (max(h for h, _ in dims), max(s for _, s in dims)) if dims else (1, 1)
-        self.uniform = len({d for pair in self.shapes.values() for d in pair}) <= 1 and not self.indexers
+        self.uniform = len({d for pair in self.shapes.values() for d in pair}) <= 1 and not self.indexers \
+            and not self.histories
         sizes = {kind: [sum(_numel(shape) for part, shape in parts if part.startswith(kind))
                         for parts in self.states.values()] for kind in ("conv", "recurrent")}
         self.conv_size, self.recurrent_size = (max(sizes[kind], default=0) or 1 for kind in ("conv", "recurrent"))
         self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.state_dtypes = {kind: (state_dtypes or {}).get(kind, self.dtype) for kind in ("conv", "recurrent")}
+
+    def _history_head(self, layer: int) -> int:
+        return self.shapes[layer][0][0] + (1 if layer in self.indexers else 0)
 
     def zero_past(self, batch: int, past: int) -> dict[str, torch.Tensor]:
         """The graph's past inputs at ``past`` positions, all zeros (onnxruntime-genai's first call: past 0)."""
@@ -157,6 +169,9 @@ class GenaiStep(torch.nn.Module):
                 layer, heads = cache.layers[i], self.shapes[i][0][0]
                 layer.lazy_initialization_indexer(key[:, heads, :, :self.indexers[i]])
                 layer.indexer_keys = key[:, heads, :, :self.indexers[i]]
+            if i in self.histories:  # [dims, batch, past], read back as the ids it was written from
+                history = key[:, self._history_head(i), :, :self.histories[i]]
+                cache.layers[i].indexer_position_ids = history.round().long().permute(2, 0, 1)
         for i, parts in self.states.items():
             self._load_states(cache.layers[i], past[PAST["conv"] % i], past[PAST["recurrent"] % i], parts)
         kwargs = {"position_ids": position_ids} if self.takes_positions else {}
@@ -173,6 +188,11 @@ class GenaiStep(torch.nn.Module):
                 keys = torch.cat([torch.nn.functional.pad(keys, (0, size - keys.shape[-1])),
                                   torch.nn.functional.pad(layers[i].indexer_keys[:, None], (0, size - self.indexers[i]))],
                                  dim=1)
+            if i in self.histories:
+                history = layers[i].indexer_position_ids.permute(1, 2, 0).to(keys.dtype)[:, None]
+                size = max(keys.shape[-1], self.histories[i])
+                keys = torch.cat([torch.nn.functional.pad(keys, (0, size - keys.shape[-1])),
+                                  torch.nn.functional.pad(history, (0, size - self.histories[i]))], dim=1)
             outputs[PRESENT["key"] % i], outputs[PRESENT["value"] % i] = self._widen(keys), self._widen(layers[i].values)
         for i, parts in self.states.items():
             outputs[PRESENT["conv"] % i], outputs[PRESENT["recurrent"] % i] = self._pack_states(
@@ -257,9 +277,6 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[dict, bo
     known = (DynamicLayer, DynamicIndexedLayer, LinearAttentionLayer, LinearAttentionAndFullAttentionLayer,
              DummyLayer)  # Dummy: no cache
     odd = sorted({type(layer).__name__ for layer in layers if type(layer) not in known})
-    # an indexer that keeps its positions as a growing history (Qwen4Exp) has a cache genai cannot name
-    odd += sorted({f"{type(layer).__name__} with indexer positions" for layer in layers
-                   if getattr(layer, "indexer_position_ids", None) is not None})
     if not layers or odd:
         raise GenerationError(f"{name}'s cache holds {odd or 'no'} layers; " + _unsupported_layers(odd))
     shapes = {i: ((int(layer.keys.shape[1]), int(layer.keys.shape[3])),
@@ -267,6 +284,9 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[dict, bo
               for i, layer in enumerate(layers) if isinstance(layer, DynamicLayer) and layer.is_initialized}
     indexers = {i: int(layer.indexer_keys.shape[-1]) for i, layer in enumerate(layers)
                 if isinstance(layer, DynamicIndexedLayer) and layer.is_indexer_initialized}
+    # an indexer that keeps the positions it has seen as a growing history (Qwen4Exp): one more head
+    histories = {i: int(layer.indexer_position_ids.shape[0]) for i, layer in enumerate(layers)
+                 if getattr(layer, "indexer_position_ids", None) is not None and i in shapes}
     states = {i: _layer_states(layer) for i, layer in enumerate(layers) if isinstance(layer, LinearAttentionLayer)}
     states = {i: parts for i, parts in states.items() if parts}
     dtypes = {kind: {getattr(layers[i], f"{kind}_states")[int(p.rsplit("_", 1)[1])].dtype
@@ -279,16 +299,14 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[dict, bo
     import inspect
 
     takes_positions = "position_ids" in inspect.signature(model.forward).parameters
-    return shapes, takes_positions, states, {kind: next(iter(d)) for kind, d in dtypes.items() if d}, indexers
+    return (shapes, takes_positions, states, {kind: next(iter(d)) for kind, d in dtypes.items() if d}, indexers,
+            histories)
 
 
 def _unsupported_layers(kinds: list[str]) -> str:
     """Why the folder cannot carry these cache layers, by kind."""
-    if any("indexer positions" in k for k in kinds):
-        return ("its sparse-attention indexer keeps the positions it has seen as a growing history beside its keys, "
-                "which the folder has no tensor for (an indexer's keys travel as one more head of the layer's keys)")
-    return ("the onnxruntime-genai folder describes key/value (DynamicLayer) and linear-attention (conv and "
-            "recurrent state: LinearAttentionLayer) layers only")
+    return ("the onnxruntime-genai folder describes key/value (DynamicLayer, with an indexer's keys and position "
+            "history or none) and linear-attention (conv and recurrent state: LinearAttentionLayer) layers only")
 
 
 def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], config=None):
@@ -301,10 +319,10 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
     if own is not None:  # Rwkv's state list: one recurrent-state slot (exporters/generation/genai_state.py)
         return export_genai_own_state(exporter, model, inputs, own, config, _check_one_graph)
     try:
-        layer_shapes, takes_positions, states, state_dtypes, indexers = _layout(model, inputs)
+        layer_shapes, takes_positions, states, state_dtypes, indexers, histories = _layout(model, inputs)
     except NoCacheReturned:  # OpenAIGPT: the sequence so far is the state (exporters/generation/genai_state.py)
         return export_genai_whole_sequence(exporter, model, inputs, config, _check_one_graph)
-    step = GenaiStep(model, layer_shapes, takes_positions, states, indexers, state_dtypes).eval()
+    step = GenaiStep(model, layer_shapes, takes_positions, states, indexers, state_dtypes, histories).eval()
     if states or indexers:  # under the model patches the export installs (mamba_scan.py: a scan from the state)
         from exporters.utils import apply_patches
 
@@ -350,6 +368,8 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
         layout["layer_shapes"] = {str(i): [list(k), list(v)] for i, (k, v) in layer_shapes.items()}
     if indexers:  # each sparse-attention indexer's key size, one more head of its layer's keys (GenaiStep)
         layout["indexers"] = {str(i): size for i, size in indexers.items()}
+    if histories:  # each indexer's position history, one more head after its keys (GenaiStep)
+        layout["position_histories"] = {str(i): dims for i, dims in histories.items()}
     if states:  # each linear-attention layer's states inside its conv / recurrent tensors (GenaiStep)
         layout["states"] = {str(i): [[part, list(shape)] for part, shape in parts] for i, parts in states.items()}
         layout["conv_size"], layout["recurrent_size"] = step.conv_size, step.recurrent_size
