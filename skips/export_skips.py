@@ -395,18 +395,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "cache_position (transformers), or the static step keeps one",
     ),
     ExportSkip(
-        classes=("MiniMaxForCausalLM",),
-        variants=("static",),
-        tests=("generate", "runner"),
-        stage="export",
-        reason="MiniMax's generate passes its own MiniMaxCache (a DynamicCache subclass holding the lightning-attention "
-               "layers' states in linear_cache beside growing keys and values), and its forward refuses any other "
-               "cache ('MiniMax uses cache of its own and is not compatible with past_key_values of type ...', "
-               "GenerationError at 11d4116); the own-state step (exporters/generation/static_state.py) carries "
-               "fixed-size state tensors only and refuses a transformers Cache by name. Remove when the static step "
-               "builds a MiniMaxCache whose attention layers are static slots and keeps its tensors as buffers",
-    ),
-    ExportSkip(
         classes=("RwkvForCausalLM",),
         variants=("static",),
         tests=("generate",),

@@ -75,16 +75,35 @@ def test_xlstm_cache_object_is_rebuilt_around_the_carried_tensors(xlstm):
     assert torch.equal(generator.generate(ids, max_new_tokens=8, eos_token_id=[]), want)
 
 
-def test_a_cache_of_its_own_class_is_refused_by_name():
+@pytest.fixture(scope="module")
+def minimax():
     from transformers import MiniMaxConfig, MiniMaxForCausalLM
 
     torch.manual_seed(0)
     config = MiniMaxConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2, head_dim=8, num_local_experts=2, num_experts_per_tok=1,
-                           layer_types=["linear_attention", "full_attention"], block_size=4)
-    model = MiniMaxForCausalLM(config).eval()
+                           layer_types=["linear_attention", "full_attention"], block_size=4, initializer_range=0.2)
+    return MiniMaxForCausalLM(config).eval()
+
+
+def test_minimax_runs_over_the_step_cache_as_its_own_cache_class(minimax):
+    """MiniMax refuses any cache but a MiniMaxCache: the step's static cache is one (static_caches.py), its
+    lightning-attention state carried as a linear layer's recurrent state, its attention layers as slots."""
+    ids = torch.tensor([PROMPT])
+    generator = get_exporter("dynamo").export_for_generation(minimax, {"input_ids": ids}, cache="static", max_cache_len=16)
+    assert generator.token_by_token
+    want = _eager(minimax, ids)
+    assert len(set(want[0, len(PROMPT):].tolist())) > 3, want
+    assert torch.equal(generator.generate(ids, max_new_tokens=8, eos_token_id=[]), want)
+    assert torch.equal(generator.generate(ids, max_new_tokens=8, eos_token_id=[]), want)  # the state starts over
+
+
+def test_a_cache_of_its_own_class_without_an_adapter_is_refused_by_name(minimax, monkeypatch):
+    from exporters.generation import static_caches
+
+    monkeypatch.setattr(static_caches, "ADAPTERS", {})
     with pytest.raises(GenerationError, match="MiniMaxCache, a transformers Cache of its own class"):
-        get_exporter("dynamo").export_for_generation(model, {"input_ids": torch.tensor([PROMPT])}, cache="static",
+        get_exporter("dynamo").export_for_generation(minimax, {"input_ids": torch.tensor([PROMPT])}, cache="static",
                                                      max_cache_len=16)
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped
+from exporters.generation.static_caches import has_adapter, step_cache_for
 from exporters.generation.static_embeds import decoder_path, decoder_receives, deepstack_names, per_token_embedding
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, rereads_sequence, whole_sequence_step_for
@@ -114,7 +115,7 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
     )
 
     config = model.config.get_text_config(decoder=True) if cross is not None else model.config
-    cache = _step_cache_class()(config=config, max_cache_len=max_cache_len)
+    cache = step_cache_for(model, _step_cache_class())(config=config, max_cache_len=max_cache_len)
     for i, layer in enumerate(cache.layers):
         if type(layer) is StaticSlidingWindowLayer:
             # a full-length layer: the model's sliding-window mask (from its config's layer types, over
@@ -352,7 +353,7 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     if rereads_sequence(calls):  # no cache: each call over the whole sequence (exporters/generation/static_whole.py)
         return whole_sequence_step_for(model, calls, inputs, max_cache_len, batch)
     own = own_state_argument(model, calls)
-    if own is not None:  # Rwkv's state list, xLSTM's xLSTMCache (exporters/generation/static_state.py)
+    if own is not None and not has_adapter(model):  # Rwkv's state list, xLSTM's xLSTMCache (static_state.py)
         return own_state_step_for(model, calls, own, max_cache_len, state,
                                   batch if batch is not None else int(inputs["input_ids"].shape[0]))
     cache_arg = next((a for a in CACHE_ARGS if all(a in call for call in calls[1:])), None)
