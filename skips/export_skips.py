@@ -292,18 +292,16 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "arithmetic on the length (or has a closed form this suite patches in, as Rwkv's rwkv_wkv.py)",
     ),
     ExportSkip(
-        classes=("RecurrentGemmaForCausalLM", "MiniMaxForCausalLM"),
+        classes=("RecurrentGemmaForCausalLM",),
         backends=("onnx",),
         variants=("dynamic",),
         tests=("runner",),
         stage="export",
         reason="RecurrentGemma's forward returns no past_key_values (its recurrent and convolution states live in "
                "its modules, set up by _setup_cache, and its prompt path restarts them rather than continuing), and "
-               "its generate does not re-feed the sequence either (GenerationError naming both); MiniMax refuses a "
-               "DynamicCache for a cache class of its own; genai.py builds the graph's cache from a plain "
-               "DynamicCache and refuses both by name (GenerationError at 86526eb). Remove when GenaiStep carries "
-               "these models' own states as onnxruntime-genai conv / recurrent inputs, in one form for the prompt "
-               "and each step",
+               "its generate does not re-feed the sequence either: genai.py refuses it naming both "
+               "(GenerationError). Remove when GenaiStep carries the model's module-held states as onnxruntime-genai "
+               "conv / recurrent inputs, with a prompt path that continues from them",
     ),
     ExportSkip(
         classes=("XLMWithLMHeadModel", "XLNetLMHeadModel"),

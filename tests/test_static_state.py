@@ -180,3 +180,45 @@ def test_calls_are_read_over_the_steps_own_cache_where_transformers_static_cache
         model.generate(input_ids=ids, max_new_tokens=3, do_sample=False, cache_implementation="static")
     generator = get_exporter("dynamo").export_for_generation(model, {"input_ids": ids}, cache="static", max_cache_len=24)
     assert torch.equal(generator.generate(ids, max_new_tokens=8, eos_token_id=[]), _eager(model, ids))
+
+
+def test_lightning_attention_from_a_state_in_closed_form_is_the_loop(minimax):
+    """exporters/workarounds/models/minimax_lightning.py: several tokens from a given state, as the original's
+    per-token loop computes them (its cached path), output and new state."""
+    from transformers.models.minimax.modeling_minimax import MiniMaxCache, MiniMaxLightningAttention
+
+    from exporters.workarounds.models.minimax_lightning import _patch_lightning_from_state
+
+    layer = next(m for m in minimax.modules() if isinstance(m, MiniMaxLightningAttention))
+    torch.manual_seed(1)
+    hidden = torch.randn(2, 5, minimax.config.hidden_size)
+    state = torch.randn(2, layer.num_attention_heads, layer.head_dim, layer.head_dim)
+
+    def run(forward):
+        cache = MiniMaxCache()
+        cache.set_linear_cache(layer.layer_idx, state.clone())
+        with torch.no_grad():
+            out, _ = forward(layer, hidden, None, None, past_key_values=cache)
+        return out, cache.get_linear_cache(layer.layer_idx)
+
+    original = MiniMaxLightningAttention.forward
+    want, want_state = run(original)
+    got, got_state = run(_patch_lightning_from_state(original))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_state, want_state, atol=1e-5, rtol=1e-5)
+
+
+def test_ort_genai_runs_minimax_from_its_lightning_state_in_one_graph(minimax, tmp_path):
+    from exporters.generation.genai import export_genai_folder, run_ort_genai
+
+    onnx = get_exporter("onnx")
+    ids = torch.tensor([PROMPT])
+    artifact = export_genai_folder(tmp_path, onnx, minimax, {"input_ids": ids}, onnx.config_class(dynamic=True, max_dim=64),
+                                   {"eos_token_id": 63})
+    assert "past_key_values.0.recurrent_state" in artifact.input_names  # the lightning layer's K^T V
+    assert "patch:dynamo:transformers.models.minimax.modeling_minimax.MiniMaxLightningAttention.forward" in \
+        artifact.workarounds_fired
+    want = _eager(minimax, ids)[0, len(PROMPT):].tolist()
+    assert 63 not in want
+    got, _ = run_ort_genai(str(tmp_path), PROMPT, 8)
+    assert got == want

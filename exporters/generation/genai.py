@@ -222,7 +222,9 @@ def plain_cache(model: torch.nn.Module):
     are refused by ``_layout`` by name."""
     from transformers.cache_utils import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    from exporters.generation.static_caches import step_cache_for
+
+    cache = step_cache_for(model, DynamicCache)(config=model.config)  # MiniMax's: a MiniMaxCache
     plain_sliding_layers(cache)
     return cache
 
