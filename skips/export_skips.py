@@ -378,21 +378,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ),
     # ── test_runner, ExecuTorch's LLM runner (static cache): what the static step does not hold yet ──
     ExportSkip(
-        classes=("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"),
-        tests=("generate", "runner"),
-        variants=("static",),
-        stage="run",
-        reason="Qwen4Exp's sparse-attention indexer keeps the positions it has seen as a growing tensor beside its "
-               "static keys: each call concatenates its position_ids to indexer_cache.indexer_position_ids "
-               "(models/qwen4_exp/modeling_qwen4_exp.py:1434-1436) and gathers by it. The static step holds the "
-               "indexer's keys as fixed slots (StaticIndexedLayer) but no history that grows, so a decode step "
-               "gathers the cache's slots through the positions of one call: 'Index is out of bounds for dimension "
-               "1 with size 8' in aten::gather (executorch), GatherElements out of range (onnx) (test_generate "
-               "static and test_runner executorch at fc16d7d + the indexer's keys as buffers). Remove when the "
-               "indexer positions live in a static [dims, batch, max_cache_len] slot tensor written at "
-               "cache_position (transformers), or the static step keeps one",
-    ),
-    ExportSkip(
         classes=("RwkvForCausalLM",),
         variants=("static",),
         tests=("generate",),

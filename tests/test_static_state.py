@@ -222,3 +222,19 @@ def test_ort_genai_runs_minimax_from_its_lightning_state_in_one_graph(minimax, t
     assert 63 not in want
     got, _ = run_ort_genai(str(tmp_path), PROMPT, 8)
     assert got == want
+
+
+def test_an_indexers_position_history_is_kept_in_slots():
+    """Qwen4Exp's indexer concatenates each call's positions to the history its layer holds and looks keys' rotary
+    positions up in it by slot; the step keeps that history as [dims, batch, max_cache_len] slots (a buffer, or an
+    input / output pair on ONNX), written at each call's cache positions."""
+    from sweeps.zoo import build_tiny
+
+    model = build_tiny("Qwen4ExpForCausalLM", seed=0, init_range=0.5).model
+    ids = torch.tensor([PROMPT])
+    generator = get_exporter("onnx").export_for_generation(model, {"input_ids": ids}, cache="static", max_cache_len=16)
+    histories = {k: v for k, v in generator.cache_shapes.items() if k.endswith("_positions")}
+    assert list(histories.values()) == [(3, 1, 16)], generator.cache_shapes
+    want = _eager(model, ids)
+    assert len(set(want[0, len(PROMPT):].tolist())) > 3, want
+    assert torch.equal(generator.generate(ids, max_new_tokens=8, eos_token_id=[]), want)

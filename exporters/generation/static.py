@@ -153,6 +153,10 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
             head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
             empty = torch.zeros(batch, heads, 0, head_dim, dtype=dtype)
             StaticLayer.lazy_initialization(layer, empty, empty)
+    # an indexer that keeps the positions it has seen as a growing history (Qwen4Exp: [dims, batch, past] ids on
+    # its layer): the step keeps them in slots, as keys (StaticStep.forward)
+    cache.position_histories = {i: int(layer.indexer_position_ids.shape[0]) for i, layer in enumerate(cache.layers)
+                                if getattr(layer, "indexer_position_ids", None) is not None}
     cache.reset()
     for layer in cache.layers:
         if _is_linear(layer):
@@ -264,17 +268,27 @@ class StaticStep(torch.nn.Module):
             if state == "buffers":
                 for part, tensor in _layer_tensors(layer).items():
                     self.register_buffer(f"cache_{i}_{part}", tensor)
+        # each indexer's position history in slots, [dims, batch, max_cache_len], as floats (the loop's zeros are)
+        self._histories = {i: (dims, batch, max_cache_len) for i, dims in self._cache.position_histories.items()}
+        if state == "buffers":
+            for i, shape in self._histories.items():
+                self.register_buffer(f"cache_{i}_positions", torch.zeros(shape))
 
     def cache_shapes(self) -> dict[str, tuple[int, ...]]:
         """The cache inputs, ``past_<i>_key`` / ``past_<i>_value``, and their fixed shapes (the outputs are
         named ``present_<i>_key`` / ``present_<i>_value``)."""
-        return {f"past_{i}_{part}": tuple(tensor.shape)
-                for i, layer in enumerate(self._cache.layers) for part, tensor in _layer_tensors(layer).items()}
+        shapes = {f"past_{i}_{part}": tuple(tensor.shape)
+                  for i, layer in enumerate(self._cache.layers) for part, tensor in _layer_tensors(layer).items()}
+        return {**shapes, **{f"past_{i}_positions": shape for i, shape in self._histories.items()}}
 
     def initial_cache(self) -> dict[str, torch.Tensor]:
         """Zeros for every cache input (the ``"inputs"`` form's first call)."""
-        return {f"past_{i}_{part}": torch.zeros_like(tensor)
-                for i, layer in enumerate(self._cache.layers) for part, tensor in _layer_tensors(layer).items()}
+        return {name: torch.zeros(shape) if name.endswith("_positions") else
+                torch.zeros(shape, dtype=self._part_dtype(name)) for name, shape in self.cache_shapes().items()}
+
+    def _part_dtype(self, name: str) -> torch.dtype:
+        i, part = name.removeprefix("past_").split("_", 1)
+        return _layer_tensors(self._cache.layers[int(i)])[part].dtype
 
     def forward(self, input_ids: torch.Tensor | None = None, cache_position: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -308,6 +322,13 @@ class StaticStep(torch.nn.Module):
             torch._check(past >= 0)
             torch._check(past < self.max_cache_len)
             self._cache.traced_past = past
+        else:
+            past = int(start)
+        histories = {}
+        for i in self._histories:  # the positions seen so far, as the model's own history holds them
+            held = cache[f"past_{i}_positions"] if self.state == "inputs" else getattr(self, f"cache_{i}_positions")
+            histories[i] = held
+            self._cache.layers[i].indexer_position_ids = held[..., :past].long()
         kwargs: dict[str, Any] = {"inputs_embeds": given["inputs_embeds"]} if self.embeds else {"input_ids": input_ids}
         kwargs.update({k: given[k] for k in self.extras})
         if self.runner_form and self.takes_positions:
@@ -335,6 +356,13 @@ class StaticStep(torch.nn.Module):
                     outputs[f"present_{i}_{part}"] = tensor
                 elif tensor is not getattr(self, f"cache_{i}_{part}"):  # a state the model replaced, not updated
                     getattr(self, f"cache_{i}_{part}").copy_(tensor)
+        for i, held in histories.items():  # this call's positions, written at its slots
+            seen = self._cache.layers[i].indexer_position_ids
+            written = held.index_copy(2, cache_position, seen[..., -cache_position.shape[0]:].to(held.dtype))
+            if self.state == "inputs":
+                outputs[f"present_{i}_positions"] = written
+            else:
+                getattr(self, f"cache_{i}_positions").copy_(written)
         return outputs
 
 
