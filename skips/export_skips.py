@@ -660,16 +660,4 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "GuardOnDataDependentSymNode 'u0 > 0' (test_runner executorch at 705c599). Remove when Git widens the "
                "mask without a branch on the cache length (for example only when the cache holds image tokens)",
     ),
-    ExportSkip(
-        classes=("BltForCausalLM",),
-        tests=("generate", "runner"),
-        variants=("static",),
-        stage="export",
-        reason="with cache_implementation='static' Blt's generate passes the model no cache (its byte-level decoder "
-               "builds its own) and re-feeds the whole sequence, so its static form is a step over the whole sequence "
-               "(exporters/generation/static_whole.py), which does not export with the sequence dynamic: 'Constraints "
-               "violated (S)' (its bytes are grouped into patches over the sequence; test_generate static on the three "
-               "backends and test_runner executorch at 906e581; 'passes no cache' before). Remove when the model's "
-               "generate keeps its state in the cache it is given, or its patching takes a symbolic length",
-    ),
 )

@@ -88,3 +88,22 @@ def test_ort_genai_carries_the_sequence_so_far_as_the_state_of_a_model_without_a
                         "past_key_values.0.recurrent_state": torch.zeros(1, 1, 1, 32)})
     assert first["present.0.recurrent_state"][0, 0, 0, :5].tolist() == PROMPT  # the ids so far, as floats
     assert not first["present.0.recurrent_state"][0, 0, 0, 5:].any()
+
+
+def test_a_model_that_computes_only_longer_sequences_gets_its_least_length_as_the_bound():
+    """torch.export refuses S over [1, max] where the model's code guards a longer minimum (Blt's byte n-gram
+    hashing: S >= 3); the whole-sequence step takes torch's suggested minimum when it keeps the maximum."""
+    from exporters.generation.static_whole import shortest_sequence
+
+    class Trigrams(torch.nn.Module):
+        def forward(self, input_ids):
+            if input_ids.shape[1] >= 3:  # a Python branch: the trace keeps this side, guarded
+                return input_ids * 2
+            return input_ids
+
+    ids = torch.tensor([PROMPT])
+    with pytest.raises(Exception) as caught:
+        torch.export.export(Trigrams(), (ids,), dynamic_shapes=({1: torch.export.Dim("S", min=1, max=16)},))
+    assert shortest_sequence(caught.value, "S", 16) == 3
+    assert shortest_sequence(caught.value, "S", 32) is None  # a different maximum: not this bound's fix
+    assert shortest_sequence(RuntimeError("something else"), "S", 16) is None

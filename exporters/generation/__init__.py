@@ -33,7 +33,7 @@ from exporters.generation.static import CrossAttention, StaticStep, static_step_
 from exporters.generation.static_embeds import DEEPSTACK_PREFIX, TokenEmbeds, prefill_embeds
 from exporters.generation.static_encdec import encoder_spec, same_inputs
 from exporters.generation.static_loop import StaticGenerator
-from exporters.generation.static_whole import WholeSequenceStep
+from exporters.generation.static_whole import WholeSequenceStep, shortest_sequence
 from exporters.generation.steps import TOKEN_INPUTS, Returned, check_no_module_state, infer_prefill_rules, infer_rules, record_returns
 
 __all__ = ["GenerateOutput", "GenerationError", "GenerationExport", "Generator", "StaticGenerator",
@@ -194,7 +194,17 @@ def _export_whole_sequence(exporter, model, inputs, config, generation, step: Wh
         config = dataclasses.replace(config, constant_methods={
             **llm_runner_methods(model, generation, step.max_len, use_kv_cache=False),
             **(config.constant_methods or {})})
-    artifact = exporter.export(step, example, config)
+    try:
+        artifact = exporter.export(step, example, config)
+    except Exception as exc:  # noqa: BLE001 - only a raised lower bound on the sequence is retried, the rest re-raised
+        least = shortest_sequence(exc, "S", step.max_len)
+        if least is None or ids.shape[1] < least:
+            raise
+        step.min_len = least  # the model computes only sequences of least or more: the artifact's bound says so
+        config = dataclasses.replace(config, dynamic_shapes=step.dynamic_shapes(example))
+        artifact = exporter.export(step, example, config)
+        artifact.extra_metadata["sequence_dim"] = (f"S from {least}: torch records the guard S >= {least} on the "
+                                                   f"model's code ({str(exc).splitlines()[0]})")
     artifact.extra_metadata.update({"component": "step", "cache": "static", "max_cache_len": step.max_len,
                                     "cache_state": "none: the whole sequence each call"})
     metadata = {"model_class": type(model).__name__, "cache": "static", "vocab_size": vocab_size(model),

@@ -21,6 +21,7 @@ text_token_generator.h).
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,6 +67,7 @@ class WholeSequenceStep(torch.nn.Module):
         self.extras = dict(extras or {})
         self.runner_form = batch == 1 and not takes_mask and not self.extras
         self.keeps_last = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.min_len = 1  # raised where the model computes only longer sequences (``shortest_sequence``)
 
     def input_names(self) -> list[str]:
         if self.runner_form:
@@ -97,8 +99,22 @@ class WholeSequenceStep(torch.nn.Module):
         return {k: given[k] for k in self.input_names()}
 
     def dynamic_shapes(self, example: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-        seq = torch.export.Dim("S", min=1, max=self.max_len)
+        seq = torch.export.Dim("S", min=self.min_len, max=self.max_len)
         return {name: {1: seq} for name in example}
+
+
+def shortest_sequence(exc: BaseException, name: str, max_len: int) -> int | None:
+    """The least length torch says the traced step computes, where an export over ``[1, max_len]`` failed only
+    because the model needs longer sequences (Blt's byte n-gram hashing guards S >= 3): torch's suggested fix for
+    ``name`` names the same maximum and a larger minimum. None otherwise."""
+    text = str(exc)
+    if "Constraints violated" not in text:
+        return None
+    found = re.search(rf"{name} = Dim\('{name}', min=(\d+)(?:, max=(\d+))?\)", text)
+    if found is None or (found.group(2) is not None and int(found.group(2)) != max_len):
+        return None
+    least = int(found.group(1))
+    return least if 1 < least <= max_len else None
 
 
 def whole_sequence_step_for(model: torch.nn.Module, calls: list[dict[str, Any]], inputs: Mapping[str, Any],
