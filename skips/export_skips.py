@@ -317,18 +317,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "models' generate feeds forward the plain ids (or keeps a transformers Cache)",
     ),
     ExportSkip(
-        classes=("BltForCausalLM",),
-        backends=("onnx",),
-        variants=("dynamic",),
-        tests=("runner",),
-        stage="export",
-        reason="Blt's byte-level local decoder cross-attends to patch states: its cache is an EncoderDecoderCache "
-               "built from the whole BltConfig, which has no num_hidden_layers for the plain DynamicCache the genai "
-               "graph rebuilds (AttributeError, GenerationError at 86526eb); genai_config.json has no names for "
-               "cross-attention caches. Remove when onnxruntime-genai describes a decoder with cross-attention "
-               "state (its encoder-decoder form) and GenaiStep builds Blt's cache",
-    ),
-    ExportSkip(
         classes=("ProphetNetForCausalLM",),
         backends=("onnx",),
         variants=("dynamic",),

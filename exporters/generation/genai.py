@@ -67,6 +67,10 @@ class NoCacheReturned(GenerationError):
     """The model's forward returns no cache (``_layout``): the graph may carry the sequence itself instead."""
 
 
+class PlainCacheRefused(GenerationError):
+    """The model does not run over the plain DynamicCache the graph rebuilds (``_layout``): the same."""
+
+
 class GenaiStep(torch.nn.Module):
     """``model`` over a DynamicCache rebuilt from the graph's past inputs; returns logits and presents."""
 
@@ -267,7 +271,7 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[dict, bo
         with torch.no_grad():
             out = model(input_ids=ids[:1], use_cache=True, **{cache_arg: plain_cache(model)}, return_dict=True)
     except Exception as exc:  # noqa: BLE001 - the model refuses the plain cache it would be given
-        raise GenerationError(f"{name} does not run with a plain DynamicCache ({type(exc).__name__}: "
+        raise PlainCacheRefused(f"{name} does not run with a plain DynamicCache ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}); genai_config.json describes that "
                               "cache only") from exc
     cache = getattr(out, cache_arg, None)
@@ -322,8 +326,10 @@ def export_genai(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], co
         return export_genai_own_state(exporter, model, inputs, own, config, _check_one_graph)
     try:
         layer_shapes, takes_positions, states, state_dtypes, indexers, histories = _layout(model, inputs)
-    except NoCacheReturned:  # OpenAIGPT: the sequence so far is the state (exporters/generation/genai_state.py)
-        return export_genai_whole_sequence(exporter, model, inputs, config, _check_one_graph)
+    except (NoCacheReturned, PlainCacheRefused) as exc:
+        # no cache the folder can name (OpenAIGPT: none; Blt: its own decoder's): where generate can re-feed the whole
+        # sequence instead, the sequence so far is the state (exporters/generation/genai_state.py)
+        return export_genai_whole_sequence(exporter, model, inputs, config, _check_one_graph, str(exc))
     step = GenaiStep(model, layer_shapes, takes_positions, states, indexers, state_dtypes, histories).eval()
     if states or indexers:  # under the model patches the export installs (mamba_scan.py: a scan from the state)
         from exporters.utils import apply_patches

@@ -166,10 +166,12 @@ class GenaiWholeSequenceStep(torch.nn.Module):
                 "present.0.recurrent_state": kept[:, None, None]}
 
 
-def export_genai_whole_sequence(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], config, check):
-    """The GenaiWholeSequenceStep of a model whose generate re-feeds the whole sequence, exported with batch,
-    sequence and past dynamic within the context (``config.max_dim``), after genai.py's eager check. Returns
-    (artifact, layout); refuses a model whose generate passes more than ids, mask and positions."""
+def export_genai_whole_sequence(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], config, check,
+                                why: str = ""):
+    """The GenaiWholeSequenceStep of a model whose generate (with a static cache, as the static form reads it)
+    re-feeds the whole sequence, exported with batch, sequence and past dynamic within the context
+    (``config.max_dim``), after genai.py's eager check. Returns (artifact, layout); refuses, after ``why`` (why
+    the cache form does not serve), a model whose generate passes more than ids, mask and positions."""
     import dataclasses
 
     from torch.export import Dim
@@ -182,9 +184,9 @@ def export_genai_whole_sequence(exporter, model: torch.nn.Module, inputs: Mappin
     prompt = {"input_ids": ids[:1]}
     calls = _forward_arguments(model, prompt)
     if not rereads_sequence(calls):
-        raise GenerationError(f"{type(model).__name__} returns no past_key_values and its generate does not re-feed the "
-                              "whole sequence (its state lives elsewhere: in its modules, say); genai_config.json "
-                              "describes a transformers cache, or here a sequence re-read at every call")
+        raise GenerationError(f"{why or type(model).__name__ + ' keeps no cache the folder can name'}; and its generate "
+                              "does not re-feed the whole sequence either (its state lives elsewhere: in its modules, "
+                              "say), which the graph could carry instead")
     whole = whole_sequence_step_for(model, calls, prompt, context, batch=1)
     if whole.extras:
         raise GenerationError(f"{type(model).__name__}.generate feeds {sorted(whole.extras)} beside the ids, which "
@@ -202,8 +204,21 @@ def export_genai_whole_sequence(exporter, model: torch.nn.Module, inputs: Mappin
     shapes = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: Dim.AUTO}, CONV: {0: b}, RECURRENT: {0: b}}
     config = config if config is not None else exporter.config_class()
     config = dataclasses.replace(config, dynamic=False, dynamic_shapes=shapes, accept_size_one=True)
-    artifact = exporter.export(step, example, config)
+    try:
+        artifact = exporter.export(step, example, config)
+        fixed_batch = None
+    except Exception as exc:  # noqa: BLE001 - only a model that guards its batch away from 1 is retried
+        if "Constraints violated (batch)" not in str(exc) or "!= 1" not in str(exc):
+            raise
+        # the model's code tells a batch of 1 from others (Blt's patching): one graph for the batch the runner
+        # feeds, 1, whose bound the artifact records
+        example = {k: v[:1] for k, v in example.items()}
+        config = dataclasses.replace(config, dynamic_shapes={
+            "input_ids": {1: s}, "attention_mask": {1: Dim.AUTO}, CONV: None, RECURRENT: None})
+        artifact = exporter.export(step, example, config)
+        fixed_batch = f"1: the model's code guards the batch away from 1 ({str(exc).splitlines()[0]})"
     layout = {"layers": 1, "kv_heads": 1, "head_size": 1, "takes_positions": False, "attention_layers": [],
-              "whole_sequence": {"context": context}, "recurrent_size": context, "conv_size": 1}
+              "whole_sequence": {"context": context}, "recurrent_size": context, "conv_size": 1,
+              **({"batch": fixed_batch} if fixed_batch else {})}
     artifact.extra_metadata.update({"component": "genai_decoder", "cache_layout": layout})
     return artifact, layout
