@@ -279,19 +279,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "these into tensors the runner grows (or onnxruntime-genai names such caches)",
     ),
     ExportSkip(
-        classes=("xLSTMForCausalLM",),
-        tests=("runner",),
-        variants=("dynamic",),
-        stage="export",
-        reason="onnxruntime-genai runs one graph for the prompt and every step, so the sequence is dynamic "
-               "(exporters/generation/genai_state.py carries xLSTM's xLSTMCache as one recurrent state), and "
-               "xLSTM's multi-token mLSTM kernels specialize it: mlstm_chunkwise_fw requires the length to divide "
-               "by chunk_size and wrap_chunkwise_arbitrary_sequence_length splits it into chunks in Python "
-               "('Constraints violated (seq) ... specialized it to be a constant (7)', python -m sweeps.repro "
-               "runner:ort-genai-xLSTMForCausalLM). Remove when xLSTM's sequence kernel runs without Python "
-               "arithmetic on the length (or has a closed form this suite patches in, as Rwkv's rwkv_wkv.py)",
-    ),
-    ExportSkip(
         classes=("RecurrentGemmaForCausalLM",),
         backends=("onnx",),
         variants=("dynamic",),

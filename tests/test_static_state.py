@@ -238,3 +238,44 @@ def test_an_indexers_position_history_is_kept_in_slots():
     want = _eager(model, ids)
     assert len(set(want[0, len(PROMPT):].tolist())) > 3, want
     assert torch.equal(generator.generate(ids, max_new_tokens=8, eos_token_id=[]), want)
+
+
+def test_mlstm_closed_form_is_the_step_kernel_token_by_token():
+    """exporters/workarounds/models/xlstm_mlstm.py against mlstm_recurrent_step_native applied token by token,
+    from zero and from a given state: outputs, and states standing for the same sums (C e^m, m)."""
+    from transformers.models.xlstm.modeling_xlstm import mlstm_recurrent_step_native
+
+    from exporters.workarounds.models.xlstm_mlstm import mlstm_closed_form
+
+    torch.manual_seed(0)
+    batch, heads, length, dqk, dv = 2, 3, 6, 4, 5
+    q, k, v = torch.randn(batch, heads, length, dqk), torch.randn(batch, heads, length, dqk), torch.randn(batch, heads, length, dv)
+    i, f = torch.randn(batch, heads, length) * 2, torch.randn(batch, heads, length) * 2
+    given = (torch.randn(batch, heads, dqk, dv), torch.randn(batch, heads, dqk), torch.randn(batch, heads, 1))
+    for state in (None, given):
+        c, n, m = state if state else (torch.zeros(batch, heads, dqk, dv), torch.zeros(batch, heads, dqk),
+                                       torch.zeros(batch, heads, 1))
+        steps = []
+        for t in range(length):
+            h, (c, n, m) = mlstm_recurrent_step_native(q[:, :, t], k[:, :, t], v[:, :, t], i[:, :, t, None],
+                                                       f[:, :, t, None], c, n, m)
+            steps.append(h)
+        got, (c2, n2, m2) = mlstm_closed_form(q, k, v, i, f, *(state or (None, None, None)))
+        torch.testing.assert_close(got, torch.stack(steps, 2), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(m2, m)
+        torch.testing.assert_close(c2, c, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(n2, n, atol=1e-4, rtol=1e-4)
+
+
+def test_ort_genai_runs_xlstm_from_its_cache_object_in_one_graph(xlstm, tmp_path):
+    from exporters.generation.genai import export_genai_folder, run_ort_genai
+
+    onnx = get_exporter("onnx")
+    ids = torch.tensor([PROMPT])
+    artifact = export_genai_folder(tmp_path, onnx, xlstm, {"input_ids": ids}, onnx.config_class(dynamic=True, max_dim=64),
+                                   {"eos_token_id": 63})
+    assert "patch:dynamo:transformers.models.xlstm.modeling_xlstm.xLSTMBackend.forward" in artifact.workarounds_fired
+    want = _eager(xlstm, ids)[0, len(PROMPT):].tolist()
+    assert 63 not in want
+    got, _ = run_ort_genai(str(tmp_path), PROMPT, 8)
+    assert got == want

@@ -12,9 +12,9 @@ One graph serves the prompt and every step, as for linear-attention layers: it i
 of 2, so the model takes its multi-token path, which continues from the given state (a model whose
 multi-token path ignores it is refused by genai.py's eager check). Where the call has no past (the mask is
 as long as the new tokens) the graph starts from the model's own starting state, kept in it as a constant,
-not from the runner's zeros: Rwkv's running maximum starts at -1e30. A model whose multi-token attention is
-a Python loop over the sequence (Rwkv on CPU) is traced with that loop in closed form
-(exporters/workarounds/models/rwkv_wkv.py).
+not from the runner's zeros: Rwkv's running maximum starts at -1e30. A model whose multi-token path is a
+Python loop over the sequence (Rwkv's CPU attention) or splits it into chunks in Python (xLSTM's mLSTM kernel)
+is traced with that path in closed form (exporters/workarounds/models/rwkv_wkv.py, xlstm_mlstm.py).
 """
 
 from __future__ import annotations
@@ -98,10 +98,11 @@ def export_genai_own_state(exporter, model: torch.nn.Module, inputs: Mapping[str
     from torch.export import Dim
 
     from exporters.workarounds.models.rwkv_wkv import closed_form_wkv
+    from exporters.workarounds.models.xlstm_mlstm import closed_form_mlstm
 
     step = GenaiOwnStateStep(model, arg).eval()
     ids = inputs["input_ids"]
-    with closed_form_wkv():
+    with closed_form_wkv(), closed_form_mlstm():
         check(step, ids[:1])
         if ids.shape[0] < 2:  # a traced batch of 1 would be specialized
             ids = ids.expand(2, -1)
