@@ -44,6 +44,22 @@ def _eager(model, ids, n=8):
                               do_sample=False, eos_token_id=None, pad_token_id=0)
 
 
+def _genai_generates_like_eager(model, folder):
+    """The model's onnxruntime-genai folder (end token 63, which the tiny models here do not generate in 8 steps),
+    its greedy run against eager generate: the artifact and the runner's stats."""
+    from exporters.generation.genai import export_genai_folder, run_ort_genai
+
+    onnx = get_exporter("onnx")
+    ids = torch.tensor([PROMPT])
+    artifact = export_genai_folder(folder, onnx, model, {"input_ids": ids}, onnx.config_class(dynamic=True, max_dim=64),
+                                   {"eos_token_id": 63})
+    want = _eager(model, ids)[0, len(PROMPT):].tolist()
+    assert 63 not in want
+    got, stats = run_ort_genai(str(folder), PROMPT, 8)
+    assert got == want
+    return artifact, stats
+
+
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
 def test_rwkv_state_list_is_carried_from_its_own_starting_value(rwkv, backend, tmp_path):
     ids = torch.tensor([PROMPT])
@@ -146,23 +162,11 @@ def test_closed_form_wkv_continues_the_loop_from_a_given_state():
 
 
 def test_ort_genai_runs_rwkv_from_its_state_in_one_graph(rwkv, tmp_path):
-    from exporters.generation.genai import export_genai_folder, run_ort_genai
-
-    onnx = get_exporter("onnx")
-    ids = torch.tensor([PROMPT])
-    generation = {"eos_token_id": 63}
-    artifact = export_genai_folder(tmp_path, onnx, rwkv, {"input_ids": ids}, onnx.config_class(dynamic=True, max_dim=64),
-                                   generation)
+    artifact, stats = _genai_generates_like_eager(rwkv, tmp_path)
     assert sorted(artifact.input_names) == ["attention_mask", "input_ids", "past_key_values.0.conv_state",
                                             "past_key_values.0.recurrent_state"]
-    config = json.loads((tmp_path / "genai_config.json").read_text())
-    assert config["model"]["decoder"]["num_hidden_layers"] == 1
-    with torch.no_grad():
-        want = rwkv.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, min_new_tokens=8,
-                             do_sample=False, eos_token_id=63, pad_token_id=0)[0, len(PROMPT):].tolist()
-    assert 63 not in want
-    got, stats = run_ort_genai(str(tmp_path), PROMPT, 8)
-    assert got == want and stats["sequence_length"] == len(PROMPT) + 8
+    assert json.loads((tmp_path / "genai_config.json").read_text())["model"]["decoder"]["num_hidden_layers"] == 1
+    assert stats["sequence_length"] == len(PROMPT) + 8
 
 
 def test_calls_are_read_over_the_steps_own_cache_where_transformers_static_cache_fails():
@@ -209,19 +213,10 @@ def test_lightning_attention_from_a_state_in_closed_form_is_the_loop(minimax):
 
 
 def test_ort_genai_runs_minimax_from_its_lightning_state_in_one_graph(minimax, tmp_path):
-    from exporters.generation.genai import export_genai_folder, run_ort_genai
-
-    onnx = get_exporter("onnx")
-    ids = torch.tensor([PROMPT])
-    artifact = export_genai_folder(tmp_path, onnx, minimax, {"input_ids": ids}, onnx.config_class(dynamic=True, max_dim=64),
-                                   {"eos_token_id": 63})
+    artifact, _ = _genai_generates_like_eager(minimax, tmp_path)
     assert "past_key_values.0.recurrent_state" in artifact.input_names  # the lightning layer's K^T V
     assert "patch:dynamo:transformers.models.minimax.modeling_minimax.MiniMaxLightningAttention.forward" in \
         artifact.workarounds_fired
-    want = _eager(minimax, ids)[0, len(PROMPT):].tolist()
-    assert 63 not in want
-    got, _ = run_ort_genai(str(tmp_path), PROMPT, 8)
-    assert got == want
 
 
 def test_an_indexers_position_history_is_kept_in_slots():
@@ -268,14 +263,5 @@ def test_mlstm_closed_form_is_the_step_kernel_token_by_token():
 
 
 def test_ort_genai_runs_xlstm_from_its_cache_object_in_one_graph(xlstm, tmp_path):
-    from exporters.generation.genai import export_genai_folder, run_ort_genai
-
-    onnx = get_exporter("onnx")
-    ids = torch.tensor([PROMPT])
-    artifact = export_genai_folder(tmp_path, onnx, xlstm, {"input_ids": ids}, onnx.config_class(dynamic=True, max_dim=64),
-                                   {"eos_token_id": 63})
+    artifact, _ = _genai_generates_like_eager(xlstm, tmp_path)
     assert "patch:dynamo:transformers.models.xlstm.modeling_xlstm.xLSTMBackend.forward" in artifact.workarounds_fired
-    want = _eager(xlstm, ids)[0, len(PROMPT):].tolist()
-    assert 63 not in want
-    got, _ = run_ort_genai(str(tmp_path), PROMPT, 8)
-    assert got == want

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError
-from exporters.generation.static_state import _initial_state, _rebuilt, state_leaves
+from exporters.generation.static_state import initial_state, rebuilt, state_leaves
 
 # the arguments a model's own state goes in by here (MiniMax's own cache goes in by past_key_values: refused
 # by genai.py's layout check, which names it)
@@ -53,7 +53,7 @@ class GenaiOwnStateStep(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, arg: str):
         super().__init__()
         self.model, self.arg = model, arg
-        self.template, initial = _initial_state(model, arg, batch=1)
+        self.template, initial = initial_state(model, arg, batch=1)
         self.paths = list(initial)
         self.shapes = {p: tuple(t.shape[1:]) for p, t in initial.items()}
         self.size = sum(math.prod(s) for s in self.shapes.values())
@@ -82,7 +82,7 @@ class GenaiOwnStateStep(torch.nn.Module):
             held = flat[:, offset:offset + n].reshape(batch, *shape)
             offset += n
             values[path] = torch.where(going_on, held, getattr(self, f"initial_{j}").expand(batch, *shape))
-        out = self.model(input_ids=input_ids, **{self.arg: _rebuilt(self.template, values)}, use_cache=True,
+        out = self.model(input_ids=input_ids, **{self.arg: rebuilt(self.template, values)}, use_cache=True,
                          return_dict=True)
         updated = dict(state_leaves(getattr(out, self.arg)))
         packed = torch.cat([updated[path].reshape(batch, -1) for path in self.paths], dim=1)
@@ -97,12 +97,11 @@ def export_genai_own_state(exporter, model: torch.nn.Module, inputs: Mapping[str
 
     from torch.export import Dim
 
-    from exporters.workarounds.models.rwkv_wkv import closed_form_wkv
-    from exporters.workarounds.models.xlstm_mlstm import closed_form_mlstm
+    from exporters.workarounds.models._one_graph import one_graph_export
 
     step = GenaiOwnStateStep(model, arg).eval()
     ids = inputs["input_ids"]
-    with closed_form_wkv(), closed_form_mlstm():
+    with one_graph_export():  # the closed forms of rwkv_wkv.py and xlstm_mlstm.py act
         check(step, ids[:1])
         if ids.shape[0] < 2:  # a traced batch of 1 would be specialized
             ids = ids.expand(2, -1)

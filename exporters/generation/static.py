@@ -21,7 +21,10 @@ Each layer is sized by the model's own first write (per-layer heads and sizes; k
 different sizes). A hybrid's linear-attention layers add their conv and recurrent states
 (``past_<i>_conv_<j>`` / ``past_<i>_recurrent_<j>``, or buffers): such a step is ``token_by_token``, one
 token a call through the model's one-token path, its states zeroed at position 0 (a running state is
-not masked by position as stale slots are). A batch of one without padding is the runner form (tokens
+not masked by position as stale slots are). An indexer that keeps the positions it has seen (Qwen4Exp) has them
+in slots too (``past_<i>_positions`` [dims, batch, max_cache_len]). A model that accepts only a Cache class of its
+own gets the step's cache as that class (exporters/generation/static_caches.py: MiniMax); one that keeps a state
+outside any Cache gets an ``OwnStateStep`` (static_state.py: Rwkv, xLSTM). A batch of one without padding is the runner form (tokens
 and cache positions only); where the model's generate passes a mask, the step builds it from the cache
 position.
 """
@@ -322,13 +325,12 @@ class StaticStep(torch.nn.Module):
             torch._check(past >= 0)
             torch._check(past < self.max_cache_len)
             self._cache.traced_past = past
-        else:
-            past = int(start)
         histories = {}
         for i in self._histories:  # the positions seen so far, as the model's own history holds them
             held = cache[f"past_{i}_positions"] if self.state == "inputs" else getattr(self, f"cache_{i}_positions")
             histories[i] = held
-            self._cache.layers[i].indexer_position_ids = held[..., :past].long()
+            seen = self._cache.traced_past if self._cache.traced_past is not None else int(start)
+            self._cache.layers[i].indexer_position_ids = held[..., :seen].long()
         kwargs: dict[str, Any] = {"inputs_embeds": given["inputs_embeds"]} if self.embeds else {"input_ids": input_ids}
         kwargs.update({k: given[k] for k in self.extras})
         if self.runner_form and self.takes_positions:

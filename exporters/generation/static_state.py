@@ -16,8 +16,9 @@ counter no computation reads) are fresh copies of their first value at each call
 The initial state is read off the model: the state object its forward hands to its first submodule that
 takes it by the same argument name (Rwkv's blocks take ``state=``), else the object a one-token call returns,
 after its own ``reset()`` (xLSTMCache). A model whose state is neither is refused by name, as is a
-transformers Cache subclass (MiniMax's ``MiniMaxCache`` grows its attention layers' keys, which needs the
-static cache's slots).
+transformers Cache subclass of the model's own (its attention layers' keys grow, which needs the static cache's
+slots: exporters/generation/static_caches.py builds the step's cache as such a class where it has an adapter,
+MiniMax's ``MiniMaxCache``).
 """
 
 from __future__ import annotations
@@ -64,27 +65,27 @@ def state_leaves(obj: Any, path: Path = (), top: bool = True) -> list[tuple[Path
     return []
 
 
-def _rebuilt(obj: Any, values: Mapping[Path, torch.Tensor], path: Path = (), top: bool = True) -> Any:
+def rebuilt(obj: Any, values: Mapping[Path, torch.Tensor], path: Path = (), top: bool = True) -> Any:
     """``obj`` with the tensor at each path of ``values`` replaced (a fresh copy of every other tensor, which
     the model may count up in place), its containers new and its top object a shallow copy."""
     if isinstance(obj, torch.Tensor):
         return values[path] if path in values else obj.clone()
     if isinstance(obj, list):
-        return [_rebuilt(v, values, (*path, i), False) for i, v in enumerate(obj)]
+        return [rebuilt(v, values, (*path, i), False) for i, v in enumerate(obj)]
     if isinstance(obj, tuple):
-        return tuple(_rebuilt(v, values, (*path, i), False) for i, v in enumerate(obj))
+        return tuple(rebuilt(v, values, (*path, i), False) for i, v in enumerate(obj))
     if isinstance(obj, dict):
-        return {k: _rebuilt(v, values, (*path, k), False) for k, v in obj.items()}
+        return {k: rebuilt(v, values, (*path, k), False) for k, v in obj.items()}
     if top and hasattr(obj, "__dict__"):
         new = copy.copy(obj)
         for k, v in vars(obj).items():
             if state_leaves(v, (), False):
-                setattr(new, k, _rebuilt(v, values, (*path, k), False))
+                setattr(new, k, rebuilt(v, values, (*path, k), False))
         return new
     return obj
 
 
-def _initial_state(model: torch.nn.Module, arg: str, batch: int) -> tuple[Any, dict[Path, torch.Tensor]]:
+def initial_state(model: torch.nn.Module, arg: str, batch: int) -> tuple[Any, dict[Path, torch.Tensor]]:
     """The state object a one-token call returns (the template the step rebuilds) and the values its carried
     tensors take at a sequence's start (module docstring)."""
     from transformers.cache_utils import Cache
@@ -144,7 +145,7 @@ class OwnStateStep(torch.nn.Module):
         self.extras: dict[str, str] = {}
         self.runner_form = batch == 1
         self.keeps_last = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.template, initial = _initial_state(model, arg, batch)
+        self.template, initial = initial_state(model, arg, batch)
         self.paths = list(initial)
         for j, path in enumerate(self.paths):
             self.register_buffer(f"initial_{j}", initial[path], persistent=False)
@@ -167,7 +168,7 @@ class OwnStateStep(torch.nn.Module):
             held = given[f"past_state_{j}"] if self.state == "inputs" else getattr(self, f"state_{j}")
             values[path] = torch.where(going_on, held, getattr(self, f"initial_{j}"))
         kwargs = {"logits_to_keep": 1} if self.keeps_last else {}
-        out = self.model(input_ids=input_ids, **{self.arg: _rebuilt(self.template, values)}, use_cache=True,
+        out = self.model(input_ids=input_ids, **{self.arg: rebuilt(self.template, values)}, use_cache=True,
                          return_dict=True, **kwargs)
         new = dict(state_leaves(getattr(out, self.arg)))
         outputs = {"logits": out.logits[:, -1, :]}

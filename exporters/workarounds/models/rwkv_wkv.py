@@ -7,7 +7,7 @@ whose sequence length is dynamic cannot hold that loop: torch.export needs the t
 runs one graph for the prompt and every step (exporters/generation/genai_state.py), so its graph needs a
 dynamic sequence that starts from the given state.
 
-What this changes. Only while ``closed_form_wkv()`` is entered (the onnxruntime-genai export of a model
+What this changes. Only while ``_one_graph.one_graph_export()`` is entered (the onnxruntime-genai export of a model
 with a state of its own) and the export's patches are installed, and only for a call over more than one
 token; every other call (the forward sweep's exports, a one-token call) runs the loop.
 With ``w = -exp(time_decay)``, ``u = time_first`` and the state kept as ``(num, den, m)`` standing for
@@ -30,12 +30,12 @@ Remove when: transformers' Rwkv computes its CPU attention without a loop over t
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
 
 from exporters.utils import ActedFlag, register_patch
+from exporters.workarounds.models._one_graph import exporting_one_graph
 
 PATH = "transformers.models.rwkv.modeling_rwkv"
 
@@ -77,28 +77,13 @@ def wkv_closed_form(time_decay: torch.Tensor, time_first: torch.Tensor, key: tor
     return output, [kept * num + (spread * v).sum(dim=1), kept * den + spread.sum(dim=1), new_top]
 
 
-# entered by exporters/generation/genai_state.py around its export: the patch acts only there
-_ENABLED: list[bool] = []
-
-
-@contextlib.contextmanager
-def closed_form_wkv():
-    """Within (and while the export's patches are installed): Rwkv's CPU attention over more than one token is
-    ``wkv_closed_form``."""
-    _ENABLED.append(True)
-    try:
-        yield
-    finally:
-        _ENABLED.pop()
-
-
 @register_patch("dynamo", f"{PATH}.rwkv_linear_attention_cpu")
 def _patch_wkv_closed_form(original):
     acted = ActedFlag()
 
     @functools.wraps(original)
     def rwkv_linear_attention_cpu(time_decay, time_first, key, value, state=None, return_state=False):
-        if not _ENABLED or key.shape[1] == 1:
+        if not exporting_one_graph() or key.shape[1] == 1:
             return original(time_decay, time_first, key, value, state=state, return_state=return_state)
         acted.set()
         return wkv_closed_form(time_decay, time_first, key, value, state=state, return_state=return_state)

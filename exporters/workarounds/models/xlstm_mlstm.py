@@ -8,7 +8,7 @@ divide by the chunk size): torch.export specializes the length to the traced one
 ... specialized it to be a constant (7)'). onnxruntime-genai runs one graph for the prompt and every step
 (exporters/generation/genai_state.py), whose sequence must stay dynamic.
 
-What this changes. Only while ``closed_form_mlstm()`` is entered (that export) and the export's patches are
+What this changes. Only while ``_one_graph.one_graph_export()`` is entered (that export) and the export's patches are
 installed, and only for an inference call over more than one token; every other call runs the original. With the
 state ``(C_0, n_0, m_0)`` (the cell, the normalizer, the log-scale they are kept at), ``L_t`` the running sum of
 ``logsigmoid(f)``, and ``q_t`` scaled by ``dhqk^-1/2``, each token ``t`` weighs every earlier-or-same token ``s``
@@ -30,30 +30,15 @@ Remove when: xLSTM's inference kernel takes a symbolic sequence length (no Pytho
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
 import torch.nn.functional as F
 
 from exporters.utils import ActedFlag, register_patch
+from exporters.workarounds.models._one_graph import exporting_one_graph
 
 PATH = "transformers.models.xlstm.modeling_xlstm"
-
-# entered by exporters/generation/genai_state.py around its export: the patch acts only there
-_ENABLED: list[bool] = []
-
-
-@contextlib.contextmanager
-def closed_form_mlstm():
-    """Within (and while the export's patches are installed): xLSTM's inference over several tokens is
-    ``mlstm_closed_form``."""
-    _ENABLED.append(True)
-    try:
-        yield
-    finally:
-        _ENABLED.pop()
-
 
 def mlstm_closed_form(query, key, value, igate, fgate, c_initial=None, n_initial=None, m_initial=None, eps=1e-6,
                       dtype_state=torch.float32):
@@ -92,7 +77,7 @@ def _patch_mlstm_closed_form(original):
     @functools.wraps(original)
     def forward(self, query, key, value, igate, fgate, c_initial=None, n_initial=None, m_initial=None,
                 return_last_states=None, mode=None):
-        if not _ENABLED or "inference" not in (mode or self.config.mode) or query.shape[2] == 1:
+        if not exporting_one_graph() or "inference" not in (mode or self.config.mode) or query.shape[2] == 1:
             return original(self, query, key, value, igate, fgate, c_initial=c_initial, n_initial=n_initial,
                             m_initial=m_initial, return_last_states=return_last_states, mode=mode)
         acted.set()
