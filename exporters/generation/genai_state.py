@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError
-from exporters.generation.static_state import initial_state, rebuilt, state_leaves
+from exporters.generation.static_state import initial_state, keeps_own_state, rebuilt, state_leaves
 
 # the arguments a model's own state goes in by here (MiniMax's own cache goes in by past_key_values: refused
 # by genai.py's layout check, which names it)
@@ -36,13 +36,37 @@ RECURRENT, CONV = "past_key_values.0.recurrent_state", "past_key_values.0.conv_s
 
 
 def own_state_argument_of(model: torch.nn.Module) -> str | None:
-    """The argument ``model`` takes its own state by, where it keeps one (``_supports_default_dynamic_cache()``
-    False), else None."""
-    supports = getattr(model, "_supports_default_dynamic_cache", None)
-    if supports is None or supports():
+    """The argument ``model`` takes its own state by, where it keeps one (``keeps_own_state``), else None."""
+    if not keeps_own_state(model):
         return None
     params = inspect.signature(model.forward).parameters
     return next((arg for arg in GENAI_OWN_STATE_ARGS if arg in params), None)
+
+
+def _one_slot_export(exporter, step, ids: torch.Tensor, limit: int, seq_from: int, config):
+    """The example, dynamic shapes and config of a one-slot graph (batch and sequence dynamic, the past through the
+    mask's length): traced at a batch of 2 or more and a sequence of ``seq_from`` or more, a past of 3."""
+    import dataclasses
+
+    from torch.export import Dim
+
+    if ids.shape[0] < 2:  # a traced batch of 1 would be specialized
+        ids = ids.expand(2, -1)
+    if ids.shape[1] < seq_from:
+        ids = torch.cat([ids] * seq_from, dim=1)
+    batch, past = ids.shape[0], 3
+    example = {"input_ids": ids, "attention_mask": torch.ones(batch, past + ids.shape[1], dtype=torch.long),
+               **step.zero_past(batch, past)}
+    b, s = Dim("batch", min=1, max=limit), Dim("seq", min=seq_from, max=limit)
+    shapes = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: Dim.AUTO}, CONV: {0: b}, RECURRENT: {0: b}}
+    config = config if config is not None else exporter.config_class()
+    return example, dataclasses.replace(config, dynamic=False, dynamic_shapes=shapes, accept_size_one=True)
+
+
+def _one_slot_layout(size: int, **extra: Any) -> dict[str, Any]:
+    """genai.py's layout of a one-slot graph: one layer, no key/value inputs, the slot's recurrent size."""
+    return {"layers": 1, "kv_heads": 1, "head_size": 1, "takes_positions": False, "attention_layers": [],
+            "recurrent_size": size, "conv_size": 1, **extra}
 
 
 class GenaiOwnStateStep(torch.nn.Module):
@@ -93,35 +117,20 @@ class GenaiOwnStateStep(torch.nn.Module):
 def export_genai_own_state(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], arg: str, config, check):
     """The GenaiOwnStateStep of ``model`` exported (batch dynamic, sequence from 2, relaxed to 1 after: module
     docstring), after ``check(step, prompt)`` (genai.py's eager one-graph check). Returns (artifact, layout)."""
-    import dataclasses
-
-    from torch.export import Dim
-
     from exporters.workarounds.models._one_graph import one_graph_export
 
     step = GenaiOwnStateStep(model, arg).eval()
     ids = inputs["input_ids"]
     with one_graph_export():  # the closed forms of rwkv_wkv.py and xlstm_mlstm.py act
         check(step, ids[:1])
-        if ids.shape[0] < 2:  # a traced batch of 1 would be specialized
-            ids = ids.expand(2, -1)
-        if ids.shape[1] < 2:
-            ids = torch.cat([ids, ids], dim=1)
-        batch, past = ids.shape[0], 3
-        example = {"input_ids": ids, "attention_mask": torch.ones(batch, past + ids.shape[1], dtype=torch.long),
-                   **step.zero_past(batch, past)}
-        limit = config.max_dim if config is not None else 1024
-        b, s = Dim("batch", min=1, max=limit), Dim("seq", min=2, max=limit)
-        shapes = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: Dim.AUTO}, CONV: {0: b}, RECURRENT: {0: b}}
-        config = config if config is not None else exporter.config_class()
-        config = dataclasses.replace(config, dynamic=False, dynamic_shapes=shapes, accept_size_one=True)
+        example, config = _one_slot_export(exporter, step, ids, config.max_dim if config is not None else 1024, 2,
+                                           config)
         artifact = exporter.export(step, example, config)
     dims = artifact.input_specs.get("input_ids", ((), None, {}))[2]
     if 1 in dims:
         dims[1]["min"] = 1
-    layout = {"layers": 1, "kv_heads": 1, "head_size": 1, "takes_positions": False, "attention_layers": [],
-              "own_state": {"argument": arg, "parts": [[list(map(str, p)), list(s)] for p, s in step.shapes.items()]},
-              "recurrent_size": step.size, "conv_size": 1}
+    layout = _one_slot_layout(step.size, own_state={
+        "argument": arg, "parts": [[list(map(str, p)), list(s)] for p, s in step.shapes.items()]})
     artifact.extra_metadata.update({"component": "genai_decoder", "cache_layout": layout})
     return artifact, layout
 
@@ -141,8 +150,6 @@ class GenaiWholeSequenceStep(torch.nn.Module):
         super().__init__()
         self.model, self.context = model, context
         self.positions, self.reads_mask = takes_positions, reads_mask
-        self.keeps_last = False
-        self.size = context
         self.states = {0: [("recurrent_0", (context,))]}
 
     def zero_past(self, batch: int, past: int) -> dict[str, torch.Tensor]:
@@ -174,8 +181,6 @@ def export_genai_whole_sequence(exporter, model: torch.nn.Module, inputs: Mappin
     the cache form does not serve), a model whose generate passes more than ids, mask and positions."""
     import dataclasses
 
-    from torch.export import Dim
-
     from exporters.generation.static import _forward_arguments
     from exporters.generation.static_whole import rereads_sequence, whole_sequence_step_for
 
@@ -193,17 +198,7 @@ def export_genai_whole_sequence(exporter, model: torch.nn.Module, inputs: Mappin
                               "onnxruntime-genai's decoder inputs have no key for")
     step = GenaiWholeSequenceStep(model, context, whole.takes_positions, whole.reads_mask).eval()
     check(step, ids[:1])
-    if ids.shape[0] < 2:
-        ids = ids.expand(2, -1)
-    if ids.shape[1] < 2:
-        ids = torch.cat([ids, ids], dim=1)
-    batch, past = ids.shape[0], 3
-    example = {"input_ids": ids, "attention_mask": torch.ones(batch, past + ids.shape[1], dtype=torch.long),
-               **step.zero_past(batch, past)}
-    b, s = Dim("batch", min=1, max=context), Dim("seq", min=1, max=context)
-    shapes = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: Dim.AUTO}, CONV: {0: b}, RECURRENT: {0: b}}
-    config = config if config is not None else exporter.config_class()
-    config = dataclasses.replace(config, dynamic=False, dynamic_shapes=shapes, accept_size_one=True)
+    example, config = _one_slot_export(exporter, step, ids, context, 1, config)
     try:
         artifact = exporter.export(step, example, config)
         fixed_batch = None
@@ -213,12 +208,12 @@ def export_genai_whole_sequence(exporter, model: torch.nn.Module, inputs: Mappin
         # the model's code tells a batch of 1 from others (Blt's patching): one graph for the batch the runner
         # feeds, 1, whose bound the artifact records
         example = {k: v[:1] for k, v in example.items()}
+        batch_dynamic = config.dynamic_shapes
         config = dataclasses.replace(config, dynamic_shapes={
-            "input_ids": {1: s}, "attention_mask": {1: Dim.AUTO}, CONV: None, RECURRENT: None})
+            name: {1: dims[1]} if name in ("input_ids", "attention_mask") else None for name, dims in batch_dynamic.items()})
         artifact = exporter.export(step, example, config)
         fixed_batch = f"1: the model's code guards the batch away from 1 ({str(exc).splitlines()[0]})"
-    layout = {"layers": 1, "kv_heads": 1, "head_size": 1, "takes_positions": False, "attention_layers": [],
-              "whole_sequence": {"context": context}, "recurrent_size": context, "conv_size": 1,
-              **({"batch": fixed_batch} if fixed_batch else {})}
+    layout = _one_slot_layout(context, whole_sequence={"context": context},
+                              **({"batch": fixed_batch} if fixed_batch else {}))
     artifact.extra_metadata.update({"component": "genai_decoder", "cache_layout": layout})
     return artifact, layout

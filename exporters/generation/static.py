@@ -286,12 +286,9 @@ class StaticStep(torch.nn.Module):
 
     def initial_cache(self) -> dict[str, torch.Tensor]:
         """Zeros for every cache input (the ``"inputs"`` form's first call)."""
-        return {name: torch.zeros(shape) if name.endswith("_positions") else
-                torch.zeros(shape, dtype=self._part_dtype(name)) for name, shape in self.cache_shapes().items()}
-
-    def _part_dtype(self, name: str) -> torch.dtype:
-        i, part = name.removeprefix("past_").split("_", 1)
-        return _layer_tensors(self._cache.layers[int(i)])[part].dtype
+        zeros = {f"past_{i}_{part}": torch.zeros_like(tensor)
+                 for i, layer in enumerate(self._cache.layers) for part, tensor in _layer_tensors(layer).items()}
+        return {**zeros, **{f"past_{i}_positions": torch.zeros(shape) for i, shape in self._histories.items()}}
 
     def forward(self, input_ids: torch.Tensor | None = None, cache_position: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,

@@ -40,11 +40,17 @@ OWN_STATE_FLAGS = ("use_cache", "return_dict", "logits_to_keep", "output_attenti
 Path = tuple[Any, ...]
 
 
+def keeps_own_state(model: torch.nn.Module) -> bool:
+    """Whether transformers says ``model`` keeps a state of its own rather than a Cache it builds
+    (``_supports_default_dynamic_cache()`` False: Rwkv, xLSTM, MiniMax, XLNet, Reformer)."""
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    return supports is not None and not supports()
+
+
 def own_state_argument(model: torch.nn.Module, calls: list[dict[str, Any]]) -> str | None:
     """The forward argument by which ``generate`` passes ``model`` a state of its own from the second call on,
-    or None where the model takes a transformers Cache (``_supports_default_dynamic_cache()``)."""
-    supports = getattr(model, "_supports_default_dynamic_cache", None)
-    if supports is None or supports():
+    or None where the model takes a transformers Cache (``keeps_own_state``)."""
+    if not keeps_own_state(model):
         return None
     params = inspect.signature(model.forward).parameters
     return next((arg for arg in OWN_STATE_ARGS if arg in params and len(calls) > 1 and arg not in calls[0]
