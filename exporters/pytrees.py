@@ -225,8 +225,10 @@ def _register(cls: type) -> None:
 # registered node, of an object inside it (a cache layer), or a class-valued attribute
 # (``DynamicCache.layer_class_to_replicate``). Names are resolved against an allow-list of classes
 # already imported: the classes transformers.cache_utils defines and their subclasses, and the classes
-# registered here. Nothing is imported by name and nothing is unpickled, so a tampered file can make
-# loading fail but cannot make it run code.
+# registered here. A transformers configuration kept as an attribute (xLSTMCache.config) is stored as its
+# config.json and rebuilt by its class, resolved the same way among the configuration classes imported.
+# Nothing is imported by name and nothing is unpickled, so a tampered file can make loading fail but
+# cannot make it run code.
 
 CONTEXT_FORMAT = "exporters.pytree-context/1"
 
@@ -321,11 +323,13 @@ def _encode_value(value: Any, where: str) -> Any:
         return {type(value).__name__: [_encode_value(v, where) for v in value]}
     if isinstance(value, dict):
         return {"dict": [[_encode_value(k, where), _encode_value(v, where)] for k, v in value.items()]}
+    if _is_config(value):  # a cache that keeps its model's config (xLSTMCache): its JSON, as config.json holds it
+        return {"config": [_class_name(type(value)), json.loads(value.to_json_string(use_diff=False))]}
     raise ContextError(
         f"{where}: an attribute of type {type(value).__module__}.{type(value).__qualname__} ({value!r:.80}) cannot be "
         f"stored in a saved program's output spec (contexts are JSON: None, bool, int, float, str, dtype, "
-        f"device, an allow-listed class, and lists, tuples and dicts of these); return it outside the model's "
-        f"outputs, or add its type to _encode_value"
+        f"device, an allow-listed class, a transformers configuration, and lists, tuples and dicts of these); "
+        f"return it outside the model's outputs, or add its type to _encode_value"
     )
 
 
@@ -347,7 +351,27 @@ def _decode_value(value: Any) -> Any:
             return items if tag == "list" else tuple(items)
         if tag == "dict" and isinstance(body, list):
             return {_decode_value(k): _decode_value(v) for k, v in body}
+        if tag == "config" and isinstance(body, list) and len(body) == 2 and isinstance(body[1], dict):
+            return _config_class(body[0]).from_dict(body[1])
     raise ContextError(f"unknown value in a stored pytree context: {value!r:.120}")
+
+
+def _is_config(value: Any) -> bool:
+    from transformers import PretrainedConfig
+
+    return isinstance(value, PretrainedConfig)
+
+
+def _config_class(name: Any) -> type:
+    """A configuration class named in a stored context: one of transformers' already imported
+    PretrainedConfig subclasses, never anything imported by name."""
+    from transformers import PretrainedConfig
+
+    allowed = {_class_name(c): c for c in _subclasses(PretrainedConfig)}
+    if not isinstance(name, str) or name not in allowed:
+        raise ContextError(f"pytree context names the configuration class {name!r}, which is not a transformers "
+                           f"configuration class imported here; import the model's module, or re-export")
+    return allowed[name]
 
 
 def _path_of(path: str) -> str:

@@ -77,6 +77,18 @@ def test_constant_values_round_trip():
     assert isinstance(values["j"], tuple) and isinstance(values["j"][1], list)
 
 
+def test_a_configuration_attribute_round_trips_as_its_json():
+    """xLSTMCache keeps its model's config: stored as the config's JSON and rebuilt by its class."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    ctx = ("dict", (("config", ("const", _const(config))),))
+    text = context_to_json((type(_cache()), ctx))
+    assert '"LlamaConfig"' not in text and "transformers.models.llama.configuration_llama.LlamaConfig" in text
+    back = context_from_json(text)[1][1][0][1][1].value
+    assert type(back) is LlamaConfig and back.hidden_size == 16 and back.to_dict() == config.to_dict()
+
+
 def _const(value):
     from exporters.pytrees import _Const
 
@@ -108,6 +120,8 @@ def test_tampered_contexts_raise_and_run_nothing(tmp_path):
         json.dumps({**good, "tree": {"node": "const", "value": {"class": "builtins.exec"}}}),
         json.dumps({**good, "tree": {"node": "const", "value": {"dtype": "load"}}}),
         json.dumps({**good, "format": "pickle"}),
+        json.dumps({**good, "tree": {"node": "const", "value": {"config": ["subprocess.Popen", {"args": "x"}]}}}),
+        json.dumps({**good, "tree": {"node": "const", "value": {"config": ["builtins.eval", {}]}}}),
     ]
     for text in tampered:
         with pytest.raises(ContextError):
