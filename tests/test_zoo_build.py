@@ -354,3 +354,23 @@ def test_generation_values_name_a_generation_config_field_or_a_config_path():
     assert _generation_value(model, 1) == 1
     with pytest.raises(KeyError, match="nothing_here"):
         _generation_value(model, "nothing_here")
+
+
+def test_vision_towers_defaulting_to_a_degenerate_init_range_are_built_at_the_usual_one():
+    """BlipVisionConfig (like SAM's, GOT-OCR2's...) defaults to initializer_range=1e-10: at random weights its
+    tower's outputs are ~1e-9 and every image embeds alike. The zoo builds it at 0.02, so two images differ."""
+    from transformers import BlipTextConfig, BlipVisionConfig
+
+    from sweeps.zoo.build import DEGENERATE_INIT_RANGE
+
+    assert BlipVisionConfig().initializer_range < DEGENERATE_INIT_RANGE  # still transformers' default
+    tiny = build_tiny("BlipModel", seed=0)
+    assert tiny.config.vision_config.initializer_range == 0.02
+    assert tiny.config.text_config.initializer_range == BlipTextConfig().initializer_range  # not touched
+    with torch.no_grad():
+        image_embeds = tiny.model(**tiny.inputs).image_embeds
+    assert image_embeds.shape[0] == 2
+    assert not torch.allclose(image_embeds[0], image_embeds[1], atol=1e-3)
+    pooled = tiny.model.vision_model(pixel_values=tiny.inputs["pixel_values"]).pooler_output
+    assert float(pooled.abs().max()) > 1e-2
+

@@ -449,16 +449,28 @@ def run_forward(model, inputs):
         return model(**inputs)
 
 
-def _set_init_range(config, value: float, seen: set | None = None) -> None:
+def _set_init_range(config, value: float, seen: set | None = None, below: float | None = None) -> None:
+    """Set ``initializer_range`` to ``value`` in ``config`` and every sub-config (only where it is below ``below``,
+    if given)."""
     seen = set() if seen is None else seen
     if id(config) in seen:
         return
     seen.add(id(config))
-    if hasattr(config, "initializer_range"):
+    current = getattr(config, "initializer_range", None)
+    if isinstance(current, (int, float)) and (below is None or current < below):
         config.initializer_range = value
     for sub in vars(config).values():
         if hasattr(sub, "to_dict") and hasattr(sub, "model_type"):
-            _set_init_range(sub, value, seen)
+            _set_init_range(sub, value, seen, below)
+
+
+# Several vision towers default to initializer_range=1e-10 (BlipVisionConfig, SamVisionConfig, GotOcr2's, Blip-2's,
+# InstructBlip's, DeepseekOcr2's SAM encoder...: their checkpoints load every weight). A random tiny model built at
+# that range has a tower whose outputs are ~1e-9: every image embeds alike, a parity check on the tower passes
+# whatever the export does to it, and int8 quantization collapses it to zero (BlipModel's int8 reference then
+# normalizes a zero vector: NaN). The zoo builds such configs at transformers' usual 0.02 instead.
+DEGENERATE_INIT_RANGE = 1e-4
+USUAL_INIT_RANGE = 0.02
 
 
 def build_tiny(entry, seed: int = 0, *, check: bool = True, init_range: float | None = None) -> TinyModel:
@@ -519,6 +531,8 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True, init_range: float | 
         config.is_decoder = True
     if init_range is not None:
         _set_init_range(config, init_range)
+    else:  # a vision tower initialized at 1e-10 is degenerate at random weights (above DEGENERATE_INIT_RANGE)
+        _set_init_range(config, USUAL_INIT_RANGE, below=DEGENERATE_INIT_RANGE)
     attn = ov.get("attn", PREFERRED_ATTN)
     torch.manual_seed(seed)
     try:
