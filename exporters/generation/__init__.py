@@ -31,7 +31,7 @@ from exporters.generation.quantized import checked_recipes, component_calibratio
 from exporters.generation.runners import llm_runner_methods, vocab_size
 from exporters.generation.static import CrossAttention, StaticStep, static_step_for, step_dynamic_shapes, step_example
 from exporters.generation.static_embeds import DEEPSTACK_PREFIX, TokenEmbeds, prefill_embeds
-from exporters.generation.static_encdec import encoder_spec, same_inputs
+from exporters.generation.static_encdec import decoder_reads, encoder_spec, same_inputs
 from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.static_whole import WholeSequenceStep, shortest_sequence
 from exporters.generation.steps import TOKEN_INPUTS, Returned, check_no_module_state, infer_prefill_rules, infer_rules, record_returns
@@ -229,7 +229,7 @@ def _export_static_encoder_decoder(exporter, model, inputs, config, generation, 
                               f"call ({sorted(encoder_call)}); the static encoder-decoder form needs that")
     if not all("past_key_values" in c.trees for c in calls[1:]):
         raise GenerationError(f"{name}.generate passes its decoder no past_key_values")
-    same = same_inputs(name, calls, given)
+    same = same_inputs(name, calls, given, reads=lambda arg: decoder_reads(model, calls, arg))
     leaves, layout = prefill.trees["encoder_outputs"]
     ids = prefill.tensors["decoder_input_ids"]
     if ids.shape[1] + 1 > max_cache_len:

@@ -10,12 +10,12 @@ call. It returns the decoder's sequences, as the model's ``generate`` does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from exporters.generation.capture import GenerationError
+from exporters.generation.capture import GenerationError, unflatten_tree
 from exporters.generation.processors import greedy_token
 from exporters.generation.steps import derive_prefill_input
 
@@ -24,16 +24,22 @@ STEP_SET = ("decoder_input_ids", "cache_position", "past_key_values", "use_cache
             "output_hidden_states", "logits_to_keep")
 
 
-def same_inputs(model_name: str, calls, given: Mapping[str, torch.Tensor]) -> dict[str, str]:
+def same_inputs(model_name: str, calls, given: Mapping[str, torch.Tensor],
+                reads: Callable[[str], bool] | None = None) -> dict[str, str]:
     """The tensors generate passes to every decoder call unchanged, each the caller's input of the same name
     (the encoder's attention mask): ``{step input name: forward argument}``; the step input is prefixed
-    ``encoder_`` where the name is one of the step's own. Anything else a decoder call takes is refused by name."""
+    ``encoder_`` where the name is one of the step's own. A tensor that changes from call to call (or is passed
+    to some calls only) is left out where ``reads(name)`` says the decoder calls do not read it
+    (``decoder_reads``); anything else a decoder call takes is refused by name."""
     same = {}
     for name, value in calls[0].tensors.items():
         if name in STEP_SET:
             continue
-        if not all(name in c.tensors and torch.equal(c.tensors[name], value) for c in calls[1:]) \
-                or name not in given or not torch.equal(given[name], value):
+        changing = not all(name in c.tensors and torch.equal(c.tensors[name], value) for c in calls[1:]) \
+            or name not in given or not torch.equal(given[name], value)
+        if changing and reads is not None and not reads(name):
+            continue
+        if changing:
             raise GenerationError(f"{model_name}.generate passes {name!r} to its decoder calls, changed from call to call "
                                   "or not as the caller gave it; the static encoder-decoder step takes the decoder's "
                                   "token, the encoder's outputs and unchanged caller inputs only")
@@ -43,6 +49,31 @@ def same_inputs(model_name: str, calls, given: Mapping[str, torch.Tensor]) -> di
         raise GenerationError(f"{model_name}.generate passes {other} to its decoder; the static encoder-decoder step "
                               "takes encoder_outputs and its own cache only")
     return same
+
+
+def decoder_reads(model: torch.nn.Module, calls, name: str) -> bool:
+    """Whether any captured decoder call that was given ``name`` depends on it: each such call is run again without
+    its cache, once as captured and once without ``name``; different outputs, or a call refused without it, say it
+    does. generate hands Udop's and T5Gemma2's first decoder call the prompt's pixel_values, which their forward
+    reads only where it runs the encoder itself: given encoder_outputs it never does."""
+    from exporters.pytrees import flatten_outputs
+
+    for call in calls:
+        if name not in call.tensors:
+            continue
+        kwargs = {**call.constants, **call.tensors, "use_cache": False, "return_dict": True,
+                  **{k: unflatten_tree(*tree) for k, tree in call.trees.items() if k != "past_key_values"}}
+        kwargs.pop("cache_position", None)
+        with torch.no_grad():
+            try:
+                without = flatten_outputs(model(**{k: v for k, v in kwargs.items() if k != name}))
+            except Exception:  # noqa: BLE001 - a call refused without it reads it
+                return True
+            captured = flatten_outputs(model(**kwargs))
+        if not captured or without.keys() != captured.keys() or \
+                not all(torch.equal(without[k], captured[k]) for k in captured):  # nothing to compare: it may read it
+            return True
+    return False
 
 
 def generate_encoder_decoder(gen, given: dict[str, torch.Tensor], max_new_tokens: int, eos, pad,
