@@ -635,4 +635,19 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "GuardOnDataDependentSymNode 'u0 > 0' (test_runner executorch at 705c599). Remove when Git widens the "
                "mask without a branch on the cache length (for example only when the cache holds image tokens)",
     ),
+    ExportSkip(
+        classes=("LEDForConditionalGeneration",),
+        tests=("generate",),
+        variants=("static",),
+        stage="compare",
+        reason="LEDDecoder builds its causal mask only for a call over more than one token (models/led/modeling_led.py: "
+               "'if input_shape[-1] > 1: only create a causal mask when we go over a single token'), so one token over "
+               "a static cache attends to the cache's empty slots as well: the model's own eager "
+               "generate(cache_implementation='static') leaves its dynamic-cache generate at step 1 (the zoo's tiny LED, "
+               "max_new_tokens=8: logits 0.74 apart at step 1, tokens apart from step 4), and the static step, which "
+               "feeds the decoder prompt one token a call, at "
+               "step 0 (test_generate dynamo/static: 254 of 256 logits differ, 5.56 at worst, at 868b47e). Remove when "
+               "LEDDecoder masks the unwritten slots for one token as well (as Bart's decoder, which builds the mask "
+               "for every call)",
+    ),
 )
