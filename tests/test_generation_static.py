@@ -272,6 +272,17 @@ def test_per_token_extras_need_a_rule_for_every_call():
     assert per_token_extras(features) == {}
 
 
+def test_a_state_kept_in_module_attributes_is_refused_by_name():
+    """RecurrentGemma sets its conv and recurrent states on its modules in forward and returns no cache: a static
+    step would bake their value at export (its teacher-forced logits were wrong from step 0), so the static form
+    refuses it by name, as the dynamic form does."""
+    from sweeps.zoo import build_tiny
+
+    tiny = build_tiny("RecurrentGemmaForCausalLM", seed=0)
+    with pytest.raises(GenerationError, match=r"module attributes .*rg_lru\.recurrent_states"):
+        get_exporter("dynamo").export_for_generation(tiny.model, {"input_ids": tiny.inputs["input_ids"]}, cache="static")
+
+
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])
 def test_a_prompt_with_image_features_runs_over_embeddings(backend, tmp_path):
     """Llava's generate passes the image features to the prompt's call only: the static form exports the

@@ -41,7 +41,7 @@ from exporters.generation.static_caches import has_adapter, step_cache_for
 from exporters.generation.static_embeds import decoder_path, decoder_receives, deepstack_names, per_token_embedding
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, rereads_sequence, whole_sequence_step_for
-from exporters.generation.steps import apply_tensor_rule
+from exporters.generation.steps import apply_tensor_rule, check_no_module_state, record_returns
 
 STATE_FORMS = ("buffers", "inputs")
 # the cache parts (``_layer_tensors``) of a linear-attention state, which a new sequence starts from zero
@@ -466,9 +466,12 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> lis
         calls.append({**call, **({"<positional>": True} if args else {})})
         return forward(*args, **kwargs)
 
+    returned: list = []
+
     def run(**cache: Any) -> None:
         calls.clear()
-        with forward_wrapped(model, names), torch.no_grad():
+        returned.clear()
+        with record_returns(model, returned), forward_wrapped(model, names), torch.no_grad():
             model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False, **cache)
 
     try:
@@ -490,6 +493,9 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> lis
                                   f"{str(again).splitlines()[0] if str(again) else ''})") from exc
     if not calls:
         raise GenerationError(f"{name}.generate never called forward")
+    ids = inputs.get("input_ids")
+    if isinstance(ids, torch.Tensor):  # a state in module attributes would be baked into the step, as in the dynamic form
+        check_no_module_state(returned, int(ids.shape[0]), name)
     return calls
 
 
