@@ -595,6 +595,20 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "the scan does (or the static form runs the prompt through the model's multi-token path)",
     ),
     ExportSkip(
+        classes=("Zamba2ForCausalLM",),
+        tests=("generate",),
+        variants=("static",),
+        stage="compare",
+        reason="Zamba2's Mamba2 mixer, like NemotronH's (the entry above), clamps dt to time_step_limit in the chunked "
+               "scan (models/zamba2/modeling_zamba2.py:551, limit set at :669) and not in the one-token state update "
+               "(mamba2_selective_state_update, called at :819). The static step holds linear-attention states and feeds "
+               "the prompt one token a call through the unclamped path, where eager's prefill clamps: the last prompt "
+               "logits differ by 3.9e-4 (test_generate dynamo/static at 868b47e); in eager alone, the prompt path "
+               "against the one-token path over the zoo's tiny model gives 4.4e-4 with the clamp and 2.6e-6 with "
+               "time_step_limit lifted in both mixers. Remove when the one-token update clamps dt as the scan does (or "
+               "the static form runs the prompt through the model's multi-token path)",
+    ),
+    ExportSkip(
         classes=("XLMWithLMHeadModel",),
         tests=("generate",),
         stage="export",
