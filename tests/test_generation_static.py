@@ -308,6 +308,29 @@ def test_a_prompt_with_image_features_runs_over_embeddings(backend, tmp_path):
         generator.generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=2)
 
 
+def test_a_per_token_tensor_the_model_hands_its_decoder_is_a_step_input():
+    """Gemma4 hands its decoder per_layer_inputs (per-layer token embeddings) beside inputs_embeds, and its forward
+    takes them by name: the step takes handed_per_layer_inputs, embed_tokens gives them for a new token from the
+    model's own text call (before: "hands its decoder ['per_layer_inputs'] beside the embeddings"). The teacher-forced
+    logits equal eager's."""
+    from sweeps.generate import generate_inputs
+    from sweeps.runner import reference
+
+    tiny = reference("Gemma4ForConditionalGeneration", init_range=0.2).tiny
+    model, inputs = tiny.model, generate_inputs(tiny.inputs)
+    generator = get_exporter("dynamo").export_for_generation(model, inputs, cache="static", max_cache_len=40)
+    assert "handed_per_layer_inputs" in generator.components["step"].input_names
+    assert "handed_per_layer_inputs" in generator.components["embed_tokens"].output_names
+    with torch.no_grad():
+        eager = model.generate(**inputs, max_new_tokens=6, do_sample=False, output_logits=True,
+                               return_dict_in_generate=True)
+    prompt = inputs["input_ids"].shape[1]
+    out = generator.generate(**inputs, max_new_tokens=6, output_logits=True, return_dict_in_generate=True,
+                             teacher_tokens=eager.sequences[:, prompt:])
+    for want, got in zip(eager.logits, out.logits, strict=True):
+        assert_close({"logits": want}, {"logits": got}, "dynamo")
+
+
 @pytest.mark.parametrize("name, token_by_token", [("AriaTextForCausalLM", False), ("Lfm2ForCausalLM", True)])
 def test_a_step_whose_sequence_bound_torch_cannot_prove_runs_token_by_token(name, token_by_token):
     """Lfm2's short convolution branches on ``seq_len == 1`` (``S != 1`` on the sequence, a constraint violation over

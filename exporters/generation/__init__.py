@@ -30,7 +30,7 @@ from exporters.generation.processors import check_supported
 from exporters.generation.quantized import checked_recipes, component_calibration
 from exporters.generation.runners import llm_runner_methods, vocab_size
 from exporters.generation.static import CrossAttention, StaticStep, static_step_for, step_dynamic_shapes, step_example
-from exporters.generation.static_embeds import DEEPSTACK_PREFIX, TokenEmbeds, prefill_embeds
+from exporters.generation.static_embeds import DEEPSTACK_PREFIX, TokenEmbeds, handed_names, prefill_embeds
 from exporters.generation.static_encdec import decoder_reads, encoder_spec, same_inputs
 from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.static_whole import WholeSequenceStep, shortest_sequence
@@ -150,10 +150,12 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
         given = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
         embed, embedded = prefill_embeds(model, given)
         step.deepstack = sum(1 for k in embedded if k.startswith(DEEPSTACK_PREFIX))
+        step.handed = tuple(handed_names(embedded))
         embed_inputs = list(given)
         fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None)
         components["embed"] = exporter.export(embed, given, fixed)
-        components["embed_tokens"] = exporter.export(TokenEmbeds(model, step.deepstack).eval(), {"input_ids": ids[:, :1]}, fixed)
+        components["embed_tokens"] = exporter.export(TokenEmbeds(model, step.deepstack, step.handed).eval(),
+                                                     {"input_ids": ids[:, :1]}, fixed)
         for label in ("embed", "embed_tokens"):
             components[label].extra_metadata.update({"component": label, "cache": "static"})
     example = step_example(step, ids, inputs.get("attention_mask") if step.takes_mask else None,

@@ -38,7 +38,13 @@ import torch
 
 from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped
 from exporters.generation.static_caches import has_adapter, step_cache_for
-from exporters.generation.static_embeds import decoder_path, decoder_receives, deepstack_names, per_token_embedding
+from exporters.generation.static_embeds import (
+    HANDED_PREFIX,
+    decoder_path,
+    decoder_receives,
+    deepstack_names,
+    per_token_embedding,
+)
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, rereads_sequence, whole_sequence_step_for
 from exporters.generation.steps import apply_tensor_rule, check_no_module_state, record_returns
@@ -255,6 +261,7 @@ class StaticStep(torch.nn.Module):
         self.extras = dict(extras or {})
         self.embeds = embeds
         self.deepstack = 0  # over embeddings: how many per-token DeepStack inputs (set from the embed component)
+        self.handed: tuple[str, ...] = ()  # over embeddings: the per-token forward arguments taken as handed_<name>
         self.cross = cross
         self.runner_form = batch == 1 and not takes_mask and not self.extras and not embeds and cross is None
         # the model's generate passes a mask, which a runner does not give: the step builds it from the
@@ -276,6 +283,9 @@ class StaticStep(torch.nn.Module):
         if state == "buffers":
             for i, shape in self._histories.items():
                 self.register_buffer(f"cache_{i}_positions", torch.zeros(shape))
+
+    def handed_inputs(self) -> list[str]:
+        return [f"{HANDED_PREFIX}{name}" for name in self.handed]
 
     def cache_shapes(self) -> dict[str, tuple[int, ...]]:
         """The cache inputs, ``past_<i>_key`` / ``past_<i>_value``, and their fixed shapes (the outputs are
@@ -300,7 +310,7 @@ class StaticStep(torch.nn.Module):
         start = cache_position[0]  # where this call writes
         fresh = (start > 0) if self.token_by_token and self.state == "buffers" else None
         dense = [given[name] for name in deepstack_names(self.deepstack)]
-        taken = set(self.extras) | {"inputs_embeds", *deepstack_names(self.deepstack)} | \
+        taken = set(self.extras) | {"inputs_embeds", *deepstack_names(self.deepstack), *self.handed_inputs()} | \
             set(self.cross.names() if self.cross is not None else ())
         cache = {k: v for k, v in given.items() if k not in taken}
         for i, layer in enumerate(self._cache.layers):
@@ -329,6 +339,7 @@ class StaticStep(torch.nn.Module):
             seen = self._cache.traced_past if self._cache.traced_past is not None else int(start)
             self._cache.layers[i].indexer_position_ids = held[..., :seen].long()
         kwargs: dict[str, Any] = {"inputs_embeds": given["inputs_embeds"]} if self.embeds else {"input_ids": input_ids}
+        kwargs.update({name: given[f"{HANDED_PREFIX}{name}"] for name in self.handed})
         kwargs.update({k: given[k] for k in self.extras})
         if self.runner_form and self.takes_positions:
             position_ids = cache_position.unsqueeze(0)
@@ -515,7 +526,7 @@ def step_example(step: StaticStep, input_ids: torch.Tensor, attention_mask: torc
     batch, prompt = input_ids.shape
     tokens = {"input_ids": input_ids}
     if step.embeds:
-        tokens = {k: embedded[k] for k in ("inputs_embeds", *deepstack_names(step.deepstack))}
+        tokens = {k: embedded[k] for k in ("inputs_embeds", *deepstack_names(step.deepstack), *step.handed_inputs())}
     example = {**tokens, "cache_position": torch.arange(prompt), **extras}
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     if step.takes_positions and "position_ids" in embedded:

@@ -15,15 +15,19 @@ over embeddings with its cache as buffers). DeepStack features (Qwen3-VL and its
 inputs ``deepstack_<k>`` ``[batch, S, hidden]``: the features at image positions, zeros elsewhere;
 ``embed_tokens`` gives zeros for a new token, and the step hands them to the decoder in that form, whose
 ``_deepstack_process`` then adds them to the hidden states (``add_dense``) instead of gathering image positions
-by a mask whose count a new token does not have. Where the model hands its decoder
-another tensor as well (per-layer inputs), the step could not be given it at the decode steps: the export
-stops and names it.
+by a mask whose count a new token does not have. Where the model hands its decoder another per-token tensor ``[batch, S, ...]`` that its own
+forward takes by the same name (Gemma4's ``per_layer_inputs``, its per-layer token embeddings), the step takes
+it as ``handed_<name>`` and passes it to the forward: the embed component gives it for the prompt, and
+``embed_tokens`` gives it for a new token by running the model's own forward over the token ids alone (a text
+call, as generate's decode steps are), up to the decoder. Anything else the model hands its decoder the step
+could not be given at the decode steps: the export stops and names it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +40,7 @@ EMBED_PASSES = ("inputs_embeds", "position_ids", "attention_mask", "cache_positi
                 "return_dict", "output_attentions", "output_hidden_states")
 DEEPSTACK = ("visual_pos_masks", "deepstack_visual_embeds")  # handed on as per-token deepstack_<k> inputs
 DEEPSTACK_PREFIX = "deepstack_"
+HANDED_PREFIX = "handed_"  # a per-token tensor the model hands its decoder, passed to its forward by name
 
 
 def deepstack_names(count: int) -> list[str]:
@@ -43,8 +48,14 @@ def deepstack_names(count: int) -> list[str]:
 
 
 def per_token_embedding(name: str) -> bool:
-    """``inputs_embeds`` and the DeepStack inputs: ``[batch, S, hidden]``, a row per token, the step's token input."""
-    return name == "inputs_embeds" or name.startswith(DEEPSTACK_PREFIX)
+    """``inputs_embeds``, the DeepStack inputs and the handed per-token inputs: ``[batch, S, ...]``, a row per token,
+    the step's token inputs."""
+    return name == "inputs_embeds" or name.startswith((DEEPSTACK_PREFIX, HANDED_PREFIX))
+
+
+def handed_names(names) -> list[str]:
+    """The forward arguments behind the ``handed_<name>`` inputs among ``names``."""
+    return [n[len(HANDED_PREFIX):] for n in names if n.startswith(HANDED_PREFIX)]
 
 
 def dense_deepstack(inputs_embeds: torch.Tensor, mask: torch.Tensor, features: list) -> dict[str, torch.Tensor]:
@@ -122,10 +133,11 @@ class PrefillEmbeds(torch.nn.Module):
     call, for a stand-in returning the embeddings as its hidden states; the rest of the model's forward
     (the head over them) is dead code the export drops."""
 
-    def __init__(self, model: torch.nn.Module, path: str):
+    def __init__(self, model: torch.nn.Module, path: str, hands_on: tuple[str, ...] = ()):
         super().__init__()
         self.model = model
         self.path = path
+        self.hands_on = tuple(hands_on)  # per-token decoder kwargs also returned, as handed_<name>
         self.handed: dict[str, Any] = {}  # the last call's decoder kwargs (names and values), for the checks
 
     def forward(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -160,6 +172,8 @@ class PrefillEmbeds(torch.nn.Module):
         out = {"inputs_embeds": seen["inputs_embeds"]}
         if isinstance(seen.get("position_ids"), torch.Tensor):
             out["position_ids"] = seen["position_ids"]
+        for name in self.hands_on:
+            out[f"{HANDED_PREFIX}{name}"] = seen[name]
         features = seen.get("deepstack_visual_embeds")
         if isinstance(seen.get("visual_pos_masks"), torch.Tensor) and isinstance(features, (list, tuple)) and features:
             out.update(dense_deepstack(out["inputs_embeds"], seen["visual_pos_masks"], list(features)))
@@ -168,14 +182,21 @@ class PrefillEmbeds(torch.nn.Module):
 
 class TokenEmbeds(torch.nn.Module):
     """The model's input embedding table over ``input_ids``: a new token's ``inputs_embeds``, and zeros for each
-    of ``deepstack`` DeepStack inputs (a new token is text: no image features)."""
+    of ``deepstack`` DeepStack inputs (a new token is text: no image features). With ``handed`` (per-token tensors
+    the model hands its decoder), the model's own forward over the ids alone, up to its decoder, gives the
+    embeddings and those tensors (``handed_<name>``), as it does at generate's decode steps."""
 
-    def __init__(self, model: torch.nn.Module, deepstack: int = 0):
+    def __init__(self, model: torch.nn.Module, deepstack: int = 0, handed: tuple[str, ...] = ()):
         super().__init__()
         self.model = model
         self.deepstack = deepstack
+        self.handed = tuple(handed)
+        self.text_call = PrefillEmbeds(model, decoder_path(model), self.handed) if self.handed else None
 
     def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.text_call is not None:
+            out = self.text_call(input_ids=input_ids)
+            return {k: v for k, v in out.items() if k != "position_ids"}
         embeds = self.model.get_input_embeddings()(input_ids)
         return {"inputs_embeds": embeds, **{name: torch.zeros_like(embeds) for name in deepstack_names(self.deepstack)}}
 
@@ -189,6 +210,14 @@ def prefill_embeds(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]) -
     deepstack = any(k.startswith(DEEPSTACK_PREFIX) for k in out)
     other = sorted(k for k, v in module.handed.items() if k not in EMBED_PASSES and not (deepstack and k in DEEPSTACK)
                    and isinstance(v, torch.Tensor))
+    takes = inspect.signature(model.forward).parameters
+    per_token = [k for k in other if k in takes and module.handed[k].dim() >= 2
+                 and module.handed[k].shape[:2] == out["inputs_embeds"].shape[:2]]
+    if per_token:  # handed to the step, which passes them to the forward by name (module docstring)
+        module.hands_on = tuple(per_token)
+        with torch.no_grad():
+            out = module(**inputs)
+        other = [k for k in other if k not in per_token]
     if other:
         raise GenerationError(f"{type(model).__name__}'s forward hands its decoder {other} beside the embeddings; the "
                               "static step over embeddings takes inputs_embeds and positions only")
