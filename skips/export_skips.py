@@ -462,6 +462,20 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "per-step slice or codec step as a rule)",
     ),
     ExportSkip(
+        classes=("KyutaiSpeechToTextForConditionalGeneration",),
+        tests=("generate",),
+        variants=("static",),
+        stage="export",
+        reason="as in the dynamic entry above, Kyutai's prepare_inputs_for_generation encodes input_values with its Mimi "
+               "codec and stacks the codes beside the text ids, so a step over plain token ids does not fit its forward: "
+               "the static step's one-token sizing call fails ('The size of tensor a (3) must match the size of tensor b "
+               "(32) at non-singleton dimension 1', test_generate dynamo/static at 868b47e); and the model's own eager "
+               "generate(cache_implementation='static') leaves its dynamic-cache generate at step 0 (the zoo's tiny "
+               "model, max_new_tokens=8: logits 1.40 apart at step 0, tokens apart within the 8), so a static cache gives other "
+               "tokens in eager as well. Remove when Kyutai's generate runs with a static cache (transformers) and "
+               "exporters/generation exports the codec step as the dynamic entry asks",
+    ),
+    ExportSkip(
         classes=("RecurrentGemmaForCausalLM",),
         tests=("generate",),
         stage="export",
@@ -641,7 +655,7 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "the whole sequence and passes [langs]' (exporters/generation/static_whole.py)",
     ),
     ExportSkip(
-        classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "ProphetNetForCausalLM"),
+        classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "ProphetNetForCausalLM", "ProphetNetForConditionalGeneration"),
         tests=("generate", "runner"),
         variants=("static",),
         stage="export",
@@ -651,8 +665,10 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "705c599; both caches at this entry's commit): CpmAnt prepends prompt_length tokens the cache was not "
                "sized for (index_copy_(): index 9 out of bounds for size 9); DeepseekV4 has no static layer for its "
                "compressed attention (KeyError 'heavily_compressed_attention'); ProphetNet's n-gram stream mask does "
-               "not fit the static cache (dimension 5: 7 vs 9). Remove when each model's generate runs with a static "
-               "cache (transformers)",
+               "not fit the static cache (dimension 5: 7 vs 9; ProphetNetForConditionalGeneration's eager "
+               "generate(cache_implementation='static') the same at dimension 5, 6 vs 13, and the static encoder-decoder "
+               "step's one-token sizing call at dimension 4, 17 vs 2). Remove when each model's generate runs with a "
+               "static cache (transformers)",
     ),
     ExportSkip(
         classes=("GitForCausalLM",),
