@@ -15,9 +15,11 @@ over embeddings with its cache as buffers). DeepStack features (Qwen3-VL and its
 inputs ``deepstack_<k>`` ``[batch, S, hidden]``: the features at image positions, zeros elsewhere;
 ``embed_tokens`` gives zeros for a new token, and the step hands them to the decoder in that form, whose
 ``_deepstack_process`` then adds them to the hidden states (``add_dense``) instead of gathering image positions
-by a mask whose count a new token does not have. Where the model hands its decoder another per-token tensor ``[batch, S, ...]`` that its own
-forward takes by the same name (Gemma4's ``per_layer_inputs``, its per-layer token embeddings), the step takes
-it as ``handed_<name>`` and passes it to the forward: the embed component gives it for the prompt, and
+by a mask whose count a new token does not have.
+
+Where the model hands its decoder another per-token tensor ``[batch, S, ...]`` that its own forward takes by
+the same name (Gemma4's ``per_layer_inputs``, its per-layer token embeddings), the step takes it as
+``handed_<name>`` and passes it to the forward: the embed component gives it for the prompt, and
 ``embed_tokens`` gives it for a new token by running the model's own forward over the token ids alone (a text
 call, as generate's decode steps are), up to the decoder. Anything else the model hands its decoder the step
 could not be given at the decode steps: the export stops and names it.
@@ -195,10 +197,11 @@ class TokenEmbeds(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.text_call is not None:
-            out = self.text_call(input_ids=input_ids)
-            return {k: v for k, v in out.items() if k != "position_ids"}
-        embeds = self.model.get_input_embeddings()(input_ids)
-        return {"inputs_embeds": embeds, **{name: torch.zeros_like(embeds) for name in deepstack_names(self.deepstack)}}
+            out = {k: v for k, v in self.text_call(input_ids=input_ids).items() if k == "inputs_embeds" or
+                   k.startswith(HANDED_PREFIX)}  # the step counts positions itself
+        else:
+            out = {"inputs_embeds": self.model.get_input_embeddings()(input_ids)}
+        return {**out, **{name: torch.zeros_like(out["inputs_embeds"]) for name in deepstack_names(self.deepstack)}}
 
 
 def prefill_embeds(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]) -> tuple[PrefillEmbeds, dict[str, torch.Tensor]]:
