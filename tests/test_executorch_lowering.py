@@ -189,3 +189,25 @@ def test_executorch_conv_batch_not_narrowed_by_cpu_kernel_choice():
     with torch.no_grad():
         torch.testing.assert_close(next(iter(art(pixel_values=feed).values())), model(feed), rtol=1e-4, atol=1e-4)
     assert torch.backends.mkldnn.enabled  # restored after the lowering
+
+
+def test_a_failed_call_carries_the_runtime_log_lines_that_say_why():
+    """The runtime reports a code (0x10) and logs the cause; the error carries the cause's lines, not the noise."""
+    import sys
+
+    from exporters.executorch.artifact import execute_with_runtime_log
+
+    class Method:
+        def execute(self, inputs):
+            print("[cpuinfo_utils.cpp:87] Failed to open midr file", file=sys.stderr)
+            print("[tensor_impl.cpp:135] Attempted to resize a static tensor. Expected shape (1, 16, 8, 8), but "
+                  "received (1, 8, 8, 8).", file=sys.stderr)
+            print("[XNNExecutor.cpp:279] Failed to resize output tensor for XNNExecutor", file=sys.stderr)
+            print("[method.cpp:1528] CALL_DELEGATE execute failed at instruction 147: 0x10", file=sys.stderr)
+            raise RuntimeError("method->execute() failed with error 0x10")
+
+    with pytest.raises(RuntimeError) as info:
+        execute_with_runtime_log(Method(), [])
+    message = str(info.value)
+    assert "Attempted to resize a static tensor. Expected shape (1, 16, 8, 8)" in message
+    assert "execute failed at instruction 147" in message and "midr" not in message

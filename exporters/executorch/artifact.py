@@ -63,7 +63,11 @@ def load_forward(buffer: bytes):
         ) from exc
 
 
-_RUNTIME_FAILURE_LINES = ("Check failed", "KernelCall failed", "Missing operator", "failed with error")
+# the runtime's log lines that say why a call failed: a kernel's check, a missing operator, a delegate's refused
+# output resize ("Attempted to resize a static tensor. Expected shape (1, 16, 8, 8), but received (1, 8, 8, 8)"),
+# and the instruction that failed
+_RUNTIME_FAILURE_LINES = ("Check failed", "KernelCall failed", "Missing operator", "failed with error",
+                          "Attempted to resize", "Failed to resize", "execute failed at instruction")
 
 
 def execute_with_runtime_log(method, inputs):
