@@ -1,10 +1,12 @@
-"""Two ONNX workarounds in exporters/exporter_onnx.py, each checked against the bug it works around.
+"""ONNX workarounds, each checked against the bug it works around.
 
 - ``_aten_scatter_reduce``: torchlib lowers ``scatter_reduce(reduce="mean")`` to ``ScatterElements(reduction="none")``
   (ONNX has no mean reduction, onnx/onnx#5100): the last scattered value instead of the mean (TAPAS' segmented means).
 - ``_fix_ir_register_orphan_constants``: onnxscript's ``FuseMaxMinToClip`` names its bounds after the clamped tensor,
   and the rewriter's initializer registration overwrites same-name entries (microsoft/onnxscript#2945), so two clamps
   of one tensor leave a Clip bound unregistered and ONNX Runtime refuses the model (Gemma 4's audio encoder).
+- ``_aten_repeat_interleave_self_int``: torchlib puts a symbolic repeat count one axis too early in its Expand target
+  (InstructBlipVideo's ``repeat_interleave(frames, dim=0)``: unrepeated rows, or 'invalid expand shape').
 """
 
 from __future__ import annotations
@@ -103,3 +105,36 @@ def test_orphan_constant_is_registered():
     np.testing.assert_array_equal(y1, np.clip(x, -1, 1))
     np.testing.assert_array_equal(y2, np.clip(x, -2, 2))
     assert not _fix_ir_register_orphan_constants(model)  # nothing left to do
+
+
+class _RepeatByCount(torch.nn.Module):
+    """InstructBlipVideo's ``qformer_input_ids.repeat_interleave(frames, dim=0)``: the count is another input's size."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, ids, frames):
+        return ids.repeat_interleave(frames.shape[1], dim=self.dim)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_repeat_interleave_by_a_symbolic_count_matches_torch_at_other_sizes(dim):
+    """torchlib puts a symbolic count one axis too early in its Expand target: exported at count 1, a count of 2 kept
+    the rows unrepeated and a batch of 3 refused the Expand ('invalid expand shape'). Exported at count 1, batch 2,
+    the artifact is run at other counts and batches."""
+    from torch.export import Dim
+
+    from exporters import OnnxConfig, OnnxExporter
+
+    ids = torch.arange(8).reshape(2, 4)
+    frames = torch.zeros(2, 1)
+    config = OnnxConfig(dynamic_shapes={"ids": {0: Dim("b", min=1, max=8)}, "frames": {0: Dim("b", min=1, max=8),
+                                                                                      1: Dim("n", min=1, max=8)}})
+    model = _RepeatByCount(dim)
+    art = OnnxExporter().export(model, {"ids": ids, "frames": frames}, config)
+    for batch, count in [(2, 2), (3, 2), (3, 3), (1, 1)]:
+        ids2, frames2 = torch.arange(batch * 4).reshape(batch, 4), torch.zeros(batch, count)
+        (got,) = art(ids=ids2, frames=frames2).values()
+        assert torch.equal(torch.as_tensor(got), model(ids2, frames2)), (batch, count)
+    assert "translation:onnx:_aten_repeat_interleave_self_int" in art.workarounds_fired

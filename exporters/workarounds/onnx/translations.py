@@ -158,6 +158,38 @@ def _aten_scatter_reduce(self, dim: int, index, src, reduce: str, include_self: 
     return op.Div(total, op.Max(count, one))
 
 
+def _aten_repeat_interleave_self_int(self, repeats, dim: int | None = None, output_size: int | None = None):
+    """``repeat_interleave(x, repeats, dim)`` with a symbolic ``repeats`` (a count read off another input's
+    size): torchlib builds the Expand target as ``[1] * pos_dim + [repeats] + [1] * (rank - pos_dim)``, the
+    count one axis too early for the axis it unsqueezed at ``pos_dim + 1`` (onnxscript torch_lib core.py
+    ``aten_repeat_interleave_self_int``, the symbolic branch added by microsoft/onnxscript#2548; its int branch
+    is right). So at dim 0 a tensor of batch 2 repeated
+    twice kept 2 rows, and batch 3 refused the Expand (InstructBlipVideo's
+    ``qformer_input_ids.repeat_interleave(frames, dim=0)``, exported at 1 frame: 'invalid expand shape' and
+    'Non concat axis dimensions must match: 2 and 4' at drawn sizes). Here the target is the full shape with
+    the count at ``pos_dim + 1``. An int ``repeats`` goes to torchlib's function.
+
+    before: Reshape(Expand(Unsqueeze(x, d+1), [1]*d ++ [r] ++ [1]*(rank-d)), ...)
+    after:  Reshape(Expand(Unsqueeze(x, d+1), shape(x)[:d+1] ++ [r] ++ shape(x)[d+1:]), shape(x)[:d] ++ [-1] ++ shape(x)[d+1:])
+    """
+    if isinstance(repeats, int):
+        from onnxscript.function_libs.torch_lib.ops.core import aten_repeat_interleave_self_int
+
+        return aten_repeat_interleave_self_int(self, repeats, dim, output_size)
+    from onnxscript import opset18 as op
+
+    if dim is None:
+        self, dim, rank = op.Reshape(self, op.Constant(value_ints=[-1])), 0, 1
+    else:
+        rank = len(self.shape)
+    pos = (dim + rank) % rank
+    count = op.Reshape(op.Cast(repeats, to=7), op.Constant(value_ints=[-1]))  # int64 [1]
+    head, tail = op.Shape(self, start=0, end=pos + 1), op.Shape(self, start=pos + 1)
+    tiled = op.Expand(op.Unsqueeze(self, op.Constant(value_ints=[pos + 1])), op.Concat(head, count, tail, axis=0))
+    merged = op.Concat(op.Shape(self, start=0, end=pos), op.Constant(value_ints=[-1]), tail, axis=0)
+    return op.Reshape(tiled, merged)
+
+
 def _aten_choose_qparams_tensor(self, quant_min: int, quant_max: int, eps: float, dtype: int):
     """Dynamic int8 activations (``int8(dynamic=True)``): PT2E computes each call's scale and zero point
     with ``quantized_decomposed.choose_qparams.tensor``, which has no ONNX function ("No ONNX function
@@ -215,6 +247,7 @@ _ONNX_TRANSLATION_TABLE: dict[Any, Any] = {
     torch.ops.prims.erf_inv.default: _aten_erfinv,
     torch.ops.aten.cummax.default: _aten_cummax,
     torch.ops.aten.cummin.default: _aten_cummin,
+    torch.ops.aten.repeat_interleave.self_int: _aten_repeat_interleave_self_int,
 }
 
 
