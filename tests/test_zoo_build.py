@@ -301,7 +301,7 @@ def test_detr_query_scores_have_no_topk_ties(name, monkeypatch):
 def test_reinit_redraws_matching_parameters_seeded_and_names_a_pattern_that_matches_nothing():
     import torch
 
-    from sweeps.zoo.build import _reinit
+    from sweeps.zoo.weights import reinit
 
     def gated():
         model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
@@ -310,12 +310,12 @@ def test_reinit_redraws_matching_parameters_seeded_and_names_a_pattern_that_matc
 
     a, b = gated(), gated()
     before = a[0].weight.clone()
-    _reinit(a, {"1.weight": 0.02}, seed=0, model_type="toy")
-    _reinit(b, {"1.weight": 0.02}, seed=0, model_type="toy")
+    reinit(a, {"1.weight": 0.02}, seed=0, model_type="toy")
+    reinit(b, {"1.weight": 0.02}, seed=0, model_type="toy")
     assert a[1].weight.abs().sum() > 0 and torch.equal(a[1].weight, b[1].weight)
     assert torch.equal(a[0].weight, before)  # only the matching parameter is re-drawn
     with pytest.raises(KeyError, match=r"reinit pattern '\*\.router\.gate\.weight' matches no parameter"):
-        _reinit(a, {"*.router.gate.weight": 0.02}, seed=0, model_type="toy")
+        reinit(a, {"*.router.gate.weight": 0.02}, seed=0, model_type="toy")
 
 
 def test_generate_setup_gives_generate_its_own_inputs_and_generation_settings():
@@ -361,7 +361,7 @@ def test_vision_towers_defaulting_to_a_degenerate_init_range_are_built_at_the_us
     tower's outputs are ~1e-9 and every image embeds alike. The zoo builds it at 0.02, so two images differ."""
     from transformers import BlipTextConfig, BlipVisionConfig
 
-    from sweeps.zoo.build import DEGENERATE_INIT_RANGE
+    from sweeps.zoo.weights import DEGENERATE_INIT_RANGE
 
     assert BlipVisionConfig().initializer_range < DEGENERATE_INIT_RANGE  # still transformers' default
     tiny = build_tiny("BlipModel", seed=0)

@@ -15,6 +15,7 @@ from .catalog import CatalogEntry, UnknownModelError, resolve_models
 from .inputs import make_inputs
 from .overrides import get_override
 from .shrink import shrink_config_dict
+from .weights import raise_degenerate_init_ranges, reinit, set_init_range
 
 __all__ = ["TinyModel", "BlockedByPackage", "NoTensorForward", "NonFiniteOutputError", "build_tiny", "override_for",
            "place_multimodal_tokens", "run_eager", "tiny_config"]
@@ -449,28 +450,6 @@ def run_forward(model, inputs):
         return model(**inputs)
 
 
-def _set_init_range(config, value: float, seen: set | None = None, below: float | None = None) -> None:
-    """Set ``initializer_range`` to ``value`` in ``config`` and every sub-config (only where it is below ``below``,
-    if given)."""
-    seen = set() if seen is None else seen
-    if id(config) in seen:
-        return
-    seen.add(id(config))
-    current = getattr(config, "initializer_range", None)
-    if isinstance(current, (int, float)) and (below is None or current < below):
-        config.initializer_range = value
-    for sub in vars(config).values():
-        if hasattr(sub, "to_dict") and hasattr(sub, "model_type"):
-            _set_init_range(sub, value, seen, below)
-
-
-# Several vision towers default to initializer_range=1e-10 (BlipVisionConfig, SamVisionConfig, GotOcr2's, Blip-2's,
-# InstructBlip's, DeepseekOcr2's SAM encoder...: their checkpoints load every weight). A random tiny model built at
-# that range has a tower whose outputs are ~1e-9: every image embeds alike, a parity check on the tower passes
-# whatever the export does to it, and int8 quantization collapses it to zero (BlipModel's int8 reference then
-# normalizes a zero vector: NaN). The zoo builds such configs at transformers' usual 0.02 instead.
-DEGENERATE_INIT_RANGE = 1e-4
-USUAL_INIT_RANGE = 0.02
 
 
 def build_tiny(entry, seed: int = 0, *, check: bool = True, init_range: float | None = None) -> TinyModel:
@@ -530,9 +509,9 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True, init_range: float | 
             and hasattr(config, "is_decoder") and not getattr(config, "is_encoder_decoder", False):
         config.is_decoder = True
     if init_range is not None:
-        _set_init_range(config, init_range)
-    else:  # a vision tower initialized at 1e-10 is degenerate at random weights (above DEGENERATE_INIT_RANGE)
-        _set_init_range(config, USUAL_INIT_RANGE, below=DEGENERATE_INIT_RANGE)
+        set_init_range(config, init_range)
+    else:  # a vision tower initialized at 1e-10 is degenerate at random weights (sweeps/zoo/weights.py)
+        raise_degenerate_init_ranges(config)
     attn = ov.get("attn", PREFERRED_ATTN)
     torch.manual_seed(seed)
     try:
@@ -551,7 +530,7 @@ def build_tiny(entry, seed: int = 0, *, check: bool = True, init_range: float | 
             raise BlockedByPackage(f"{entry.class_name}: {reason}") from exc
         raise
     model = model.float().eval()
-    _reinit(model, ov.get("reinit"), seed, entry.model_type)
+    reinit(model, ov.get("reinit"), seed, entry.model_type)
     config = model.config
     inputs = make_inputs(model, config, seed=seed, spec=ov.get("inputs"))
     inputs = place_multimodal_tokens(model, config, inputs, seed)
@@ -571,27 +550,6 @@ def override_for(entry) -> tuple[dict, dict]:
               "inputs": {**ov.get("inputs", {}), **ov_cls.get("inputs", {})},
               "generate": {**ov.get("generate", {}), **ov_cls.get("generate", {})}}
     return ov, ov_cls
-
-
-def _reinit(model: torch.nn.Module, spec: dict[str, float] | None, seed: int, model_type: str) -> None:
-    """An override's ``reinit``: re-draw the parameters matching each name glob from normal(0, std),
-    seeded. For weights a model's ``_init_weights`` sets to a constant that leaves the tiny model
-    degenerate (a zero router gate ties every expert score, so top-k picks by tie order)."""
-    import fnmatch
-
-    if not spec:
-        return
-    gen = torch.Generator().manual_seed(seed + 11)
-    params = dict(model.named_parameters())
-    for pattern, std in spec.items():
-        names = sorted(n for n in params if fnmatch.fnmatchcase(n, pattern))
-        if not names:
-            raise KeyError(f"override for {model_type!r}: reinit pattern {pattern!r} matches no parameter "
-                           f"(e.g. {sorted(params)[:5]})")
-        with torch.no_grad():
-            for name in names:
-                p = params[name]
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * std)
 
 
 def run_eager(tiny: TinyModel, seed: int = 0) -> Any:
