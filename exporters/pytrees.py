@@ -352,7 +352,12 @@ def _decode_value(value: Any) -> Any:
         if tag == "dict" and isinstance(body, list):
             return {_decode_value(k): _decode_value(v) for k, v in body}
         if tag == "config" and isinstance(body, list) and len(body) == 2 and isinstance(body[1], dict):
-            return _config_class(body[0]).from_dict(body[1])
+            cls = _config_class(body[0])
+            try:
+                return cls.from_dict(body[1])
+            except Exception as exc:  # noqa: BLE001 - a stored config its class refuses: a bad file, named as such
+                raise ContextError(f"a stored {body[0]} cannot be rebuilt from its JSON: {type(exc).__name__}: "
+                                   f"{exc}") from exc
     raise ContextError(f"unknown value in a stored pytree context: {value!r:.120}")
 
 
