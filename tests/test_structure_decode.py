@@ -105,9 +105,15 @@ def test_static_exports_the_decode_as_a_scan(table_model, backend):
     assert f"patch:{backend}:transformers.models.{module}.forward" in art.workarounds_fired
     if backend == "onnx":
         assert "Scan" in {node.op_type for node in art.model_proto.graph.node}
+    from exporters.parity import assert_close
+
     with torch.no_grad():
         expected = tiny.model(**tiny.inputs).last_hidden_state
-    torch.testing.assert_close(art(**tiny.inputs)["last_hidden_state"], expected)
+    # the sweep's rule for the backend (exporters/parity.py TOLERANCES), not torch's float32 default: since the zoo
+    # builds SLANeXt's vision tower at 0.02 instead of 1e-10 (sweeps/zoo/weights.py), its features are of order 1
+    # and XNNPACK's fp32 kernels differ from eager by 1.9e-5 here, inside executorch's 1e-4
+    assert_close({"last_hidden_state": expected}, {"last_hidden_state": torch.as_tensor(art(**tiny.inputs)["last_hidden_state"])},
+                 backend)
 
 
 def test_the_trace_pt2e_prepares_keeps_the_unrolled_steps(table_model):
