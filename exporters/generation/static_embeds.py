@@ -217,9 +217,8 @@ def prefill_embeds(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor]) -
     per_token = [k for k in other if k in takes and module.handed[k].dim() >= 2
                  and module.handed[k].shape[:2] == out["inputs_embeds"].shape[:2]]
     if per_token:  # handed to the step, which passes them to the forward by name (module docstring)
-        module.hands_on = tuple(per_token)
-        with torch.no_grad():
-            out = module(**inputs)
+        module.hands_on = tuple(per_token)  # the exported component returns them; this call's values are the same
+        out = {**out, **{f"{HANDED_PREFIX}{k}": module.handed[k] for k in per_token}}
         other = [k for k in other if k not in per_token]
     if other:
         raise GenerationError(f"{type(model).__name__}'s forward hands its decoder {other} beside the embeddings; the "
