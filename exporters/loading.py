@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from exporters.base import Artifact
-from exporters.generation import Generator
+from exporters.generation import DelegatedGenerator, Generator
+from exporters.generation.delegated import load_delegated
 from exporters.generation.generator import FORMAT, GENERATOR_FILE
 from exporters.generation.static_loop import FORMAT as STATIC_FORMAT
 from exporters.generation.static_loop import StaticGenerator
@@ -123,7 +124,7 @@ def _load_executorch(directory, meta, where):
                               **_artifact_kwargs(meta, ExecutorchConfig, where))
 
 
-def load_generator(directory: str | os.PathLike) -> Generator | StaticGenerator:
+def load_generator(directory: str | os.PathLike) -> Generator | StaticGenerator | DelegatedGenerator:
     """The generator saved in ``directory`` (``Generator.save`` or ``StaticGenerator.save``): its
     components and step rules."""
     directory = os.fspath(directory)
@@ -136,6 +137,12 @@ def load_generator(directory: str | os.PathLike) -> Generator | StaticGenerator:
     for name, where_to in dirs.items():
         if os.path.isabs(where_to) or ".." in where_to.replace("\\", "/").split("/"):
             raise LoadError(f"{where}: component {name!r} lies outside the folder ({where_to!r})")
+    delegated = doc.pop("delegated", None)
+    inner = _load_generator(directory, where, doc, dirs)
+    return inner if delegated is None else load_delegated(directory, {"delegated": delegated}, inner, load_artifact)
+
+
+def _load_generator(directory: str, where: str, doc: dict, dirs: dict) -> Generator | StaticGenerator:
     components = {name: load_artifact(os.path.join(directory, dirs.get(name, name))) for name in doc["components"]}
     if doc["format"] == STATIC_FORMAT:
         known = ("format", "backend", "components", "component_dirs", "cache", "batch", "max_cache_len", "state", "cache_shapes",

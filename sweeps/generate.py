@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import re
 import time
 from collections.abc import Callable
@@ -225,6 +226,8 @@ def _loop_takes(generator) -> set[str]:
     """The inputs the artifact loop takes: those generate passed to its captured calls (the encoders' and the
     prefill's; the static step's forward calls take only tokens, positions and a mask, static_step_for checks),
     an attention mask (the loop checks it itself) and, where the prefill starts the decoder, decoder_input_ids."""
+    if hasattr(generator, "loop_inputs"):  # a delegated generate: its handoff component takes the caller's inputs
+        return set(generator.loop_inputs)
     if getattr(generator, "cache", None) == "static":
         encoder = generator.encoder or {"inputs": (), "same": {}}
         return {"input_ids", "attention_mask", *generator.extras, *(generator.embed_inputs or ()), *encoder["inputs"],
@@ -266,6 +269,12 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
         config, props = export_config(case, exporter)
         for k, v in props.items():
             record(k, v)
+        longest = prompt + new.shape[1]
+        if case.variant == "dynamic" and config.dynamic and config.max_dim < longest:
+            # a dynamic dim's upper bound is the backend's max_dim (ExecuTorch's 64 plans its memory): the
+            # sequence the item generates (Kosmos-2's prompt holds 64 image positions) must fit under it
+            config = dataclasses.replace(config, max_dim=longest)
+            record("max_dim_raised", longest)
         if case.variant == "static":
             max_cache_len = _static_length(prompt + new.shape[1])
             record("max_cache_len", max_cache_len)

@@ -12,7 +12,8 @@ Components: ``prefill`` (the first forward call of ``generate``: the prompt, an 
 goes in and out as flat tensors. How every decode input follows from the call before it is read off
 the captured calls and checked on each pair (steps.py). Cache forms: ``"dynamic"`` (a growing cache)
 and ``"static"`` (one ``step`` component over a fixed-size cache updated in place, driven by a
-``StaticGenerator``: static.py, static_loop.py).
+``StaticGenerator``: static.py, static_loop.py). A model whose ``generate`` hands a sub-model's ``generate``
+what it computed (Blip-2, Kosmos-2): a ``handoff`` component, then the sub-model's own (delegated.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from exporters.generation.capture import GenerationError, capture_generate, encoder_of, encoders_of
 from exporters.generation.component import FlatComponent, component_module, flat_call_inputs
+from exporters.generation.delegated import DelegatedGenerator, export_delegated, find_delegate
 from exporters.generation.generator import GenerateOutput, Generator
 from exporters.generation.processors import check_supported
 from exporters.generation.quantized import checked_recipes, component_calibration
@@ -36,8 +38,8 @@ from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.static_whole import WholeSequenceStep, shortest_sequence
 from exporters.generation.steps import TOKEN_INPUTS, Returned, check_no_module_state, infer_prefill_rules, infer_rules, record_returns
 
-__all__ = ["GenerateOutput", "GenerationError", "GenerationExport", "Generator", "StaticGenerator",
-           "export_for_generation"]
+__all__ = ["DelegatedGenerator", "GenerateOutput", "GenerationError", "GenerationExport", "Generator",
+           "StaticGenerator", "export_for_generation"]
 
 CACHE_FORMS = ("dynamic", "static")
 # where each backend keeps a static cache: ExecuTorch and dynamo as mutable buffers of the program,
@@ -49,7 +51,7 @@ CAPTURED_STEPS = 3  # prefill + 2 decode steps: two pairs to check each decode i
 
 def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], config=None,
                           cache: str = "dynamic", max_cache_len: int | None = None,
-                          quantization: Mapping[str, Any] | None = None) -> Generator | StaticGenerator:
+                          quantization: Mapping[str, Any] | None = None) -> Generator | StaticGenerator | DelegatedGenerator:
     if cache not in CACHE_FORMS:
         raise GenerationError(f"cache={cache!r} is not a cache form; choose one of {CACHE_FORMS}")
     if max_cache_len is not None and cache != "static":
@@ -62,6 +64,10 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     if quantization and cache == "static":
         raise GenerationError("quantization= takes the dynamic cache form only: the static step writes its cache "
                               "buffers in place, which PT2E's prepared graph does not carry")
+    delegate = find_delegate(model, inputs)
+    if delegate is not None:  # its generate hands a sub-model's generate what it computed (Blip-2, Kosmos-2)
+        return export_delegated(exporter, model, inputs, config, delegate, lambda child, handed, recipes: export_for_generation(
+            exporter, child, handed, config, cache, max_cache_len, recipes), cache, quantization)
     generation = _generation_dict(model)
     check_supported(generation, type(model).__name__)
     if cache == "static":
@@ -75,13 +81,10 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     check_no_module_state(returned, sequences.shape[0], type(model).__name__)
     given = {k: v for k, v in captured_inputs.items() if isinstance(v, torch.Tensor)}
     encoder_call = _encoder_calls(model, encoder_calls, given)
-    token_input = next((k for k in TOKEN_INPUTS[::-1] if k in prefill.tensors), None)
-    if token_input is None:
-        raise GenerationError(f"the first forward call of {type(model).__name__}.generate takes no token ids "
-                              f"({TOKEN_INPUTS}); it takes {sorted(prefill.tensors)}")
+    token_input, prompt_length = _token_input(model, prefill, decode, given)
     prefill_trees = _prefill_tree_rules(model, prefill, encoder_call)
     prefill_rules = infer_prefill_rules(prefill, given, generation)
-    rules = infer_rules(calls, sequences, prefill.tensors[token_input].shape[-1], returned)
+    rules = infer_rules(calls, sequences, prompt_length, returned)
     updated = tuple(k for k, r in rules.items() if r == "updated")  # the components return these trees
     for name, rule in rules.items():
         if name in decode.trees and rule == "outputs":
@@ -116,6 +119,8 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     # a cache the model fills in place (given empty to the prefill) is, to the loop, the components' output
     rules = {k: "outputs" if r == "updated" and not prefill.trees[k][0] else r for k, r in rules.items()}
     caller_inputs = [k for k in prefill.tensors if k not in prefill_rules]
+    if token_input not in prefill.tensors and token_input in given:  # a prompt given as embeddings: the ids are
+        caller_inputs.append(token_input)  # what the returned sequences start with, as generate's do
     if encoder_call:
         caller_inputs = list(dict.fromkeys([*(k for c in encoder_call.values() for k in c.tensors), *caller_inputs]))
     generator = Generator(components, rules, caller_inputs, {k: len(v[0]) for k, v in decode.trees.items()},
@@ -123,6 +128,27 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
                           {label: call.output_names for label, call in encoder_call.items()})
     generator.source = (exporter, model, dict(inputs), config)
     return generator
+
+
+def _token_input(model, prefill, decode, given) -> tuple[str, int]:
+    """The decode steps' token input (input_ids, or decoder_input_ids) and the prompt's length. A prefill over
+    ``inputs_embeds`` without ids (a language model whose caller merged image features into the embeddings:
+    Blip-2's, InstructBlip's) takes the decode steps' token input; its prompt is the embeddings' length, and the
+    sequences generate returns start with the ids the caller gave beside them (none: no prompt ids)."""
+    token_input = next((k for k in TOKEN_INPUTS[::-1] if k in prefill.tensors), None)
+    if token_input is not None:
+        return token_input, prefill.tensors[token_input].shape[-1]
+    token_input = next((k for k in TOKEN_INPUTS[::-1] if k in decode.tensors), None)
+    embeds = prefill.tensors.get("inputs_embeds")
+    if token_input is None or embeds is None:
+        raise GenerationError(f"the first forward call of {type(model).__name__}.generate takes no token ids "
+                              f"({TOKEN_INPUTS}) nor inputs_embeds; it takes {sorted(prefill.tensors)}")
+    ids = given.get(token_input)
+    if ids is not None and ids.shape[-1] != embeds.shape[1]:
+        raise GenerationError(f"{type(model).__name__}.generate's prefill takes inputs_embeds over {embeds.shape[1]} "
+                              f"positions beside {token_input} of {ids.shape[-1]}: generation export takes ids that "
+                              "name the embeddings' positions, or none")
+    return token_input, 0 if ids is None else ids.shape[-1]
 
 
 def _export_static(exporter, model, inputs, config, generation, max_cache_len: int) -> StaticGenerator:
@@ -148,16 +174,20 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     components, embedded, embed_inputs = {}, None, None
     if step.embeds:  # the prompt's call takes image / audio features: embed and embed_tokens components
         given = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-        embed, embedded = prefill_embeds(model, given)
-        step.deepstack = sum(1 for k in embedded if k.startswith(DEEPSTACK_PREFIX))
-        step.handed = tuple(handed_names(embedded))
-        embed_inputs = list(given)
         fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None)
-        components["embed"] = exporter.export(embed, given, fixed)
+        if isinstance(given.get("inputs_embeds"), torch.Tensor):  # the caller gives the prompt's embeddings itself
+            embedded, embed_inputs = {"inputs_embeds": given["inputs_embeds"]}, ["inputs_embeds"]  # (Blip-2's handoff)
+        else:
+            embed, embedded = prefill_embeds(model, given)
+            step.deepstack = sum(1 for k in embedded if k.startswith(DEEPSTACK_PREFIX))
+            step.handed = tuple(handed_names(embedded))
+            embed_inputs = list(given)
+            components["embed"] = exporter.export(embed, given, fixed)
         components["embed_tokens"] = exporter.export(TokenEmbeds(model, step.deepstack, step.handed).eval(),
                                                      {"input_ids": ids[:, :1]}, fixed)
         for label in ("embed", "embed_tokens"):
-            components[label].extra_metadata.update({"component": label, "cache": "static"})
+            if label in components:
+                components[label].extra_metadata.update({"component": label, "cache": "static"})
     example = step_example(step, ids, inputs.get("attention_mask") if step.takes_mask else None,
                            {k: inputs[k] for k in step.extras}, embedded)
     # fixed batch and cache; the sequence (a prompt, then one token) is the only dynamic dim, an explicit

@@ -88,7 +88,7 @@ class Generator:
         tensors = {k: v for k, v in given.items() if k in self.prefill_inputs and k in prefill.input_specs}
         tensors.update({k: derive_prefill_input(rule, given, self.generation) for k, rule in self.prefill_rules.items()})
         outputs = prefill(**flat_inputs(tensors, trees))
-        prompt = tensors[self.token_input]
+        prompt = _prompt(tensors, given, self.token_input, outputs["logits"].shape[0])
         unfinished = torch.ones(prompt.shape[0], dtype=torch.bool)
         new_tokens, step_logits = [], []
         decode = self.components["decode"]
@@ -182,3 +182,14 @@ class Generator:
         with open(path, "w") as f:
             json.dump(doc, f, indent=2)
         return path
+
+
+def _prompt(tensors: dict[str, torch.Tensor], given: dict[str, torch.Tensor], token_input: str, batch: int) -> torch.Tensor:
+    """The ids the returned sequences start with: the prefill's token input, or where the prefill takes the prompt as
+    ``inputs_embeds``, the ids the caller gave beside them (none: an empty prompt, as generate returns only the new
+    tokens then)."""
+    if token_input in tensors:
+        return tensors[token_input]
+    if token_input in given:
+        return given[token_input]
+    return torch.zeros(batch, 0, dtype=torch.long)

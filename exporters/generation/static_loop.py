@@ -146,7 +146,8 @@ class StaticGenerator:
         tokens, embedded = {"input_ids": input_ids}, {}
         if self.embed_inputs is not None:  # the embed component over the caller's inputs: the prompt's embeddings
             given = {"input_ids": input_ids, "attention_mask": attention_mask, **other}
-            embedded = self.components["embed"](**{k: given[k] for k in self.embed_inputs if given.get(k) is not None})
+            embedded = self.components["embed"](**{k: given[k] for k in self.embed_inputs if given.get(k) is not None}) \
+                if "embed" in self.components else {"inputs_embeds": given["inputs_embeds"]}  # the caller's own
             tokens = {k: v for k, v in embedded.items() if per_token_embedding(k)}
         feed: dict[str, torch.Tensor] = {**tokens, "cache_position": torch.arange(prompt), **extras}
         if self.takes_positions:
