@@ -31,16 +31,6 @@ from skips.records import ExportSkip
 
 EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
-        classes=("WhisperForConditionalGeneration",),
-        tests=("generate",),
-        stage="export",
-        reason="WhisperGenerationMixin.generate returns the new tokens without the decoder prompt it was given "
-               "(3 tokens for a 5-token decoder_input_ids and 3 forward calls), so how each decode-step input follows "
-               "from the step before cannot be read off the sequences (GenerationError in steps.infer_rules). Remove "
-               "when exporters/generation reads the chosen tokens from the captured calls instead of the returned "
-               "sequences",
-    ),
-    ExportSkip(
         classes=("BlipForConditionalGeneration", "Kosmos2ForConditionalGeneration"),
         tests=("generate",),
         variants=("static",),
@@ -417,7 +407,7 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "each step's token cannot be read off them (IndexError 'index 8 is out of bounds for dimension 1 with "
                "size 1' in steps.infer_rules, test_generate dynamo/dynamic at 8f88f7d; its prompt's first position "
                "is the start id, as the delay pattern writes). Remove when exporters/generation reads the chosen "
-               "tokens from the captured calls instead of the returned sequences (as Whisper's entry) and handles "
+               "tokens from the captured calls instead of the returned sequences and handles "
                "codebook rows; static: the item sizes its cache from those sequences and asks for max_cache_len=0 "
                "(GenerationError 'prompt is 7, longer than max_cache_len=0'), test_generate dynamo/static at 5cb5c06",
     ),
@@ -505,12 +495,14 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
         classes=("FSMTForConditionalGeneration",),
         tests=("generate",),
-        stage="export",
-        reason="FSMTConfig defaults to num_beams=5 (models/fsmt/configuration_fsmt.py), so generate(do_sample=False) "
-               "runs beam search, and the exported loop is greedy: check_supported refuses the setting by name "
-               "(GenerationError 'generation config sets [num_beams] ...', test_generate dynamo/dynamic at 8f88f7d). "
-               "Remove when the generation loop implements beam search (reordering the cache by beam); static: "
-               "GenerationError 'generation config sets [num_beams]', test_generate dynamo/static at 5cb5c06",
+        variants=("static",),
+        stage="compare",
+        reason="FSMTModel.forward builds no decoder mask when use_cache is set (models/fsmt/modeling_fsmt.py:857-866: "
+               "causal_mask and decoder_padding_mask None), so over a static cache its decoder attends to the "
+               "unwritten slots too: eager's own generate(cache_implementation='static') leaves its dynamic-cache "
+               "generate by 2.6e-3 in the logits at step 0, and the static artifact by the same 3.0e-3 "
+               "(GenerateMismatch, test_generate dynamo/static). Remove when FSMT masks its decoder's attention to "
+               "the positions written. (Its config's num_beams=5 is set to greedy by the sweep, sweeps/generate.py)",
     ),
     ExportSkip(
         classes=("Florence2ForConditionalGeneration",),

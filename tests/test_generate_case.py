@@ -90,3 +90,13 @@ def test_eager_generate_leaves_the_generation_config_as_it_found_it():
     assert _eager_generate(model, {"input_ids": torch.ones(1, 2, dtype=torch.long)}, recorded.__setitem__) == "generated"
     assert model.generation_config.return_dict_in_generate is not True
     assert recorded == {"generation_config_restored": True}
+
+
+def test_a_config_asking_for_beam_search_is_checked_greedy_and_says_so():
+    """FSMT's config defaults to num_beams=5: the item checks greedy search on both sides, recorded."""
+    from sweeps.generate import _build
+
+    case = SimpleNamespace(entry=SimpleNamespace(class_name="FSMTForConditionalGeneration"))
+    model, _, notes = _build(case, 0.2)
+    assert model.generation_config.num_beams == 1
+    assert notes["generation_config_set"]["num_beams"] == "1 (the model's config: 5)"

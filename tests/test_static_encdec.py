@@ -55,3 +55,41 @@ def test_a_tensor_the_decoder_reads_is_refused_by_name():
         same_inputs("M", calls, given, reads=lambda name: decoder_reads(model, calls, name))
     with pytest.raises(GenerationError, match="'pixel_values'"):  # without the check, refused as before
         same_inputs("M", calls, given)
+
+
+def test_the_decoder_prompt_rule_reads_how_generate_started_the_decoder():
+    """T5 and Bart start the decoder with the start token then any given ids; Whisper's generate takes the given
+    decoder_input_ids as the whole prompt (they hold its start and task tokens); anything else is refused."""
+    from exporters.generation.static_encdec import decoder_prompt_rule
+
+    given = {"input_ids": torch.ones(2, 4, dtype=torch.long), "decoder_input_ids": torch.tensor([[7, 8], [9, 10]])}
+    generation = {"decoder_start_token_id": 0}
+    assert decoder_prompt_rule("M", torch.tensor([[7, 8], [9, 10]]), given, generation) == "given"
+    assert decoder_prompt_rule("M", torch.tensor([[0, 7, 8], [0, 9, 10]]), given, generation) == "decoder_start"
+    assert decoder_prompt_rule("M", torch.zeros(2, 1, dtype=torch.long), {"input_ids": given["input_ids"]},
+                               generation) == "decoder_start"
+    with pytest.raises(GenerationError, match="neither the caller's nor the start token"):
+        decoder_prompt_rule("M", torch.tensor([[3, 3], [3, 3]]), given, generation)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_whisper_generates_from_its_given_decoder_prompt(cache):
+    """Whisper's generate returns its decoder prompt with the new tokens only in its dict form (the capture reads
+    that one), and takes the given decoder_input_ids as the whole prompt: both cache forms give eager's tokens."""
+    from exporters import get_exporter
+    from sweeps.generate import generate_inputs
+    from sweeps.runner import reference
+
+    tiny = reference("WhisperForConditionalGeneration", init_range=0.5).tiny
+    inputs = generate_inputs(tiny.inputs)
+    inputs["decoder_input_ids"] = torch.tensor([[35, 110, 125], [74, 61, 65]])
+    with torch.no_grad():
+        expected = tiny.model.generate(**inputs, max_new_tokens=6, do_sample=False, return_dict_in_generate=True).sequences
+    assert torch.equal(expected[:, :3], inputs["decoder_input_ids"])
+    exporter = get_exporter("dynamo")
+    if cache == "static":
+        generator = exporter.export_for_generation(tiny.model, inputs, cache="static", max_cache_len=16)
+        assert generator.encoder["decoder_prompt"] == "given"
+    else:
+        generator = exporter.export_for_generation(tiny.model, inputs, exporter.config_class(dynamic=True))
+    assert torch.equal(generator.generate(**inputs, max_new_tokens=6), expected)

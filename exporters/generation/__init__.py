@@ -33,7 +33,7 @@ from exporters.generation.quantized import checked_recipes, component_calibratio
 from exporters.generation.runners import llm_runner_methods, vocab_size
 from exporters.generation.static import CrossAttention, StaticStep, static_step_for, step_dynamic_shapes, step_example
 from exporters.generation.static_embeds import DEEPSTACK_PREFIX, TokenEmbeds, handed_names, prefill_embeds
-from exporters.generation.static_encdec import decoder_reads, encoder_spec, same_inputs
+from exporters.generation.static_encdec import decoder_prompt_rule, decoder_reads, encoder_spec, same_inputs
 from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.static_whole import WholeSequenceStep, shortest_sequence
 from exporters.generation.steps import TOKEN_INPUTS, Returned, check_no_module_state, infer_prefill_rules, infer_rules, record_returns
@@ -288,7 +288,7 @@ def _export_static_encoder_decoder(exporter, model, inputs, config, generation, 
     return StaticGenerator(components, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
                            cache_shapes=step.cache_shapes(), takes_positions=False, takes_mask=False,
                            generation=generation, metadata=metadata, token_input="decoder_input_ids",
-                           token_by_token=True, encoder=encoder_spec(call, same))
+                           token_by_token=True, encoder=encoder_spec(call, same, decoder_prompt_rule(name, ids, given, generation)))
 
 
 def _export_step(exporter, step, example: dict[str, torch.Tensor], config, retry_example):

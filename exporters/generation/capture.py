@@ -265,7 +265,10 @@ def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: i
         for label, (owner, method) in encoders.items():
             stack.enter_context(_recorded(owner, encoder_calls[label], _whole, method))
         stack.enter_context(torch.no_grad())
-        sequences = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+        # the dict form: Whisper's generate returns its decoder prompt with the new tokens only there
+        out = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+                             return_dict_in_generate=True)
+    sequences = out.sequences if hasattr(out, "sequences") else out
     if not calls:
         raise GenerationError(f"{type(model).__name__}.generate never called forward")
     return calls, encoder_calls, sequences

@@ -88,7 +88,13 @@ def generate_encoder_decoder(gen, given: dict[str, torch.Tensor], max_new_tokens
     encoded = gen.components["encoder"](**{k: given[k] for k in spec["inputs"]})
     fixed = {f"encoder_outputs__{i}": encoded[name] for i, name in enumerate(spec["outputs"])}
     fixed.update({step_name: given[name] for step_name, name in spec["same"].items()})
-    ids = derive_prefill_input("decoder_start", given, gen.generation)
+    # the decoder prompt as generate made it: the start token then any given ids (T5, Bart), or the given ids
+    # themselves where generate takes them as the whole prompt (Whisper's, which hold its start token)
+    rule = spec.get("decoder_prompt", "decoder_start")
+    ids = given.get("decoder_input_ids") if rule == "given" else derive_prefill_input(rule, given, gen.generation)
+    if ids is None:
+        raise GenerationError("this generator's decoder prompt is the caller's decoder_input_ids (as the model's "
+                              "generate took them at export); not given")
     batch, prompt = ids.shape
     if batch != gen.batch:
         raise GenerationError(f"the batch is {batch}; this static cache was exported for batch {gen.batch} exactly")
@@ -118,7 +124,26 @@ def generate_encoder_decoder(gen, given: dict[str, torch.Tensor], max_new_tokens
     return torch.cat([ids, torch.stack(new_tokens, dim=1)], dim=1), step_logits, cache
 
 
-def encoder_spec(call, same: Mapping[str, str]) -> dict[str, Any]:
+def encoder_spec(call, same: Mapping[str, str], decoder_prompt: str = "decoder_start") -> dict[str, Any]:
     """What the loop needs of the encoder component: its inputs (the caller's, by name), its outputs in the order
-    of the decoder's ``encoder_outputs__<i>`` inputs, and the ``same`` inputs."""
-    return {"inputs": list(call.tensors), "outputs": list(call.output_names), "same": dict(same)}
+    of the decoder's ``encoder_outputs__<i>`` inputs, the ``same`` inputs and how the decoder prompt follows from
+    the caller's inputs (``decoder_prompt_rule``)."""
+    return {"inputs": list(call.tensors), "outputs": list(call.output_names), "same": dict(same),
+            "decoder_prompt": decoder_prompt}
+
+
+def decoder_prompt_rule(name: str, ids: torch.Tensor, given: Mapping[str, torch.Tensor], generation: dict) -> str:
+    """``"given"`` where generate's first decoder call takes the caller's decoder_input_ids as they are (Whisper's
+    generate: its prompt holds the start and task tokens), else ``"decoder_start"`` (the start token, then any
+    given ids), checked against the ids generate passed."""
+    mine = given.get("decoder_input_ids")
+    if mine is not None and mine.shape == ids.shape and torch.equal(mine, ids):
+        return "given"
+    try:
+        derived = derive_prefill_input("decoder_start", dict(given), generation)
+    except KeyError:
+        derived = None
+    if derived is not None and derived.shape == ids.shape and torch.equal(derived, ids):
+        return "decoder_start"
+    raise GenerationError(f"{name}.generate's first decoder call takes decoder_input_ids {ids.tolist()}, neither the "
+                          "caller's nor the start token followed by them")
