@@ -352,3 +352,32 @@ def test_channels_last_copies_carry_their_value():
     assert copy.meta["val"].is_contiguous(memory_format=torch.channels_last)
     assert "val" not in create(None, gm, copy_op, (bare,), torch.channels_last).meta
     assert ChannelsLastTaggedReshapePass.create_call_function_node(None, gm, copy_op, (x,), torch.channels_last).meta == {}
+
+
+def test_an_op_asked_to_change_the_quantization_grid_stays_out_of_xnnpack():
+    """XNNPACK runs a static reshape or a concatenation of int8 values on one grid only and refuses, at load,
+    one whose inputs and output carry other scales or zero points (int8 Inkling2's unsqueeze: 'Failed to create
+    squeeze node'; D-FINE's cat: 'Failed to create cat2 node'); the partition constraint leaves such a node
+    out, and a reshape on one grid in."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from exporters.workarounds.executorch.xnnpack_partitioner import _regrids
+
+    q, dq = exir_ops.edge.quantized_decomposed.quantize_per_tensor.default, \
+        exir_ops.edge.quantized_decomposed.dequantize_per_tensor.default
+
+    def graph(op, out_grid, second_grid=None):
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        a = g.call_function(dq, (x, 0.002, 8, -128, 127, torch.int8))
+        args = ([a, g.call_function(dq, (x, *second_grid, -128, 127, torch.int8))], 0) if second_grid else (a, -1)
+        node = g.call_function(op, args)
+        g.output(g.call_function(q, (node, *out_grid, -128, 127, torch.int8)))
+        return node
+
+    unsqueeze, cat = exir_ops.edge.aten.unsqueeze_copy.default, exir_ops.edge.aten.cat.default
+    assert _regrids(graph(unsqueeze, (1.3e36, 127)))
+    assert not _regrids(graph(unsqueeze, (0.002, 8)))
+    assert _regrids(graph(cat, (0.002, 8), second_grid=(0.5, 0)))
+    assert not _regrids(graph(cat, (0.002, 8), second_grid=(0.002, 8)))
+    assert not _regrids(graph(exir_ops.edge.aten.permute_copy.default, (1.3e36, 127)))  # not a one-grid op

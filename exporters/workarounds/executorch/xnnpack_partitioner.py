@@ -136,16 +136,47 @@ def _patch_prelu_partition_constraints(original):
     return check_constraints
 
 
+# the ops XNNPACK runs on quantized values only on one grid, their inputs' and output's: the static reshapes
+# (XNNStaticReshape) and concatenation
+_ONE_GRID = ("aten.view_copy.default", "aten.squeeze_copy.dim", "aten.squeeze_copy.dims",
+             "aten.unsqueeze_copy.default", "aten.cat.default")
+
+
+def _regrids(node: torch.fx.Node) -> bool:
+    """Whether ``node``, one of ``_ONE_GRID`` between dequantizes and quantizes, is asked to change the grid: an
+    input dequantized with other (scale, zero point) than another input or a quantize of its output."""
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant
+
+    if getattr(getattr(node, "target", None), "__name__", None) not in _ONE_GRID:  # edge ops' "aten.<op>.<overload>"
+        return False
+    first = node.args[0] if node.args else None
+    sources = [n for n in (first if isinstance(first, (list, tuple)) else [first]) if isinstance(n, torch.fx.Node)]
+    grids = {tuple(n.args[1:3]) for n in sources if is_dequant(n)}
+    grids |= {tuple(user.args[1:3]) for user in node.users if is_quant(user)}
+    return len(grids) > 1
+
+
 @register_patch("executorch", "executorch.backends.xnnpack.partition.config.xnnpack_config.XNNPartitionerConfig.check_common_constraints")
 def _patch_xnnpack_rank_limit(original):
-    """XNNPACK defines tensors of at most ``XNN_MAX_TENSOR_DIMS`` (6) dims, but its partitioner takes
-    a view or permute of any rank; the program then lowers and fails to load: "XNNCompiler.cpp:
-    Failed to define tensor 0 with code: xnn_status_unsupported_parameter", "Failed to load method
-    forward, error: 0x1" (Inkling reshapes to 8 dims and permutes). Leave a node with an input or
-    output of more dims than that outside the delegate, to the portable kernels.
+    """Two limits of XNNPACK's runtime that its partitioner does not check; a node past either is left outside
+    the delegate, to the portable kernels.
+
+    - XNNPACK defines tensors of at most ``XNN_MAX_TENSOR_DIMS`` (6) dims, but its partitioner takes a view or
+      permute of any rank; the program then lowers and fails to load: "XNNCompiler.cpp: Failed to define tensor 0
+      with code: xnn_status_unsupported_parameter", "Failed to load method forward, error: 0x1" (Inkling reshapes
+      to 8 dims and permutes).
+    - A static reshape (view, squeeze, unsqueeze) or a concatenation of quantized values keeps their grid: XNNPACK
+      refuses one whose inputs and output are quantized with other scales or zero points, at load ("Failed to
+      create squeeze node 333 with code: xnn_status_invalid_parameter", "Failed to create cat2 node 1285 ...",
+      "Failed to load method forward, error: 0x1"). PT2E leaves such an op between its producers' dequantizes and
+      its consumer's input quantize, and the grids differ where the observers saw other values: int8 Inkling2's
+      unsqueeze, dequantized at scale 2e-3 and quantized at 1.3e36 (an observer beside the attention mask's
+      finfo.min fill); int8 D-FINE's concatenation.
 
     before: permute_copy(x[2, 2, 1, 1, 3, 1, 3, 3]) in an XNNPACK partition -> load error 0x1
-    after:  it runs outside the delegate
+            q(unsqueeze_copy(dq(x, 2e-3, 8)), 1.3e36, 127) in an XNNPACK partition -> load error 0x1
+            q(cat([dq(a, s1, z1), dq(b, s2, z2)]), s3, z3), not all grids one, likewise
+    after:  each runs outside the delegate
     """
     from executorch.backends.xnnpack.utils.xnnpack_constants import XNN_MAX_TENSOR_DIMS
 
@@ -156,7 +187,7 @@ def _patch_xnnpack_rank_limit(original):
                     yield v.dim()
 
     def check_common_constraints(self, node, ep) -> bool:
-        return original(self, node, ep) and max(ranks(node), default=0) <= XNN_MAX_TENSOR_DIMS
+        return original(self, node, ep) and max(ranks(node), default=0) <= XNN_MAX_TENSOR_DIMS and not _regrids(node)
 
     return check_common_constraints
 
