@@ -505,19 +505,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "the positions written. (Its config's num_beams=5 is set to greedy by the sweep, sweeps/generate.py)",
     ),
     ExportSkip(
-        classes=("Florence2ForConditionalGeneration",),
-        tests=("generate",),
-        stage="export",
-        reason="Florence2's _maybe_prepare_encoder_kwargs_for_generation (models/florence2/modeling_florence2.py) "
-               "builds the encoder's inputs_embeds in Python (the text embeddings with get_image_features' pooled "
-               "output scattered in) and calls the encoder with inputs_embeds alone, so the encoder component cannot "
-               "take the caller's input_ids and pixel_values (GenerationError 'encoder takes [inputs_embeds], which "
-               "the caller does not give', test_generate dynamo/dynamic at 8f88f7d). Remove when exporters/generation "
-               "exports that preparation as an encoder component (or the model does it inside a module); static: "
-               "GenerationError 'encoder takes [inputs_embeds], which the caller does not give', test_generate "
-               "dynamo/static at 5cb5c06",
-    ),
-    ExportSkip(
         classes=("Qwen2_5OmniThinkerForConditionalGeneration", "Qwen3OmniMoeThinkerForConditionalGeneration"),
         tests=("generate",),
         stage="export",

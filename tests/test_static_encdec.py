@@ -93,3 +93,26 @@ def test_whisper_generates_from_its_given_decoder_prompt(cache):
     else:
         generator = exporter.export_for_generation(tiny.model, inputs, exporter.config_class(dynamic=True))
     assert torch.equal(generator.generate(**inputs, max_new_tokens=6), expected)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_florence2_encoder_component_is_its_own_encoder_hook(cache):
+    """Florence2's generate builds its encoder's inputs_embeds in its override of the encoder hook (text embeddings
+    with the image features scattered in): the encoder component is that hook over the caller's input_ids, mask and
+    pixel_values (exporters/generation/encoder_prep.py), and both cache forms give eager's tokens."""
+    from exporters import get_exporter
+    from sweeps.generate import generate_inputs
+    from sweeps.runner import reference
+
+    tiny = reference("Florence2ForConditionalGeneration", init_range=0.2).tiny
+    inputs = generate_inputs(tiny.inputs)
+    inputs.pop("decoder_input_ids", None)
+    with torch.no_grad():
+        expected = tiny.model.generate(**inputs, max_new_tokens=6, do_sample=False)
+    exporter = get_exporter("dynamo")
+    if cache == "static":
+        generator = exporter.export_for_generation(tiny.model, inputs, cache="static", max_cache_len=16)
+    else:
+        generator = exporter.export_for_generation(tiny.model, inputs, exporter.config_class(dynamic=True))
+    assert sorted(generator.components["encoder"].input_names) == ["attention_mask", "input_ids", "pixel_values"]
+    assert torch.equal(generator.generate(**inputs, max_new_tokens=6), expected)

@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
-from exporters.generation.capture import GenerationError, capture_generate, encoder_of, encoders_of
-from exporters.generation.component import FlatComponent, component_module, flat_call_inputs
+from exporters.generation.capture import PREPARED, GenerationError, capture_generate, encoder_of, encoders_of
+from exporters.generation.component import FlatComponent, flat_call_inputs
 from exporters.generation.delegated import DelegatedGenerator, export_delegated, find_delegate
+from exporters.generation.encoder_prep import encoder_module, prepared_encoder_call
 from exporters.generation.generator import GenerateOutput, Generator
 from exporters.generation.processors import check_supported
 from exporters.generation.quantized import checked_recipes, component_calibration
@@ -96,7 +97,7 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
                                   "comes from")
     config = config if config is not None else exporter.config_class()
     encoders = encoders_of(model)
-    parts = [(label, component_module(*encoders[label]), call) for label, call in encoder_call.items()] \
+    parts = [(label, encoder_module(model, *encoders[label], call), call) for label, call in encoder_call.items()] \
         + [("prefill", model, prefill), ("decode", model, decode)]
     baked = tuple(k for k, r in prefill_trees.items() if r == "initial")
     recipes = checked_recipes(quantization, [label for label, _, _ in parts])
@@ -272,9 +273,8 @@ def _export_static_encoder_decoder(exporter, model, inputs, config, generation, 
                       cross=CrossAttention(layout, len(leaves), same, cross_example)).eval()
     config = config if config is not None else exporter.config_class()
     fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None, accept_size_one=False)
-    owner, method = encoders_of(model)["encoder"]
     call = encoder_call["encoder"]
-    encoder = exporter.export(FlatComponent(component_module(owner, method), call).eval(),
+    encoder = exporter.export(FlatComponent(encoder_module(model, *encoders_of(model)["encoder"], call), call).eval(),
                               {**flat_call_inputs(call), **call.constants}, fixed)
     example = {"input_ids": ids[:, :1], "cache_position": torch.tensor([0]), **cross_example,
                **(step.initial_cache() if state == "inputs" else {})}
@@ -327,8 +327,14 @@ def _encoder_calls(model, encoder_calls: dict, given) -> dict:
     video encoders, those its inputs use), checked to take only what the caller gives."""
     chosen = {}
     for label, calls in encoder_calls.items():
+        if label == PREPARED:  # the encoder hook's calls: taken below for an encoder that takes what no caller gives
+            continue
         if not calls and label != "encoder":
             continue  # a modality the inputs do not have (no video)
+        prepared = prepared_encoder_call(encoder_calls, given) if label == "encoder" else None
+        if prepared is not None and len(calls) == 1 and (calls[0].trees or any(k not in given for k in calls[0].tensors)):
+            chosen[label] = prepared  # the model's own hook builds what its encoder takes (exporters/generation/encoder_prep.py)
+            continue
         if len(calls) != 1:
             raise GenerationError(f"{type(model).__name__}.generate called its {label} {len(calls)} times; "
                                   "generation export takes one call of each encoder before the decoder steps")

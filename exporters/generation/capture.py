@@ -252,6 +252,44 @@ def encoders_of(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str]
     return {"encoder": (encoder, "forward")} if encoder is not None else modality_encoders(model)
 
 
+PREPARE_ENCODER = "_maybe_prepare_encoder_kwargs_for_generation"  # generate's hook that runs the encoder
+PREPARED = "encoder_preparation"  # the label its recorded calls go under
+
+
+def prepares_encoder_inputs(model: torch.nn.Module) -> bool:
+    """Whether an encoder-decoder's class overrides generate's encoder hook: it builds the encoder's inputs itself
+    (Florence2 merges the image features into the text embeddings and calls its encoder with inputs_embeds)."""
+    from transformers import GenerationMixin
+
+    own = getattr(type(model), PREPARE_ENCODER, None)
+    return encoder_of(model) is not None and own is not None and own is not getattr(GenerationMixin, PREPARE_ENCODER, None)
+
+
+def _recorded_preparation(model: torch.nn.Module, calls: list[Call]):
+    """Within the block, every call of the model's encoder hook is appended to ``calls``: the caller's tensors it
+    takes (its main input by ``model_input_name``, the tensors among ``model_kwargs``), its plain model kwargs as
+    constants, and the ``encoder_outputs`` it returns as the call's outputs; ``call.preparation`` keeps the input's
+    name and the generation config it was given."""
+
+    def record(prepare, args, kwargs):
+        named = _by_name(prepare, args, kwargs, f"{type(model).__name__}.{PREPARE_ENCODER}")
+        name, model_kwargs = named.get("model_input_name"), dict(named.get("model_kwargs") or {})
+        tensors = {k: v for k, v in model_kwargs.items() if isinstance(v, torch.Tensor)}
+        if isinstance(named.get("inputs_tensor"), torch.Tensor) and name:
+            tensors[name] = named["inputs_tensor"]
+        call = _split({**tensors, **{k: v for k, v in model_kwargs.items() if isinstance(v, (bool, int, float, str))}})
+        out = prepare(**named)
+        encoded = out.get("encoder_outputs") if isinstance(out, Mapping) else None
+        if encoded is not None:
+            call.output_trees = _whole(encoded)
+            call.output_names = [n for n, v in leaf_names_and_values(encoded) if isinstance(v, torch.Tensor)]
+            call.preparation = (name, named.get("generation_config"))
+            calls.append(call)
+        return out
+
+    return forward_wrapped(model, record, PREPARE_ENCODER)
+
+
 def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int
                      ) -> tuple[list[Call], dict[str, list[Call]], torch.Tensor]:
     """``model.generate(**inputs, max_new_tokens=steps, do_sample=False)`` with every call of the model's
@@ -264,6 +302,9 @@ def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: i
         stack.enter_context(_recorded(model, calls))
         for label, (owner, method) in encoders.items():
             stack.enter_context(_recorded(owner, encoder_calls[label], _whole, method))
+        if prepares_encoder_inputs(model):
+            encoder_calls[PREPARED] = []
+            stack.enter_context(_recorded_preparation(model, encoder_calls[PREPARED]))
         stack.enter_context(torch.no_grad())
         # the dict form: Whisper's generate returns its decoder prompt with the new tokens only there
         out = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
