@@ -381,3 +381,33 @@ def test_an_op_asked_to_change_the_quantization_grid_stays_out_of_xnnpack():
     assert _regrids(graph(cat, (0.002, 8), second_grid=(0.5, 0)))
     assert not _regrids(graph(cat, (0.002, 8), second_grid=(0.002, 8)))
     assert not _regrids(graph(exir_ops.edge.aten.permute_copy.default, (1.3e36, 127)))  # not a one-grid op
+
+
+def test_a_quantized_conv1d_whose_users_do_not_quantize_on_one_grid_stays_out_of_xnnpack():
+    """XNNPACK's Conv1dUnsqueezePass gives the squeeze after a quantized conv1d one quantize-dequantize pair, the
+    first user's grid, and only where every user quantizes: a conv1d feeding a slice (int8 Mimi's codec) or two
+    grids made a squeeze XNNPACK refuses at load; such a conv1d is left out, one quantized on one grid is kept."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from exporters.workarounds.executorch.xnnpack_partitioner import _patch_conv1d_dynamic_dims_constraint
+
+    check = _patch_conv1d_dynamic_dims_constraint(lambda self, node, ep: True)
+    q, dq = exir_ops.edge.quantized_decomposed.quantize_per_tensor.default, \
+        exir_ops.edge.quantized_decomposed.dequantize_per_tensor.default
+
+    def conv1d(*users):
+        g = torch.fx.Graph()
+        x, w = g.placeholder("x"), g.placeholder("w")
+        x.meta["val"], w.meta["val"] = torch.empty(1, 4, 8), torch.empty(4, 4, 3)
+        conv = g.call_function(exir_ops.edge.aten.convolution.default,
+                               (g.call_function(dq, (x, 0.1, 0, -128, 127, torch.int8)), w, None, [1], [0], [1], False, [0], 1))
+        conv.args[0].meta["val"], conv.meta["val"] = torch.empty(1, 4, 8), torch.empty(1, 4, 6)
+        for user in users:
+            g.call_function(q, (conv, *user, -128, 127, torch.int8)) if user else \
+                g.call_function(exir_ops.edge.aten.slice_copy.Tensor, (conv, 2, 0, 5))
+        return conv
+
+    assert check(None, conv1d((0.2, 3)), None)
+    assert check(None, conv1d((0.2, 3), (0.2, 3)), None)
+    assert not check(None, conv1d(None), None)  # a slice, not a quantize
+    assert not check(None, conv1d((0.2, 3), (0.5, 0)), None)  # two grids

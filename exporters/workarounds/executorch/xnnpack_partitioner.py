@@ -67,9 +67,18 @@ def _patch_conv1d_dynamic_dims_constraint(original):
     ("XNNPACK reshape only supports 1 dynamic dimension": Wav2Vec2's conv feature encoder). Leave such
     a conv1d to the portable kernel; one with a single symbolic dimension is still delegated.
 
+    The same pass puts a quantize-dequantize pair between a quantized 2-D convolution and its squeeze only where
+    every user of the convolution quantizes, with the grid of the first: where a user does not (int8 Mimi's and
+    PocketTTS's codec convolution feeding a slice) or quantizes on another grid, the squeeze is asked to change
+    the grid, which XNNPACK refuses at load ("Failed to create squeeze node 65535 with code:
+    xnn_status_invalid_parameter"). Leave a conv1d over dequantized values out unless its users all quantize on
+    one grid.
+
     before: convolution(x[s0, C, s1], w[O, C, K]) partitioned -> RuntimeError at to_backend
+            slice(conv1d(dq(x), dq(w))) partitioned -> load error 0x1
     after:  it runs outside the delegate
     """
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant
 
     def check_constraints(self, node, ep) -> bool:
         if not original(self, node, ep):
@@ -77,6 +86,10 @@ def _patch_conv1d_dynamic_dims_constraint(original):
         weight = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
         if weight is None or weight.dim() != 3:
             return True
+        if is_dequant(node.args[0]):  # quantized: the squeeze after it gets one grid, its users' (see above)
+            users = list(node.users)
+            if not all(is_quant(user) for user in users) or len({tuple(user.args[1:3]) for user in users}) > 1:
+                return False
         return _symbolic_dims(node.args[0]) <= 1 and _symbolic_dims(node) <= 1
 
     return check_constraints
