@@ -68,3 +68,12 @@ def test_an_export_with_a_chunk_loop_bounded_to_one_chunk_passes():
         y = torch.randn(1, n, 4)
         (got,) = artifact(x=y).values()
         torch.testing.assert_close(got, _Chunked()(y))
+
+
+def test_a_point_where_torch_refuses_the_arguments_leaves_the_condition_undecided():
+    """torch's Mod raises AssertionError for a negative dividend (SeamlessM4T's speech encoder lengths, where a
+    size minus a kernel goes below zero at the low end of the range): undecided, torch guards as before, instead
+    of the export failing with 'AssertionError: -32'."""
+    env = ShapeEnv()
+    s = _symbol(env, "frames", 40, 1, 64)
+    assert decide_over_range(env, sympy.Eq(Mod(s - 33, 8), 0)) is None
