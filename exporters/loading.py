@@ -23,7 +23,7 @@ import torch
 
 from exporters.base import Artifact
 from exporters.generation import DelegatedGenerator, Generator
-from exporters.generation.delegated import load_delegated
+from exporters.generation.delegated import HANDOFF, delegated_from
 from exporters.generation.generator import FORMAT, GENERATOR_FILE
 from exporters.generation.static_loop import FORMAT as STATIC_FORMAT
 from exporters.generation.static_loop import StaticGenerator
@@ -125,8 +125,8 @@ def _load_executorch(directory, meta, where):
 
 
 def load_generator(directory: str | os.PathLike) -> Generator | StaticGenerator | DelegatedGenerator:
-    """The generator saved in ``directory`` (``Generator.save`` or ``StaticGenerator.save``): its
-    components and step rules."""
+    """The generator saved in ``directory`` (``Generator.save``, ``StaticGenerator.save`` or
+    ``DelegatedGenerator.save``): its components and step rules."""
     directory = os.fspath(directory)
     where = os.path.join(directory, GENERATOR_FILE)
     doc = _read_json(where)
@@ -137,9 +137,14 @@ def load_generator(directory: str | os.PathLike) -> Generator | StaticGenerator 
     for name, where_to in dirs.items():
         if os.path.isabs(where_to) or ".." in where_to.replace("\\", "/").split("/"):
             raise LoadError(f"{where}: component {name!r} lies outside the folder ({where_to!r})")
-    delegated = doc.pop("delegated", None)
+    delegated = doc.pop("delegated", None)  # a model whose generate hands a sub-model's generate its inputs
     inner = _load_generator(directory, where, doc, dirs)
-    return inner if delegated is None else load_delegated(directory, {"delegated": delegated}, inner, load_artifact)
+    if delegated is None:
+        return inner
+    try:
+        return delegated_from(delegated, load_artifact(os.path.join(directory, HANDOFF)), inner)
+    except ValueError as exc:
+        raise LoadError(f"{where}: {exc}") from None
 
 
 def _load_generator(directory: str, where: str, doc: dict, dirs: dict) -> Generator | StaticGenerator:

@@ -108,3 +108,18 @@ def test_a_generate_that_rewrites_the_sub_models_result_is_refused():
 
     with pytest.raises(GenerationError, match="returns something else"):
         find_delegate(_Rewrites(tiny_llama()), {"input_ids": torch.tensor([[3, 4, 5]])})
+
+
+def test_a_tampered_delegated_generator_json_is_refused_by_name(blip2, tmp_path):
+    import json
+
+    from exporters.loading import LoadError
+
+    model, inputs = blip2
+    generator = get_exporter("dynamo").export_for_generation(model, inputs, get_exporter("dynamo").config_class(dynamic=True))
+    path = generator.save(tmp_path)
+    doc = json.load(open(path))
+    doc["delegated"]["passthrough"] = {"input_ids": "labels"}
+    json.dump(doc, open(path, "w"))
+    with pytest.raises(LoadError, match="passes on \\['labels'\\], which the handoff component does not take"):
+        load_generator(tmp_path)

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError, forward_wrapped
-from exporters.generation.generator import GENERATOR_FILE
 
 HANDOFF = "handoff"
 # what generate takes to run its loop, never handed on as an input: the caller's own, passed to the inner loop
@@ -221,10 +220,18 @@ class DelegatedGenerator:
         return path
 
 
-def load_delegated(directory: str, doc: Mapping[str, Any], inner, load_artifact) -> DelegatedGenerator:
-    spec = doc["delegated"]
-    for key in ("child", "passthrough", "constants", "model_class"):
-        if key not in spec:
-            raise GenerationError(f"{os.path.join(directory, GENERATOR_FILE)}: 'delegated' has no {key!r}")
-    return DelegatedGenerator(load_artifact(os.path.join(directory, HANDOFF)), inner, spec["child"], spec["passthrough"],
-                              spec["constants"], spec["model_class"])
+def delegated_from(spec: Mapping[str, Any], handoff, inner) -> DelegatedGenerator:
+    """The generator ``DelegatedGenerator.save`` described in ``spec`` (its generator.json's "delegated"), over the
+    loaded handoff artifact and inner generator; a ValueError names what does not fit (a key missing, an input the
+    handoff does not take, a constant the loop does not take)."""
+    missing = [k for k in ("child", "passthrough", "constants", "model_class") if k not in spec]
+    if missing:
+        raise ValueError(f"'delegated' has no {missing}")
+    unknown = sorted(set(spec["passthrough"].values()) - set(handoff.input_names))
+    if unknown:
+        raise ValueError(f"'delegated' passes on {unknown}, which the handoff component does not take "
+                         f"({handoff.input_names})")
+    odd = sorted(set(spec["constants"]) - set(LOOP_CONSTANTS))
+    if odd:
+        raise ValueError(f"'delegated' sets {odd}; the loop takes {list(LOOP_CONSTANTS)} only")
+    return DelegatedGenerator(handoff, inner, spec["child"], spec["passthrough"], spec["constants"], spec["model_class"])
