@@ -18,9 +18,10 @@ def durations(path: str) -> dict[tuple[str, str], float]:
     calls = {}
     for line in open(path, encoding="utf-8"):
         report = json.loads(line)
-        name = report.get("nodeid", "").split("::")[-1]
+        nodeid = report.get("nodeid", "")
+        name = nodeid.split("::")[-1]
         if report.get("$report_type") == "TestReport" and report.get("when") == "call" and "[" in name \
-                and report.get("outcome") == "passed":
+                and report.get("outcome") == "passed" and nodeid.startswith("sweeps/"):  # sweep items, not unit tests
             test, item = name.split("[", 1)
             calls[(test, item.rstrip("]"))] = report["duration"]
     return calls
