@@ -281,7 +281,7 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
             config = dataclasses.replace(config, max_dim=longest)
             record("max_dim_raised", longest)
         if case.variant == "static":
-            max_cache_len = _static_length(prompt + new.shape[1])
+            max_cache_len = _static_length(longest)
             record("max_cache_len", max_cache_len)
             generator = exporter.export_for_generation(model, inputs, config, cache="static",
                                                        max_cache_len=max_cache_len)

@@ -68,7 +68,7 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     delegate = find_delegate(model, inputs)
     if delegate is not None:  # its generate hands a sub-model's generate what it computed (Blip-2, Kosmos-2)
         return export_delegated(exporter, model, inputs, config, delegate, lambda child, handed, recipes: export_for_generation(
-            exporter, child, handed, config, cache, max_cache_len, recipes), cache, quantization)
+            exporter, child, handed, config, cache, max_cache_len, recipes), quantization)
     generation = _generation_dict(model)
     check_supported(generation, type(model).__name__)
     if cache == "static":

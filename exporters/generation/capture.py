@@ -34,6 +34,8 @@ class Call:
     # the names of the tensor leaves of what it returned, in flattening order, as an artifact names its
     # outputs (an artifact may list them in another order: a ModelOutput's fields, not its set keys)
     output_names: list[str] = dataclasses.field(default_factory=list)
+    # a call of generate's encoder hook (_recorded_preparation): its main input's name and the generation config
+    preparation: tuple[str, Any] | None = None
 
     def query_length(self) -> int | None:
         ids = self.tensors.get("input_ids", self.tensors.get("decoder_input_ids"))

@@ -41,10 +41,16 @@ class _HandedOff(Exception):  # noqa: N818 - not an error: how the handoff compo
 
 @dataclasses.dataclass
 class Delegate:
-    """``child``: the attribute naming the sub-model; ``kwargs``: what the model's generate passed its generate."""
+    """``child``: the attribute naming the sub-model; ``kwargs``: what the model's generate passed its generate;
+    ``passthrough``: those of its tensors that are the caller's own inputs unchanged (name -> the input's name)."""
 
     child: str
     kwargs: dict[str, Any]
+    passthrough: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def computed(self) -> list[str]:
+        """The tensors the model's generate computed before the call: the handoff component's outputs."""
+        return [k for k in self.tensors() if k not in self.passthrough]
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.kwargs.items() if isinstance(v, torch.Tensor)}
@@ -90,8 +96,8 @@ def find_delegate(model: torch.nn.Module, inputs: Mapping[str, Any]) -> Delegate
             stack.enter_context(forward_wrapped(child, recorded(name), "generate"))
         stack.enter_context(torch.no_grad())
         # on copies: generate may write its inputs in place (Blip sets input_ids[:, 0] to its bos id)
-        result = model.generate(**{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()},
-                                max_new_tokens=2, do_sample=False)
+        own = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        result = model.generate(**own, max_new_tokens=2, do_sample=False)
     if forwards or not handed:
         return None
     if len(handed) != 1 or result is not handed[0][2]:
@@ -99,12 +105,14 @@ def find_delegate(model: torch.nn.Module, inputs: Mapping[str, Any]) -> Delegate
                               "something else than one such call's result: generation export takes a generate that hands "
                               "one sub-model's generate its inputs and returns what it returns")
     name, kwargs, _ = handed[0]
-    return Delegate(name, {k: v for k, v in kwargs.items() if k not in LOOP_ARGS})
+    passthrough = {k: n for k, v in kwargs.items() if isinstance(v, torch.Tensor)
+                   for n, t in own.items() if t is v}
+    return Delegate(name, {k: v for k, v in kwargs.items() if k not in LOOP_ARGS}, passthrough)
 
 
 class HandoffComponent(torch.nn.Module):
-    """``model.generate(**inputs)`` run until it calls ``<child>.generate``; returns the tensors that call was given
-    that are not the caller's own inputs unchanged (those are passed on as they are: ``passthrough``)."""
+    """``model.generate(**inputs)`` run until it calls ``<child>.generate``; returns the ``outputs`` among the tensors
+    that call was given (those it computed; the caller's own inputs it hands on unchanged are passed on as they are)."""
 
     def __init__(self, model: torch.nn.Module, child: str, outputs: list[str]):
         super().__init__()
@@ -112,28 +120,21 @@ class HandoffComponent(torch.nn.Module):
         self.child = child
         self.outputs = list(outputs)
 
-    def handed(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-        # generate may write its inputs in place (Blip sets input_ids[:, 0] to its bos id): never the caller's
-        own = {k: v.clone() for k, v in inputs.items()}
-
+    def forward(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
         def stop(generate, args, kwargs):
             raise _HandedOff(kwargs)
 
+        # on copies: generate may write its inputs in place (Blip sets input_ids[:, 0] to its bos id)
+        own = {k: v.clone() for k, v in inputs.items()}
         try:
             with forward_wrapped(getattr(self.model, self.child), stop, "generate"), torch.no_grad():
                 self.model.generate(**own, max_new_tokens=1, do_sample=False)
         except _HandedOff as handoff:
-            return {k: ("input", next(n for n, t in own.items() if t is v))
-                    if any(t is v for t in own.values()) else v for k, v in handoff.kwargs.items()
-                    if isinstance(v, torch.Tensor)}
+            return {k: handoff.kwargs[k] for k in self.outputs}
         raise GenerationError(f"{type(self.model).__name__}.generate returned without calling {self.child}.generate")
 
-    def forward(self, **inputs: torch.Tensor) -> dict[str, torch.Tensor]:
-        handed = self.handed(inputs)
-        return {k: handed[k] for k in self.outputs}
 
-
-def export_delegated(exporter, model, inputs: Mapping[str, Any], config, delegate: Delegate, export_inner, cache: str,
+def export_delegated(exporter, model, inputs: Mapping[str, Any], config, delegate: Delegate, export_inner,
                      quantization) -> DelegatedGenerator:
     """The handoff component over the caller's tensors and ``export_inner(child, handed_inputs, quantization)``,
     the sub-model's generation export."""
@@ -146,18 +147,15 @@ def export_delegated(exporter, model, inputs: Mapping[str, Any], config, delegat
         raise GenerationError(f"quantization names {HANDOFF!r}: {name}'s handoff component (its generate up to "
                               f"{delegate.child}.generate) takes no recipe; name the sub-model's components")
     given = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-    probe = HandoffComponent(model, delegate.child, []).eval()
-    handed = probe.handed(given)
-    passthrough = {k: v[1] for k, v in handed.items() if isinstance(v, tuple)}
-    computed = [k for k in handed if k not in passthrough]
-    handoff_module = HandoffComponent(model, delegate.child, computed).eval()
+    handoff_module = HandoffComponent(model, delegate.child, delegate.computed()).eval()
     with torch.no_grad():  # generate is a no_grad function: under grad mode the export would hold a grad-mode switch
         handoff = exporter.export(handoff_module, given, config if config is not None else exporter.config_class())
     handoff.extra_metadata["component"] = HANDOFF
-    inner_inputs = {**{k: handed[k] for k in computed}, **{k: given[src] for k, src in passthrough.items()},
+    # the sub-model's inputs as find_delegate's run of generate handed them on
+    inner_inputs = {**delegate.tensors(), **{k: given[src] for k, src in delegate.passthrough.items()},
                     **delegate.constants()}
     inner = export_inner(getattr(model, delegate.child), inner_inputs, quantization)
-    return DelegatedGenerator(handoff, inner, delegate.child, passthrough, delegate.constants(), name)
+    return DelegatedGenerator(handoff, inner, delegate.child, delegate.passthrough, delegate.constants(), name)
 
 
 class DelegatedGenerator:

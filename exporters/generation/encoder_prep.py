@@ -45,7 +45,6 @@ def encoder_module(model: torch.nn.Module, owner: torch.nn.Module, method: str, 
     else the encoder's own method."""
     from exporters.generation.component import component_module
 
-    preparation = getattr(call, "preparation", None)
-    if preparation is not None:
-        return PreparedEncoder(model, *preparation)
+    if call.preparation is not None:
+        return PreparedEncoder(model, *call.preparation)
     return component_module(owner, method)

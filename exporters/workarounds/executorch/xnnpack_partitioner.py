@@ -88,7 +88,7 @@ def _patch_conv1d_dynamic_dims_constraint(original):
             return True
         if is_dequant(node.args[0]):  # quantized: the squeeze after it gets one grid, its users' (see above)
             users = list(node.users)
-            if not all(is_quant(user) for user in users) or len({tuple(user.args[1:3]) for user in users}) > 1:
+            if not all(is_quant(user) for user in users) or len({_grid(user) for user in users}) > 1:
                 return False
         return _symbolic_dims(node.args[0]) <= 1 and _symbolic_dims(node) <= 1
 
@@ -149,6 +149,11 @@ def _patch_prelu_partition_constraints(original):
     return check_constraints
 
 
+def _grid(node: torch.fx.Node) -> tuple:
+    """A per-tensor quantize's or dequantize's (scale, zero point)."""
+    return tuple(node.args[1:3])
+
+
 # the ops XNNPACK runs on quantized values only on one grid, their inputs' and output's: the static reshapes
 # (XNNStaticReshape) and concatenation
 _ONE_GRID = ("aten.view_copy.default", "aten.squeeze_copy.dim", "aten.squeeze_copy.dims",
@@ -164,8 +169,7 @@ def _regrids(node: torch.fx.Node) -> bool:
         return False
     first = node.args[0] if node.args else None
     sources = [n for n in (first if isinstance(first, (list, tuple)) else [first]) if isinstance(n, torch.fx.Node)]
-    grids = {tuple(n.args[1:3]) for n in sources if is_dequant(n)}
-    grids |= {tuple(user.args[1:3]) for user in node.users if is_quant(user)}
+    grids = {_grid(n) for n in sources if is_dequant(n)} | {_grid(user) for user in node.users if is_quant(user)}
     return len(grids) > 1
 
 
