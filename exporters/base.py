@@ -88,6 +88,7 @@ class Artifact:
     file_name = ""
     reference = None  # a quantized export: PyTorch's quantized model, called as the artifact (Exporter._with_reference)
     reference_spread = None  # and how far one-step rounding moves its outputs (exporters/quantization/rounding.py)
+    reference_scales = None  # and the grid of each output that leaves a quantize (exporters/quantization/grid.py)
     reference_given = None  # and the reference run with given selection indices (exporters/quantization/selections.py)
 
     def __init__(self, *, input_names, output_names, input_specs, constants, fired, config, extra_metadata=None,
@@ -283,8 +284,14 @@ class Exporter:
                 with torch.no_grad():
                     return flatten_outputs(module.given(indices, **inputs))
 
+            def reference_scales(**inputs: Any) -> dict[str, float]:
+                from exporters.quantization.grid import output_scales
+
+                return output_scales(module, inputs)
+
             artifact.reference = reference
             artifact.reference_spread = reference_spread
+            artifact.reference_scales = reference_scales
             artifact.reference_given = reference_given
             artifact.extra_metadata["quantization"] = quantized.metadata
         return artifact

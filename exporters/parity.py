@@ -84,8 +84,11 @@ def assert_close(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tens
 # ── Quantized artifacts ───────────────────────────────────────────────────────────────────────────
 # A quantized artifact is compared with its quantized reference (the module ``convert_pt2e`` returned,
 # run by PyTorch: exporters.quantization), not with fp32 eager. Unit: the output's quantization step,
-# ``(max - min) / 255`` of the reference output (the step of an 8-bit grid over its own range; for an
-# output that leaves a quantized op, the scale its observer chose on the same input). Every floating
+# ``(max - min) / 255`` of the reference output (the step of an 8-bit grid over its own range), or, for an
+# output that leaves a quantize, the scale of that quantize where it is larger (exporters/quantization/grid.py:
+# observers widen their range to hold zero and XNNPACK's floor the scale at 2**-12, so a small output far from
+# zero lies on a grid coarser than its range; SEW's four classification logits, within 2.4e-4 of each other,
+# leave a quantize of scale 2.4e-4, 128 range steps, and one rounding flip there is one step). Every floating
 # element must satisfy |actual - reference| <= atol + rtol * |reference| + QUANT_STEPS * step, the first
 # two terms the backend's fp32 tolerance (TOLERANCES); integer outputs are exact.
 #
@@ -127,11 +130,15 @@ QUANT_SPREAD_CAP = 64.0
 # flipped choice (sweep logs at 699007a, onnx: Emu3 argmin 25 steps, 244 before; RTDetr top-k 20.4,
 # Wav2Vec2Conformer argmax 16.9; Kolibri1 and Inkling2 stay past the cap, 109 and 143, and pass within 64).
 
-def quantization_step(reference: torch.Tensor) -> float:
-    """One step of an 8-bit grid over the reference output's range (0.0 for a constant output)."""
+def quantization_step(reference: torch.Tensor, scale: float | None = None) -> float:
+    """One step of an 8-bit grid over the reference output's range (0.0 for a constant output), or ``scale``
+    where that is larger: the spacing of the grid the output lies on when it leaves a quantize
+    (exporters/quantization/grid.py; an observer's range holds zero and XNNPACK's scale has a floor, so that
+    grid can be coarser than the output's own range)."""
     r = reference.detach().to(torch.float64)
     finite = r[torch.isfinite(r)]
-    return float(finite.max() - finite.min()) / 255 if finite.numel() else 0.0
+    step = float(finite.max() - finite.min()) / 255 if finite.numel() else 0.0
+    return max(step, scale) if scale else step
 
 
 def quantized_bound(step: float, spread: float | None) -> float:
@@ -144,12 +151,13 @@ def quantized_bound(step: float, spread: float | None) -> float:
 
 
 def compare_quantized(reference: dict[str, torch.Tensor], actual: dict[str, torch.Tensor], backend: str,
-                      spread: dict[str, float] | None = None) -> list[str]:
+                      spread: dict[str, float] | None = None, scales: dict[str, float] | None = None) -> list[str]:
     """Problems found, one line per output, between a quantized artifact and its quantized reference.
     ``spread``: per output, the reference's own deviation under one-step rounding (exporters/quantization/
-    rounding.py), which widens that output's bound where it exceeds ``QUANT_STEPS`` steps."""
+    rounding.py), which widens that output's bound where it exceeds ``QUANT_STEPS`` steps. ``scales``: per output
+    that leaves a quantize, the scale of its grid (exporters/quantization/grid.py), the step where it is larger."""
     atol, rtol = TOLERANCES[backend]
-    spread = spread or {}
+    spread, scales = spread or {}, scales or {}
     problems = []
     missing, extra = [k for k in reference if k not in actual], [k for k in actual if k not in reference]
     if missing:
@@ -163,7 +171,7 @@ def compare_quantized(reference: dict[str, torch.Tensor], actual: dict[str, torc
         if tuple(e.shape) != tuple(a.shape):
             problems.append(f"{name}: shape {tuple(a.shape)} != reference {tuple(e.shape)}")
         elif e.dtype.is_floating_point:
-            step = quantization_step(e)
+            step = quantization_step(e, scales.get(name))
             bound = quantized_bound(step, spread.get(name))
             msg = _worst(e, a, atol + bound, rtol)
             if msg:
@@ -177,20 +185,20 @@ def compare_quantized(reference: dict[str, torch.Tensor], actual: dict[str, torc
                     why = (f" (the reference's own spread under one-step rounding is {own / step:.3g} steps, past a quarter "
                            "of the output's range: a one-step rounding difference can move it anywhere, so the bound "
                            f"stays at {QUANT_SPREAD_CAP:g})")
-                problems.append(f"{name}: {msg}; {steps_off(e, a):.1f} quantization steps of {step:.3g}, "
+                problems.append(f"{name}: {msg}; {steps_off(e, a, scales.get(name)):.1f} quantization steps of {step:.3g}, "
                                 f"bound {steps:.3g}{why}")
         elif not torch.equal(e, a.to(e.dtype)):
             problems.append(f"{name}: {int((e != a.to(e.dtype)).sum())}/{e.numel()} elements of an exact ({e.dtype}) output differ")
     return problems
 
 
-def steps_off(reference: torch.Tensor, actual: torch.Tensor) -> float:
-    """The largest |actual - reference| over the output, in quantization steps (inf for a constant
-    reference that the artifact does not reproduce)."""
+def steps_off(reference: torch.Tensor, actual: torch.Tensor, scale: float | None = None) -> float:
+    """The largest |actual - reference| over the output, in quantization steps (``quantization_step``; inf for a
+    constant reference that the artifact does not reproduce)."""
     e, a = reference.detach().to(torch.float64), torch.as_tensor(actual).detach().to(torch.float64)
     both = torch.isfinite(e) & torch.isfinite(a)
     err = float((a - e)[both].abs().max()) if bool(both.any()) else 0.0
-    step = quantization_step(e)
+    step = quantization_step(e, scale)
     return err / step if step > 0 else (0.0 if err == 0 else float("inf"))
 
 
@@ -205,7 +213,7 @@ def sqnr_db(fp32: torch.Tensor, quantized: torch.Tensor) -> float:
 
 
 def assert_close_quantized(reference: dict[str, torch.Tensor], actual: dict[str, torch.Tensor], backend: str,
-                           spread: dict[str, float] | None = None) -> None:
-    problems = compare_quantized(reference, actual, backend, spread)
+                           spread: dict[str, float] | None = None, scales: dict[str, float] | None = None) -> None:
+    problems = compare_quantized(reference, actual, backend, spread, scales)
     if problems:
         raise ParityError(f"{backend} quantized artifact does not match its quantized reference: " + "\n  ".join(problems))

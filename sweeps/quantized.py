@@ -119,20 +119,21 @@ def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
             record("sqnr_db", first if math.isfinite(first) else None)
             record("sqnr_by_output", {k: (v if math.isfinite(v) else None) for k, v in sqnr.items()})
             record("useless", bool(first < SQNR_FLOOR_DB))
-        steps = [steps_off(v, actual[k]) for k, v in expected.items()
+        scales = artifact.reference_scales(**inputs)  # the grids of the outputs that leave a quantize
+        steps = [steps_off(v, actual[k], scales.get(k)) for k, v in expected.items()
                  if isinstance(v, torch.Tensor) and v.is_floating_point() and k in actual
                  and tuple(torch.as_tensor(actual[k]).shape) == tuple(v.shape)]
         if steps:
             record("steps_off", round(max(steps), 4) if math.isfinite(max(steps)) else None)
         spread = artifact.reference_spread(**inputs)  # the model's own sensitivity to one-step rounding
-        grid = {k: quantization_step(expected[k]) for k in spread}
+        grid = {k: quantization_step(expected[k], scales.get(k)) for k in spread}
         spread_steps = [spread[k] / grid[k] for k in spread if grid[k] > 0]
         if spread_steps:
             record("rounding_spread_steps", round(max(spread_steps), 4) if math.isfinite(max(spread_steps)) else None)
         stage = "compare"
         record("stage", stage)
         try:
-            assert_close_quantized(expected, actual, case.backend, spread)
+            assert_close_quantized(expected, actual, case.backend, spread, scales)
         except AssertionError as exc:
             if meta["selection_ops"] and not meta["selection_outputs"]:  # a choice the check could not give
                 raise type(exc)(f"the quantized model selects ({', '.join(meta['selection_ops'])}) over int8-grid values, "

@@ -563,3 +563,35 @@ def test_a_reference_that_differs_between_two_runs_is_refused():
     _check_deterministic({"a": nan, "ids": torch.tensor([3])}, {"a": nan.clone(), "ids": torch.tensor([3])})
     with pytest.raises(ParityError, match=r"not deterministic: two runs on the same inputs differ at 'a' \(max \|difference\| 0.5"):
         _check_deterministic({"a": torch.tensor([1.0, 2.0])}, {"a": torch.tensor([1.5, 2.0])})
+
+
+def test_an_output_leaving_a_quantize_is_measured_in_that_quantizes_steps():
+    """exporters/quantization/grid.py: a Linear's output is quantized (XNNPACK annotates it); for a small output far
+    from zero the observer's range holds zero and its scale has a floor (2**-12), so the output's grid is coarser
+    than its range. The step is that scale: one rounding flip there is one step, not hundreds."""
+    from exporters.parity import compare_quantized, quantization_step, steps_off
+    from exporters.quantization import quantize
+    from exporters.quantization.grid import output_scales
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 8, generator=g)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    with torch.no_grad():  # logits about -6e-4, within 1e-5 of each other: SEW's classifier at its tiny size
+        model[2].weight.mul_(1e-4)
+        model[2].bias.fill_(-6e-4)
+    quantized = quantize(model, {"input": x}, int8(calibration=[{"input": x}]), "executorch").module
+    ref = quantized(input=x)
+    (scale,) = output_scales(quantized, {"input": x}).values()
+    assert scale == pytest.approx(2 ** -12)  # XNNPACK's observers' floor
+    assert quantization_step(ref, scale) == scale > 100 * quantization_step(ref)
+    flipped = ref.clone()
+    flipped[0, 0] += scale  # the backend rounds one logit the other way at the output quantize
+    assert steps_off(ref, flipped, scale) == pytest.approx(1.0)
+    assert compare_quantized({"y": ref}, {"y": flipped}, "executorch", scales={"y": scale}) == []
+    assert compare_quantized({"y": ref}, {"y": flipped}, "executorch")  # in range steps it is far past the bound
+    (problem,) = compare_quantized({"y": ref}, {"y": ref + 9 * scale}, "executorch", scales={"y": scale})
+    assert "9.0 quantization steps" in problem
+
+    unquantized = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Softmax(-1)).eval()  # softmax leaves none
+    quantized = quantize(unquantized, {"input": x}, int8(calibration=[{"input": x}]), "executorch").module
+    assert output_scales(quantized, {"input": x}) == {}
