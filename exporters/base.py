@@ -271,10 +271,11 @@ class Exporter:
                 with torch.no_grad():
                     return flatten_outputs(module(**inputs))
 
-            def reference_spread(**inputs: Any) -> dict[str, float]:
+            def reference_spread(outputs: dict[str, torch.Tensor] | None = None, /, **inputs: Any) -> dict[str, float]:
+                """``outputs``: the reference's own at ``inputs``, where the caller has them (one run fewer)."""
                 from exporters.quantization.rounding import rounding_spread
 
-                return rounding_spread(module, inputs)
+                return rounding_spread(module, inputs, reference=outputs)
 
             def reference_given(indices: Any, **inputs: Any) -> dict[str, torch.Tensor]:
                 """The reference with each exposed selection returning the given indices (the artifact's,
@@ -284,10 +285,11 @@ class Exporter:
                 with torch.no_grad():
                     return flatten_outputs(module.given(indices, **inputs))
 
-            def reference_scales(**inputs: Any) -> dict[str, float]:
-                from exporters.quantization.grid import output_scales
+            def reference_scales(**inputs: Any) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+                """The reference's outputs, and the grid of each that leaves a quantize (one run)."""
+                from exporters.quantization.grid import reference_and_scales
 
-                return output_scales(module, inputs)
+                return reference_and_scales(module, inputs)
 
             artifact.reference = reference
             artifact.reference_spread = reference_spread

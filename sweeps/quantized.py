@@ -103,7 +103,7 @@ def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
         stage = "run"
         record("stage", stage)
         actual = {k: torch.as_tensor(v) for k, v in flatten_outputs(artifact(**inputs)).items()}
-        own = artifact.reference(**inputs)
+        own, scales = artifact.reference_scales(**inputs)  # and the grids of the outputs that leave a quantize
         _check_deterministic(own, artifact.reference(**inputs))
         expected = own
         if meta["selection_outputs"]:  # the reference given the artifact's choices (module docstring)
@@ -119,13 +119,12 @@ def run_quantized_case(case, record: Callable[[str, Any], None]) -> Any:
             record("sqnr_db", first if math.isfinite(first) else None)
             record("sqnr_by_output", {k: (v if math.isfinite(v) else None) for k, v in sqnr.items()})
             record("useless", bool(first < SQNR_FLOOR_DB))
-        scales = artifact.reference_scales(**inputs)  # the grids of the outputs that leave a quantize
         steps = [steps_off(v, actual[k], scales.get(k)) for k, v in expected.items()
                  if isinstance(v, torch.Tensor) and v.is_floating_point() and k in actual
                  and tuple(torch.as_tensor(actual[k]).shape) == tuple(v.shape)]
         if steps:
             record("steps_off", round(max(steps), 4) if math.isfinite(max(steps)) else None)
-        spread = artifact.reference_spread(**inputs)  # the model's own sensitivity to one-step rounding
+        spread = artifact.reference_spread(own, **inputs)  # the model's own sensitivity to one-step rounding
         grid = {k: quantization_step(expected[k], scales.get(k)) for k in spread}
         spread_steps = [spread[k] / grid[k] for k in spread if grid[k] > 0]
         if spread_steps:

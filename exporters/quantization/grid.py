@@ -10,7 +10,7 @@ a grid much coarser than its range. SEW's sequence-classification logits (4 valu
 other near -6e-4) leave the classifier's output quantize with scale 2**-12 = 2.4e-4, 128 times their range
 step: ExecuTorch's one-step rounding difference there read as 127.5 "steps" (results/s42, executorch int8).
 
-``output_scales`` returns, per named output (as ``flatten_outputs`` names them), that scale; parity takes the
+``reference_and_scales`` returns, per named output (as ``flatten_outputs`` names them), that scale; parity takes the
 larger of it and the range step as the output's step.
 """
 
@@ -61,11 +61,12 @@ def node_scale(module: torch.fx.GraphModule, node: Any, dequantizes: set[Any]) -
     return None
 
 
-def output_scales(quantized_model: Any, inputs: Mapping[str, Any]) -> dict[str, float]:
-    """Per named output of ``quantized_model`` (an exporters.quantization.QuantizedModel, its outputs named as
-    ``flatten_outputs`` names them), the scale of the grid it lies on; outputs that leave no quantize are left
-    out. The converted module's results are matched to its graph's output nodes by identity, so nothing is
-    assumed about the outputs' structure (caches, ModelOutputs, exposed selections)."""
+def reference_and_scales(quantized_model: Any, inputs: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor],
+                                                                                 dict[str, float]]:
+    """One run of the reference: its outputs (named as ``flatten_outputs`` names them, as ``quantized_model``
+    returns them) and, per output that leaves a quantize, the scale of the grid it lies on. The converted
+    module's results are matched to its graph's output nodes by identity, so nothing is assumed about the
+    outputs' structure (caches, ModelOutputs, exposed selections)."""
     from exporters.pytrees import flatten_outputs
 
     converted = quantized_model.converted
@@ -83,4 +84,9 @@ def output_scales(quantized_model: Any, inputs: Mapping[str, Any]) -> dict[str, 
         if scale is not None and scale > 0:
             by_id[id(leaf)] = scale
     named = flatten_outputs(quantized_model.merged(raw))
-    return {name: by_id[id(value)] for name, value in named.items() if id(value) in by_id}
+    return named, {name: by_id[id(value)] for name, value in named.items() if id(value) in by_id}
+
+
+def output_scales(quantized_model: Any, inputs: Mapping[str, Any]) -> dict[str, float]:
+    """Per named output that leaves a quantize, the scale of its grid (``reference_and_scales``)."""
+    return reference_and_scales(quantized_model, inputs)[1]

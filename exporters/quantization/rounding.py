@@ -71,11 +71,13 @@ def perturbed_copy(converted: torch.fx.GraphModule, fraction: float = FRACTION) 
 
 
 def rounding_spread(quantized_model: Any, inputs: Mapping[str, Any], fraction: float = FRACTION,
-                    seeds: tuple[int, ...] = SEEDS) -> dict[str, float]:
+                    seeds: tuple[int, ...] = SEEDS, reference: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
     """Per floating output of the reference (named as ``flatten_outputs`` names them): the largest
     |perturbed - reference| over ``seeds``; empty where the model quantizes no activation. A model with exposed
     selections (``taps``) keeps its own choices in the perturbed runs: the spread of the arithmetic, given them. A non-finite
-    deviation (a perturbed value that overflows) is returned as inf: no spread can be relied on there."""
+    deviation (a perturbed value that overflows) is returned as inf: no spread can be relied on there.
+    ``reference``: the reference's own outputs at ``inputs`` (as ``quantized_model`` returns them, flattened),
+    where the caller has run it already; otherwise it is run here."""
     from exporters.pytrees import flatten_outputs
     from exporters.quantization import selections
 
@@ -87,7 +89,8 @@ def rounding_spread(quantized_model: Any, inputs: Mapping[str, Any], fraction: f
         return {}
     feed = {k: inputs[k] for k in names}
     with torch.no_grad():
-        reference = flatten_outputs(merged(converted(**feed)))
+        if reference is None:
+            reference = flatten_outputs(merged(converted(**feed)))
         if taps:
             selections.set_choices(perturbed, selections.choices(reference, taps))
         spread: dict[str, float] = {}
