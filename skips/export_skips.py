@@ -654,6 +654,94 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "static cache (transformers)",
     ),
     ExportSkip(
+        classes=("Pix2StructForConditionalGeneration",),
+        tests=("generate",),
+        variants=("static",),
+        stage="export",
+        reason="Pix2StructTextConfig defaults use_cache to False (models/pix2struct/configuration_pix2struct.py:76), "
+               "so generate(cache_implementation='static') builds no cache at all (generation/utils.py:2270 returns "
+               "before making one when generation_config.use_cache is False) and every decoder call re-reads the "
+               "whole decoder sequence with no past_key_values: there is no one-token decoder call over a cache to "
+               "read the static encoder-decoder step from (GenerationError 'generate passes its decoder no "
+               "past_key_values', test_generate dynamo/static and onnx/static at this entry's commit; the dynamic "
+               "variant replays that re-reading and passes). Remove when Pix2Struct's text config defaults to "
+               "use_cache=True (its decoder keeps an EncoderDecoderCache like T5's), or exporters/generation gains "
+               "a whole-sequence encoder-decoder step (static_whole.py is decoder-only)",
+    ),
+    ExportSkip(
+        classes=("UnlimitedOcrForConditionalGeneration",),
+        tests=("generate",),
+        variants=("static",),
+        stage="export",
+        reason="every layer of its static cache is an UnlimitedOcrStaticReferenceSlidingWindowLayer "
+               "(models/unlimited_ocr/modeling_unlimited_ocr.py:1434): the prompt's keys are kept whole and only the "
+               "decode tokens roll in a window, split at prefill_length, a Python int the layer sets at its first "
+               "update (line 1497) and reallocates its buffers to (_allocate_key_value_buffers, lines 1501 and "
+               "1603), and the model's mask reads that int off the layer found by _layer_type "
+               "(create_reference_sliding_window_causal_mask, lines 1691-1707). A step exported once would bake the "
+               "export's prompt length into its buffer shapes and mask; a plain full-length layer (as the step "
+               "keeps for StaticSlidingWindowLayer) has no reference layer for the mask to find, which then takes "
+               "prefill_length as infinite and attends to every past position, not eager's window (GenerationError "
+               "'static cache layer 0 is a UnlimitedOcrStaticReferenceSlidingWindowLayer', test_generate "
+               "dynamo/static and onnx/static at this entry's commit). Remove when the layer keeps prefill_length "
+               "as a tensor over fixed-size buffers (every slot kept, the window left to the mask), or "
+               "exporters/generation carries the prompt length as a step state for such a layer",
+    ),
+    ExportSkip(
+        classes=("Granite4VisionForConditionalGeneration",),
+        tests=("generate",),
+        variants=("static",),
+        stage="export",
+        reason="its forward hands the decoder the image positions as vision_mask and per-layer features as "
+               "deepstack_features at the prompt call only (models/granite4_vision/modeling_granite4_vision.py:"
+               "988-1011), and the decoder adds them inline in its forward, gathering hidden_states[mask] by the "
+               "boolean mask (lines 600-607): a data-dependent count, and no method of the decoder to swap for the "
+               "per-token form the static step over embeddings hands Qwen3-VL's decoder (static_embeds.py "
+               "decoder_receives replaces _deepstack_process) (GenerationError 'forward hands its decoder "
+               "[vision_mask] beside the embeddings', test_generate dynamo/static and onnx/static at this entry's "
+               "commit). Remove when Granite4VisionTextModel adds the features in a _deepstack_process(hidden_states, "
+               "vision_mask, features) method as Qwen3-VL's decoder does, so the step can hand it dense per-token "
+               "features",
+    ),
+    ExportSkip(
+        classes=("MllamaForConditionalGeneration",),
+        tests=("generate",),
+        variants=("static",),
+        stage="export",
+        reason="its cross-attention layers write the image's keys and values into the same cache as the "
+               "self-attention ones, at the prompt call only (MllamaTextCrossAttention.forward, "
+               "models/mllama/modeling_mllama.py:435-445; generate drops pixel_values after the first call, lines "
+               "1560-1565), and read them back from it at later calls (lines 446-452, the layer skipped while "
+               "empty: 1126-1129), in a layer of the image's length (68 slots in the tiny model, against the "
+               "step's max_cache_len). So a static step, one program for the prompt and the decode calls, would "
+               "have to take cross_attention_states at the prompt and not after; besides, generate passes "
+               "cross_attention_mask [batch, S, images, tiles] to every call (GenerationError 'generate with a "
+               "static cache passes [cross_attention_mask] to forward', test_generate dynamo/static and "
+               "onnx/static at this entry's commit). Remove when Mllama keeps the cross-attention states apart "
+               "from the self-attention cache (an EncoderDecoderCache-like cross cache, so the step can take "
+               "cross_attention_states at every call into a fresh one, as exporters/generation/static.py's "
+               "CrossAttention does for encoder-decoders), or exporters/generation gains a component for the "
+               "cross-attention states and a step input for them",
+    ),
+    ExportSkip(
+        classes=("IdeficsForVisionText2Text",),
+        tests=("generate",),
+        variants=("static",),
+        stage="export",
+        reason="its generate passes pixel_values to the prompt call and, at every later call, the prompt call's "
+               "own output image_hidden_states back as image_encoder_embeddings (perceiver_embeddings with the "
+               "resampler; models/idefics/modeling_idefics.py:1218-1223, 1262), with an image_attention_mask "
+               "[batch, S, images] sliced per call (lines 1227-1235, 1253-1259) and interpolate_pos_encoding "
+               "(line 1225): the vision tower runs inside IdeficsModel.forward (lines 987-1014), not in a "
+               "get_image_features that generate runs before the first forward, so a static step, one program "
+               "for the prompt and the decode calls, would take pixels at the prompt and image embeddings after "
+               "(GenerationError 'generate with a static cache passes [image_attention_mask, "
+               "interpolate_pos_encoding] to forward', test_generate dynamo/static and onnx/static at this entry's "
+               "commit). Remove when Idefics encodes its images in a get_image_features that generate calls before "
+               "the first forward (mm_encoder_outputs, as LLaVA-style models do: the image_encoder component), or "
+               "exporters/generation gives the step the prompt call's image_hidden_states at every call",
+    ),
+    ExportSkip(
         classes=("GitForCausalLM",),
         tests=("generate",),
         variants=("static",),

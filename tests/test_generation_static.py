@@ -331,6 +331,29 @@ def test_a_per_token_tensor_the_model_hands_its_decoder_is_a_step_input():
         assert_close({"logits": want}, {"logits": got}, "dynamo")
 
 
+def test_a_prompt_only_per_token_input_the_forward_reads_for_its_mask_is_a_step_input():
+    """Molmo2's generate passes mm_token_type_ids to the prompt call only, and its forward builds the prompt's
+    image-block (bidirectional) mask from it: the step over embeddings takes it at every call, a new token's value by
+    the first rule under which generate's logits stay as they are (before: teacher-forced logits 0.01 off at step 0,
+    the prompt given a plain causal mask). The teacher-forced logits equal eager's."""
+    from sweeps.generate import generate_inputs
+    from sweeps.runner import reference
+
+    tiny = reference("Molmo2ForConditionalGeneration", init_range=0.2).tiny
+    model, inputs = tiny.model, generate_inputs(tiny.inputs)
+    generator = get_exporter("dynamo").export_for_generation(model, inputs, cache="static", max_cache_len=40)
+    assert generator.extras == {"mm_token_type_ids": "repeat_last"}
+    assert "mm_token_type_ids" in generator.components["step"].input_names
+    with torch.no_grad():
+        eager = model.generate(**inputs, max_new_tokens=6, do_sample=False, output_logits=True,
+                               return_dict_in_generate=True)
+    prompt = inputs["input_ids"].shape[1]
+    out = generator.generate(**inputs, max_new_tokens=6, output_logits=True, return_dict_in_generate=True,
+                             teacher_tokens=eager.sequences[:, prompt:])
+    for want, got in zip(eager.logits, out.logits, strict=True):
+        assert_close({"logits": want}, {"logits": got}, "dynamo")
+
+
 @pytest.mark.parametrize("name, token_by_token", [("AriaTextForCausalLM", False), ("Lfm2ForCausalLM", True)])
 def test_a_step_whose_sequence_bound_torch_cannot_prove_runs_token_by_token(name, token_by_token):
     """Lfm2's short convolution branches on ``seq_len == 1`` (``S != 1`` on the sequence, a constraint violation over

@@ -374,3 +374,21 @@ def test_vision_towers_defaulting_to_a_degenerate_init_range_are_built_at_the_us
     pooled = tiny.model.vision_model(pixel_values=tiny.inputs["pixel_values"]).pooler_output
     assert float(pooled.abs().max()) > 1e-2
 
+
+
+def test_a_config_drawing_at_init_std_above_the_items_range_is_built_at_that_range():
+    """CpmAntConfig has no initializer_range; transformers draws its weights at init_std, 1.0 by default, where its
+    logits reach ~20 and float32 eager is already 1.4e-4 from float64 (the generate item's onnx/dynamic logits were
+    off by that much). The generate items' range reaches it; a config whose init_std is below the range (Bart's
+    0.02) is left as it was."""
+    from transformers import BartConfig, CpmAntConfig
+
+    from sweeps.zoo.weights import set_init_range
+
+    cpmant, bart = CpmAntConfig(), BartConfig()
+    assert cpmant.init_std == 1.0 and bart.init_std == 0.02  # still transformers' defaults
+    set_init_range(cpmant, 0.2)
+    set_init_range(bart, 0.2)
+    assert (cpmant.init_std, bart.init_std) == (0.2, 0.02)
+    set_init_range(cpmant := CpmAntConfig(), 0.02, below=1e-4)  # raising degenerate ranges leaves init_std alone
+    assert cpmant.init_std == 1.0

@@ -32,10 +32,18 @@ from exporters.generation.generator import GenerateOutput, Generator
 from exporters.generation.processors import check_supported
 from exporters.generation.quantized import checked_recipes, component_calibration
 from exporters.generation.runners import llm_runner_methods, vocab_size
-from exporters.generation.static import CrossAttention, StaticStep, static_step_for, step_dynamic_shapes, step_example
+from exporters.generation.static import (
+    CrossAttention,
+    StaticStep,
+    fresh_step_cache,
+    static_step_for,
+    step_dynamic_shapes,
+    step_example,
+)
 from exporters.generation.static_embeds import DEEPSTACK_PREFIX, TokenEmbeds, handed_names, prefill_embeds
 from exporters.generation.static_encdec import decoder_prompt_rule, decoder_reads, encoder_spec, same_inputs
 from exporters.generation.static_loop import StaticGenerator
+from exporters.generation.static_prompt import CHECKED_TOKENS, decode_rule, read_beyond_embeddings
 from exporters.generation.static_whole import WholeSequenceStep, shortest_sequence
 from exporters.generation.steps import TOKEN_INPUTS, Returned, check_no_module_state, infer_prefill_rules, infer_rules, record_returns
 
@@ -182,6 +190,9 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
             embed, embedded = prefill_embeds(model, given)
             step.deepstack = sum(1 for k in embedded if k.startswith(DEEPSTACK_PREFIX))
             step.handed = tuple(handed_names(embedded))
+            for name in read_beyond_embeddings(model, given, embedded, list(step.prompt_tokens)):  # Molmo2's mask
+                step.extras[name] = decode_rule(model, inputs, name, lambda: fresh_step_cache(
+                    model, int(ids.shape[0]), int(ids.shape[1]) + CHECKED_TOKENS))
             embed_inputs = list(given)
             components["embed"] = exporter.export(embed, given, fixed)
         components["embed_tokens"] = exporter.export(TokenEmbeds(model, step.deepstack, step.handed).eval(),

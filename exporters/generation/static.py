@@ -45,6 +45,7 @@ from exporters.generation.static_embeds import (
     deepstack_names,
     per_token_embedding,
 )
+from exporters.generation.static_prompt import prompt_token_candidates
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, rereads_sequence, whole_sequence_step_for
 from exporters.generation.steps import apply_tensor_rule, check_no_module_state, record_returns
@@ -262,6 +263,9 @@ class StaticStep(torch.nn.Module):
         self.embeds = embeds
         self.deepstack = 0  # over embeddings: how many per-token DeepStack inputs (set from the embed component)
         self.handed: tuple[str, ...] = ()  # over embeddings: the per-token forward arguments taken as handed_<name>
+        # over embeddings: the prompt-only [batch, S] inputs the forward takes, which may read them beyond the
+        # embeddings (exporters/generation/static_prompt.py decides, and adds those it reads to ``extras``)
+        self.prompt_tokens: tuple[str, ...] = ()
         self.cross = cross
         self.runner_form = batch == 1 and not takes_mask and not self.extras and not embeds and cross is None
         # the model's generate passes a mask, which a runner does not give: the step builds it from the
@@ -418,8 +422,16 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     # a batch of one without padding needs no mask: the causal mask over the written slots is all
     reads_mask = any("attention_mask" in c for c in calls)
     takes_mask = reads_mask and not (batch == 1 and unpadded)  # as an input
-    return StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras,
+    step = StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras,
                       cache_arg, embeds=bool(prompt_only)).eval()
+    step.prompt_tokens = tuple(prompt_token_candidates(model, calls[0], prompt_only))
+    return step
+
+
+def fresh_step_cache(model: torch.nn.Module, batch: int, max_cache_len: int):
+    """A cache of the step's own form (every layer full length, StepCache), empty, for an eager generate."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return _static_cache(model, batch, max_cache_len, dtype)
 
 
 def fixed_inputs(calls: list[dict[str, Any]]) -> list[str]:
