@@ -592,6 +592,19 @@ def test_an_output_leaving_a_quantize_is_measured_in_that_quantizes_steps():
     (problem,) = compare_quantized({"y": ref}, {"y": ref + 9 * scale}, "executorch", scales={"y": scale})
     assert "9.0 quantization steps" in problem
 
+    class IntoBuffer(torch.nn.Module):  # a recurrent state written into a zeroed buffer (copy_), as KimiLinear's cache
+        def __init__(self):
+            super().__init__()
+            self.linear = model
+
+        def forward(self, input):
+            state = torch.zeros(1, 4)
+            state.copy_(self.linear(input).to(torch.float32))
+            return state
+
+    quantized = quantize(IntoBuffer().eval(), {"input": x}, int8(calibration=[{"input": x}]), "executorch").module
+    assert output_scales(quantized, {"input": x}) == {"output": pytest.approx(2 ** -12)}
+
     unquantized = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Softmax(-1)).eval()  # softmax leaves none
     quantized = quantize(unquantized, {"input": x}, int8(calibration=[{"input": x}]), "executorch").module
     assert output_scales(quantized, {"input": x}) == {}

@@ -23,12 +23,14 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-# ops whose output elements are input elements, moved or copied: the grid passes through them
+# ops whose output elements are input elements, moved, copied or converted to float32: the grid passes through them
 _MOVES = frozenset({
     "view", "_unsafe_view", "reshape", "permute", "transpose", "t", "squeeze", "unsqueeze", "clone", "contiguous",
     "expand", "slice", "select", "flatten", "alias", "detach", "unflatten", "narrow", "split", "chunk",
-    "unbind", "split_with_sizes",
+    "unbind", "split_with_sizes", "to", "_to_copy", "type_as", "lift_fresh_copy",
 })
+# ops that write their last tensor argument's elements into their first: the grid is the source's
+_WRITES = frozenset({"copy_", "copy"})
 
 
 def _dequantize_targets() -> set[Any]:
@@ -55,8 +57,15 @@ def node_scale(module: torch.fx.GraphModule, node: Any, dequantizes: set[Any]) -
             node = node.args[0]
             continue
         packet = getattr(node.target, "_opname", None) or getattr(node.target, "__name__", "")
+        if packet in _WRITES and len(node.args) > 1:
+            node = node.args[1]
+            continue
         if packet not in _MOVES or not node.args:
             return None
+        if packet in ("to", "_to_copy", "type_as"):  # a float-to-float conversion of fp32 values keeps them
+            value = node.meta.get("val")
+            if not (isinstance(value, torch.Tensor) and value.dtype == torch.float32):
+                return None
         node = node.args[0]
     return None
 
