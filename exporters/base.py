@@ -271,11 +271,13 @@ class Exporter:
                 with torch.no_grad():
                     return flatten_outputs(module(**inputs))
 
-            def reference_spread(outputs: dict[str, torch.Tensor] | None = None, /, **inputs: Any) -> dict[str, float]:
-                """``outputs``: the reference's own at ``inputs``, where the caller has them (one run fewer)."""
-                from exporters.quantization.rounding import rounding_spread
+            def reference_spread(outputs: dict[str, torch.Tensor] | None = None, seeds: tuple[int, ...] | None = None,
+                                 /, **inputs: Any) -> dict[str, float]:
+                """``outputs``: the reference's own at ``inputs``, where the caller has them (one run fewer);
+                ``seeds``: the perturbation seeds (default: rounding.SEEDS)."""
+                from exporters.quantization.rounding import SEEDS, rounding_spread
 
-                return rounding_spread(module, inputs, reference=outputs)
+                return rounding_spread(module, inputs, seeds=SEEDS if seeds is None else seeds, reference=outputs)
 
             def reference_given(indices: Any, **inputs: Any) -> dict[str, torch.Tensor]:
                 """The reference with each exposed selection returning the given indices (the artifact's,

@@ -110,8 +110,8 @@ QUANT_SPREAD_CAP = 64.0
 # Runtime's fused kernels first differ by one step on 0.1% of one tensor's elements, then the gap grows layer by
 # layer, benchmarks/ort_int8_divergence.py). So the bound of an output is the larger of 8 steps and the
 # reference's own spread under one-step rounding (``spread``: exporters/quantization/rounding.py, 0.5% of every
-# quantized activation's elements moved one step, worst of 3 seeds), a property of the model measured on the
-# reference, not on the backend. Measured (results/s35/spread.py, onnx, zoo tiny models): spread BertModel 1.0
+# quantized activation's elements moved one step, worst of 12 seeds: rounding.py), a property of the model measured on the
+# reference, not on the backend. Measured (results/s35/spread.py, onnx, zoo tiny models, 3 seeds): spread BertModel 1.0
 # steps, GPT-2 2.0, Wav2Vec2 8.0, CLIP 10.3, Llama 11.6; the drifting artifacts and their spreads:
 # Data2VecAudioForCTC 9.0 (spread 23.1), FunnelForMultipleChoice 8.4 (24.0), FastSpeech2ConformerWithHifiGan
 # 15.0 (22.0), AyaVisionModel 13.5 (86.0), Granite4VisionModel 46 (138), GLPNForDepthEstimation 85 (170). The

@@ -608,3 +608,21 @@ def test_an_output_leaving_a_quantize_is_measured_in_that_quantizes_steps():
     unquantized = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Softmax(-1)).eval()  # softmax leaves none
     quantized = quantize(unquantized, {"input": x}, int8(calibration=[{"input": x}]), "executorch").module
     assert output_scales(quantized, {"input": x}) == {}
+
+
+def test_the_spread_measured_in_two_parts_is_the_spread_of_all_seeds():
+    """The sweep measures rounding.FIRST_SEEDS and the other seeds only where an output is past the first ones'
+    bound: the maximum over the two parts is the spread of all of SEEDS, and never below the first part's."""
+    from exporters.quantization import quantize
+    from exporters.quantization.rounding import FIRST_SEEDS, SEEDS, rounding_spread
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 8, generator=g)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    quantized = quantize(model, {"input": x}, int8(calibration=[{"input": x}]), "dynamo").module
+    first = rounding_spread(quantized, {"input": x}, seeds=FIRST_SEEDS)
+    rest = rounding_spread(quantized, {"input": x}, seeds=SEEDS[len(FIRST_SEEDS):])
+    whole = rounding_spread(quantized, {"input": x})
+    assert len(SEEDS) == 12 and SEEDS[:len(FIRST_SEEDS)] == FIRST_SEEDS
+    assert whole == {k: max(first[k], rest[k]) for k in whole}
+    assert all(whole[k] >= first[k] for k in first)
