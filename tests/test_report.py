@@ -168,6 +168,20 @@ def test_merge_later_duplicate_wins(logs):
     assert by_id(results)["BertModel", "dynamo", "static"].outcome == "fail"
 
 
+def test_merge_drops_items_named_by_nodeid_and_says_so(logs, tmp_path, capsys):
+    """merge --drop leaves out an item no longer collected (a class since excluded from the test), lists it in the
+    report and results.json; a nodeid that names no merged item is refused."""
+    results = merge([load_any(logs["log"])])[0]
+    gone = results[0].nodeid
+    assert main(["merge", str(logs["log"]), "--out", str(tmp_path), "--date", "D", "--drop", gone]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert gone not in {r["nodeid"] for r in data["results"]} and len(data["results"]) == len(results) - 1
+    assert data["dropped"] == [{"nodeid": gone, "outcome": results[0].outcome, "source": str(logs["log"])}]
+    assert "left out as no longer collected" in (tmp_path / "conformance.md").read_text()
+    assert main(["merge", str(logs["log"]), "--out", str(tmp_path), "--drop", "no::such[item]"]) == 2
+    assert "--drop names no merged item" in capsys.readouterr().err
+
+
 def test_parse_test_id_and_normalize_error():
     assert parse_test_id("s/t.py::test_export[onnx-dynamic-NllbMoeModel]") == {
         "backend": "onnx", "variant": "dynamic", "model_class": "NllbMoeModel"}

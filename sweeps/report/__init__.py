@@ -55,6 +55,15 @@ def _merge(args: argparse.Namespace) -> int:
     from sweeps.report.render import Report
 
     results, duplicates = merge([load_any(path) for path in args.results])
+    unknown = [d for d in args.drop if d not in {r.nodeid for r in results}]
+    if unknown:
+        print(f"--drop names no merged item: {unknown}", file=sys.stderr)
+        return 2
+    dropped = [{"nodeid": r.nodeid, "outcome": r.outcome, "source": r.source or "?"} for r in results
+               if r.nodeid in args.drop]
+    results = [r for r in results if r.nodeid not in args.drop]
+    for d in dropped:
+        print(f"dropped {d['nodeid']} ({d['outcome']} in {d['source']})", file=sys.stderr)
     for dup in duplicates:
         print(f"duplicate {dup['nodeid']}: {dup['by']} ({dup['now']}) replaces "
               f"{dup['replaced']} ({dup['was']})", file=sys.stderr)
@@ -62,7 +71,7 @@ def _merge(args: argparse.Namespace) -> int:
     date = args.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     peer = [_read_peer(path) for path in args.peer]
     report = Report(results, duplicates=duplicates, sources=args.results, command=args.command,
-                    date=date, registered=registered, top=args.top, peer=peer)
+                    date=date, registered=registered, top=args.top, peer=peer, dropped=dropped)
     paths = report.write(args.out)
     all_row = report.summary[-1]
     print(f"{len(results)} items ({', '.join(f'{k} {v}' for k, v in all_row.counts.items() if v)})"
@@ -99,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--peer", action="append", default=[], metavar="JSON",
                    help="a benchmarks/peer_compare.py --json output to add as the peer comparison "
                    "section (repeatable; a later file's backend/variant wins)")
+    m.add_argument("--drop", action="append", default=[], metavar="NODEID",
+                   help="leave out this item (exact nodeid): one whose test is no longer collected, e.g. a class "
+                   "since excluded from the test; listed in the report and in results.json `dropped` (repeatable)")
     m.set_defaults(func=_merge)
     d = sub.add_parser("diff", help="compare two runs (results.json or logs) and print Markdown")
     d.add_argument("old")
