@@ -167,7 +167,8 @@ def _dynamic_cache_pair(tree: str, eager_cache, got: dict[str, torch.Tensor]):
     """Eager's cache (``<tree>.<i>.key``...) and the artifact's, the latter cut to the last
     positions where eager keeps fewer: a sliding-window layer keeps its window (beside linear-attention
     states or not), the generation export a plain layer with every position
-    (``exporters.generation.capture.plain_sliding_layers``). The
+    (``exporters.generation.sliding_forms``; a reference layer's form keeps the prompt's positions first, eager's
+    in ``prefill_keys``, and the prompt's length). The
     sliding layer's window size scalar (``_sliding_window_tensor``, a constant of the layer) is not
     state: it is dropped from eager's side where the artifact's layer has none."""
     from exporters.pytrees import flatten_outputs
@@ -178,8 +179,15 @@ def _dynamic_cache_pair(tree: str, eager_cache, got: dict[str, torch.Tensor]):
                                                                                         "cross_attention_cache")
                                      if getattr(eager_cache, k, None) is not None]
     sliding = {f"{prefix}.{i}" for prefix, cache in parts for i, layer in enumerate(getattr(cache, "layers", None) or [])
-               if type(layer).__name__ in ("DynamicSlidingWindowLayer", "LinearAttentionAndSlidingWindowAttentionLayer")}
+               if {c.__name__ for c in type(layer).__mro__} & {"DynamicSlidingWindowLayer",
+                                                               "LinearAttentionAndSlidingWindowAttentionLayer"}}
     pair_want, pair_got = {}, dict(got)
+    for layer in sliding:  # a reference layer's form (PlainReferenceLayer) keeps the prompt's positions first in its
+        length = pair_got.pop(f"{layer}.prefill_length", None)  # keys, eager's apart from the window's
+        for mine, prompt in (("key", "prefill_keys"), ("value", "prefill_values")):
+            whole = pair_got.get(f"{layer}.{mine}")
+            if length is not None and whole is not None:
+                pair_got[f"{layer}.{prompt}"], pair_got[f"{layer}.{mine}"] = whole[..., :int(length), :], whole[..., int(length):, :]
     for name, tensor in want.items():
         layer, _, leaf = name.rpartition(".")
         if layer in sliding and leaf == "_sliding_window_tensor" and name not in got:

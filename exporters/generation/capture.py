@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from exporters.generation.sliding_forms import plain_sliding_layers
 from exporters.pytrees import leaf_names_and_values, register_pytree_nodes
 
 
@@ -145,45 +146,10 @@ def forward_wrapped(module: torch.nn.Module, around, method: str = "forward"):
             setattr(module, method, original)
 
 
-def plain_sliding_layers(cache: Any) -> int:
-    """Make each sliding-window layer of ``cache`` that holds nothing yet a plain ``DynamicLayer``; returns
-    how many. A ``DynamicSlidingWindowLayer`` keeps its last ``window - 1`` positions and a Python count of
-    the positions seen (``cumulative_length``): the count would be a constant of the decode component,
-    baked at its first value (a decode step whose structure changes every step), and the cut to the
-    window a branch on it. A plain layer keeps every position; the model's sliding-window mask (chosen
-    per layer from its config's layer types, over absolute positions) still limits each query to its
-    window, so the logits are eager's up to float summation order. The cost is a cache that grows with
-    the whole sequence instead of stopping at the window."""
-    try:
-        from transformers.cache_utils import (
-            DynamicLayer,
-            DynamicSlidingWindowLayer,
-            LinearAttentionAndFullAttentionLayer,
-            LinearAttentionAndSlidingWindowAttentionLayer,
-        )
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        return 0
-    caches = [cache, *(getattr(cache, k, None) for k in ("self_attention_cache", "cross_attention_cache"))]
-    swapped = 0
-    for each in caches:
-        layers = getattr(each, "layers", None)
-        if not isinstance(layers, list):
-            continue
-        for i, layer in enumerate(layers):
-            if type(layer) is DynamicSlidingWindowLayer and not layer.is_initialized:
-                layers[i] = DynamicLayer()
-                swapped += 1
-            elif type(layer) is LinearAttentionAndSlidingWindowAttentionLayer and not layer.is_initialized:
-                # the same beside linear-attention states (Inkling's short convolutions), which stay
-                layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
-                swapped += 1
-    return swapped
-
-
 def _recorded(module: torch.nn.Module, calls: list[Call], outputs_of=_trees_of, method: str = "forward"):
     """Within the block, every call of ``module.forward`` (or ``module.<method>``) is appended to
     ``calls``; a cache it is given has its empty sliding-window layers made plain first
-    (``plain_sliding_layers``)."""
+    (``sliding_forms.plain_sliding_layers``)."""
 
     def record(forward, args, kwargs):
         if args:  # by name, as the components are called (generate passes pixel_values to get_image_features first)
