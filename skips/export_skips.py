@@ -625,17 +625,17 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
         classes=("XLMWithLMHeadModel",),
         tests=("generate",),
+        variants=("static",),
         stage="export",
         reason="XLMWithLMHeadModel.prepare_inputs_for_generation (models/xlm/modeling_xlm.py:930-955) appends a "
-               "mask_token_id column to the ids and builds langs filled with lang_id, both from config values, at "
-               "every call, so the prefill's input_ids (prompt + mask token) and langs match no prefill rule "
-               "(GenerationError 'the prefill call of generate takes input_ids, which the caller does not give', "
-               "test_generate dynamo/dynamic at bc76b56). Remove when exporters/generation has prefill rules that "
-               "carry a value (append an id column, a tensor filled with an id) and a decode rule that puts the "
-               "chosen token before the trailing mask token (or XLM's generate feeds forward the plain ids); static: "
-               "GenerationError 'generate with a static cache passes [langs, next_sequence_length] to forward' "
-               "(test_generate dynamo/static at 5cb5c06), or, where the chosen token equals the mask id, '... re-feeds "
-               "the whole sequence and passes [langs]' (exporters/generation/static_whole.py)",
+               "mask_token_id column to the ids and builds langs filled with lang_id at every call, and keeps no "
+               "cache: each call re-reads the sequence so far plus that column. The dynamic variant replays it "
+               "(prefill rules append_column / filled_like, decode rule insert_token: exporters/generation/steps.py); "
+               "the static form's whole-sequence step (exporters/generation/static_whole.py) reads a plain re-fed "
+               "sequence only: the tiny model's tokens all equal the mask id, so the calls look re-fed with langs as "
+               "a per-token input the caller does not give (GenerationError 'generate passes [langs] to every forward "
+               "call; give them', test_generate dynamo/static). Remove when the whole-sequence step appends the "
+               "column and fills langs itself",
     ),
     ExportSkip(
         classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "ProphetNetForCausalLM", "ProphetNetForConditionalGeneration"),

@@ -14,7 +14,7 @@ import torch
 from exporters.generation.capture import GenerationError
 from exporters.generation.component import flat_inputs
 from exporters.generation.processors import end_and_pad, greedy_token
-from exporters.generation.steps import PREVIOUS_OUTPUT, apply_tensor_rule, derive_prefill_input, tree_output_names
+from exporters.generation.steps import PREVIOUS_OUTPUT, appended_id, apply_tensor_rule, derive_prefill_input, tree_output_names
 
 GENERATOR_FILE = "generator.json"
 FORMAT = "exporters.generator/1"
@@ -86,9 +86,14 @@ class Generator:
             if rule == "encoder":
                 trees[name] = encoded
         tensors = {k: v for k, v in given.items() if k in self.prefill_inputs and k in prefill.input_specs}
-        tensors.update({k: derive_prefill_input(rule, given, self.generation) for k, rule in self.prefill_rules.items()})
+        derived: dict[str, torch.Tensor] = {}
+        for name, rule in self.prefill_rules.items():  # in order: filled_like reads an input derived before it
+            derived[name] = derive_prefill_input(rule, given, self.generation, derived)
+        tensors.update(derived)
         outputs = prefill(**flat_inputs(tensors, trees))
-        prompt = _prompt(tensors, given, self.token_input, outputs["logits"].shape[0])
+        # the sequences start with the caller's ids, not the prefill's where it appends a column (XLM's mask token)
+        extended = appended_id(self.prefill_rules, self.token_input) is not None
+        prompt = _prompt({} if extended else tensors, given, self.token_input, outputs["logits"].shape[0])
         unfinished = torch.ones(prompt.shape[0], dtype=torch.bool)
         new_tokens, step_logits = [], []
         decode = self.components["decode"]
