@@ -284,17 +284,16 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "conv / recurrent inputs, with a prompt path that continues from them",
     ),
     ExportSkip(
-        classes=("XLMWithLMHeadModel", "XLNetLMHeadModel"),
+        classes=("XLNetLMHeadModel",),
         tests=("runner",),
         stage="export",
-        reason="no key/value cache, and generate feeds forward more than the sequence so far: XLM appends its "
-               "mask_token_id column to the ids and passes langs at every call, XLNet appends a dummy token, builds "
-               "perm_mask / target_mapping and keeps mems of its own. Both runners' forms of a model without a cache "
-               "re-read the plain token sequence (ExecuTorch's runner without a KV cache, exporters/generation/"
-               "static_whole.py; onnxruntime-genai with the ids so far as its state, genai_state.py; OpenAIGPT "
-               "passes in both): they refuse XLM's langs by name and find no re-fed sequence in XLNet's calls "
-               "(python -m sweeps.repro runner:<runner>-XLMWithLMHeadModel / -XLNetLMHeadModel). Remove when the "
-               "models' generate feeds forward the plain ids (or keeps a transformers Cache)",
+        reason="no key/value cache, and generate feeds forward more than the sequence so far: XLNet appends a dummy "
+               "token, builds perm_mask / target_mapping and keeps mems of its own. Both runners' forms of a model "
+               "without a cache re-read the token sequence (ExecuTorch's runner without a KV cache, exporters/generation/"
+               "static_whole.py; onnxruntime-genai with the ids so far as its state, genai_state.py; OpenAIGPT and XLM, "
+               "whose appended mask column the step makes itself, pass in both): they find no re-fed sequence in "
+               "XLNet's calls (python -m sweeps.repro runner:<runner>-XLNetLMHeadModel). Remove when XLNet's generate "
+               "feeds forward the plain ids (or keeps a transformers Cache)",
     ),
     ExportSkip(
         classes=("ProphetNetForCausalLM",),
@@ -621,21 +620,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "868b47e; executorch/static the same 3.09e-3 at 9e98c77). ONNX Runtime returns no input mutation, so "
                "onnx's loop shifts once a call, within 1e-4 of eager (passes). Remove when the decoder adds the "
                "embeddings out of place (encoder_hidden_states = encoder_hidden_states + ...)",
-    ),
-    ExportSkip(
-        classes=("XLMWithLMHeadModel",),
-        tests=("generate",),
-        variants=("static",),
-        stage="export",
-        reason="XLMWithLMHeadModel.prepare_inputs_for_generation (models/xlm/modeling_xlm.py:930-955) appends a "
-               "mask_token_id column to the ids and builds langs filled with lang_id at every call, and keeps no "
-               "cache: each call re-reads the sequence so far plus that column. The dynamic variant replays it "
-               "(prefill rules append_column / filled_like, decode rule insert_token: exporters/generation/steps.py); "
-               "the static form's whole-sequence step (exporters/generation/static_whole.py) reads a plain re-fed "
-               "sequence only: the tiny model's tokens all equal the mask id, so the calls look re-fed with langs as "
-               "a per-token input the caller does not give (GenerationError 'generate passes [langs] to every forward "
-               "call; give them', test_generate dynamo/static). Remove when the whole-sequence step appends the "
-               "column and fills langs itself",
     ),
     ExportSkip(
         classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "ProphetNetForCausalLM", "ProphetNetForConditionalGeneration"),

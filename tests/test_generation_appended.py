@@ -121,3 +121,44 @@ def test_xlm_generates_like_eager_through_the_exported_prefill_and_decode(xlm, k
     other = torch.tensor([[3, 4, 5], [6, 7, 8], [9, 10, 11]])  # another batch and prompt length
     assert torch.equal(generator.generate(input_ids=other, max_new_tokens=4),
                        model.generate(input_ids=other, max_new_tokens=4, do_sample=False))
+
+
+def test_the_whole_sequence_step_reads_an_appended_column_and_filled_inputs_off_the_calls():
+    from exporters.generation.static_whole import appended_column, filled_inputs, rereads_sequence
+
+    prompt = torch.tensor([[7, 8, 9], [10, 11, 12]])
+    calls = [{**c.tensors, "use_cache": True} for c in _xlm_calls(prompt, torch.tensor([[20, 21], [23, 24]]))]
+    assert appended_column(calls, {"input_ids": prompt}) == MASK and not rereads_sequence(calls)
+    assert filled_inputs(calls) == {"langs": LANG}
+    assert appended_column(calls, {"input_ids": prompt[:, :2]}) is None  # the first call is not the caller's + column
+    plain = [{"input_ids": torch.cat([prompt, torch.full((2, n), 4)], dim=-1)} for n in range(3)]
+    assert appended_column(plain, {"input_ids": prompt}) is None  # a plain re-fed sequence (OpenAIGPT) has none
+
+
+@pytest.mark.parametrize("kind", ["varied", "mask_only"])
+def test_xlm_generates_like_eager_through_the_static_whole_sequence_step(xlm, kind):
+    from exporters import get_exporter
+
+    model = xlm[kind]
+    ids = torch.tensor([[9, 17, 33, 41, 12], [8, 30, 22, 14, 50]])
+    exporter = get_exporter("dynamo")
+    generator = exporter.export_for_generation(model, {"input_ids": ids}, exporter.config_class(), cache="static",
+                                               max_cache_len=16)
+    assert generator.whole_sequence and not generator.extras  # the step appends the mask column and fills langs
+    assert torch.equal(generator.generate(input_ids=ids, max_new_tokens=6),
+                       model.generate(input_ids=ids, max_new_tokens=6, do_sample=False))
+
+
+def test_ort_genai_runs_xlm_with_the_mask_column_made_inside_its_graph(xlm, tmp_path):
+    from exporters import get_exporter
+    from exporters.generation.genai import export_genai_folder, run_ort_genai
+
+    model, prompt = xlm["varied"], [9, 17, 33, 41, 12]
+    onnx = get_exporter("onnx")
+    artifact = export_genai_folder(tmp_path, onnx, model, {"input_ids": torch.tensor([prompt])},
+                                   onnx.config_class(dynamic=True, max_dim=32), {"eos_token_id": 1, "pad_token_id": 2})
+    assert artifact.extra_metadata["cache_layout"]["whole_sequence"] == {"context": 32}
+    want = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):].tolist()
+    assert MASK not in want and len(set(want)) >= 3, want  # the tokens tell the inserted column from an appended one
+    got, _ = run_ort_genai(str(tmp_path), prompt, 6)
+    assert got == want
