@@ -427,15 +427,17 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
         classes=("XLNetLMHeadModel",),
         tests=("generate",),
+        variants=("static",),
         stage="export",
-        reason="XLNet's prepare_inputs_for_generation appends a dummy token to the prompt, builds perm_mask and "
-               "target_mapping over it in Python, and each later step re-feeds the last two tokens plus a dummy "
-               "with mems cut by two, so the prefill's input_ids (prompt + dummy) cannot be derived from the "
-               "caller's (GenerationError 'the prefill call of generate takes input_ids, which the caller does not "
-               "give', test_generate dynamo/dynamic at 8f88f7d). Remove when exporters/generation has rules for "
-               "an appended dummy token and a re-fed window (or XLNet's generate feeds forward one token a step); static: "
-               "GenerationError 'generate with a static cache passes [perm_mask, target_mapping] to forward', "
-               "test_generate dynamo/static at 5cb5c06",
+        reason="XLNet keeps no transformers Cache: its prepare_inputs_for_generation (models/xlnet/modeling_xlnet.py) "
+               "re-feeds the last token fed, the chosen one and a dummy 0, with perm_mask / target_mapping over them, "
+               "and mems of its own (the call before's output, cut by two), so generate(cache_implementation='static') "
+               "hands forward no cache (GenerationError 'passes no cache (past_key_values or cache_params)', "
+               "test_generate dynamo/static), and its calls are no whole-sequence re-read either (mems computed "
+               "window by window, not one recomputation of the sequence so far). The dynamic "
+               "variant replays it (window_token, as_prefill, outputs_trimmed: exporters/generation/steps.py). Remove "
+               "when the static form has a step over a fixed-size mems buffer whose unwritten slots XLNet's "
+               "attention masks (it attends to every mems position today: a model patch)",
     ),
     ExportSkip(
         classes=("Pop2PianoForConditionalGeneration", "VoxtralRealtimeForConditionalGeneration",

@@ -162,3 +162,62 @@ def test_ort_genai_runs_xlm_with_the_mask_column_made_inside_its_graph(xlm, tmp_
     assert MASK not in want and len(set(want)) >= 3, want  # the tokens tell the inserted column from an appended one
     got, _ = run_ort_genai(str(tmp_path), prompt, 6)
     assert got == want
+
+
+def _xlnet_calls(prompt: torch.Tensor, tokens: torch.Tensor, width: int = 16) -> list[Call]:
+    """The forward calls XLNet's generate makes: the prompt and a dummy 0, then the last token fed, the chosen one
+    and the dummy, with perm_mask / target_mapping over them and mems: the call before's output less 2 positions."""
+    batch, calls, seq = prompt.shape[0], [], prompt
+    for n in range(tokens.shape[1] + 1):
+        if n:
+            seq = torch.cat([seq, tokens[:, n - 1:n]], dim=-1)
+        ids = torch.cat([seq if n == 0 else seq[:, -2:], torch.zeros(batch, 1, dtype=torch.long)], dim=-1)
+        length = ids.shape[1]
+        perm = torch.zeros(batch, length, length)
+        perm[:, :, -1] = 1
+        target = torch.zeros(batch, 1, length)
+        target[:, 0, -1] = 1
+        trees = {} if n == 0 else {"mems": ([m[:-2] for m in calls[-1].output_trees["mems"][0]], None)}
+        call = Call({"input_ids": ids, "perm_mask": perm, "target_mapping": target}, trees, {})
+        out_len = (trees["mems"][0][0].shape[0] if trees else 0) + length
+        call.output_trees = {"mems": ([torch.full((out_len, batch, width), float(n * 10 + i)) for i in range(2)], None)}
+        calls.append(call)
+    return calls
+
+
+def test_xlnets_window_masks_and_cut_mems_are_read_as_rules():
+    from exporters.generation.steps import apply_tensor_rule
+
+    prompt = torch.tensor([[7, 8, 9, 10], [11, 12, 13, 14]])
+    tokens = torch.tensor([[20, 21, 22], [23, 24, 25]])
+    calls = _xlnet_calls(prompt, tokens)
+    prefill_rules = infer_prefill_rules(calls[0], {"input_ids": prompt})
+    assert prefill_rules == {"input_ids": "append_column:input_ids:0", "perm_mask": "last_onehot:input_ids:all:float32",
+                             "target_mapping": "last_onehot:input_ids:1:float32"}
+    rules = infer_rules(calls, torch.cat([prompt, tokens], dim=-1), prompt.shape[1], None, prefill_rules)
+    assert rules == {"input_ids": "window_token:1", "perm_mask": "as_prefill", "target_mapping": "as_prefill",
+                     "mems": "outputs_trimmed:2"}
+    assert torch.equal(apply_tensor_rule("window_token:1", calls[1].tensors["input_ids"], tokens[:, 1]),
+                       calls[2].tensors["input_ids"])
+    # mems cut by another count than the one read off the first pair: no rule explains them
+    calls[2].trees["mems"] = ([m[:-1] for m in calls[1].output_trees["mems"][0]], None)
+    with pytest.raises(GenerationError, match="'mems'"):
+        infer_rules(calls, torch.cat([prompt, tokens], dim=-1), prompt.shape[1], None, prefill_rules)
+
+
+def test_xlnet_generates_like_eager_through_the_exported_prefill_and_decode():
+    from transformers import XLNetConfig, XLNetLMHeadModel
+
+    from exporters import get_exporter
+
+    config = XLNetConfig(vocab_size=64, d_model=32, n_layer=2, n_head=4, d_inner=64, initializer_range=0.5)
+    torch.manual_seed(1)  # a draw whose tokens vary for both prompts (seed 0 repeats two tokens)
+    model = XLNetLMHeadModel(config).eval()
+    ids = torch.tensor([[9, 17, 33, 41, 12, 40], [8, 30, 22, 14, 50, 16]])  # no pad id (5)
+    exporter = get_exporter("dynamo")
+    generator = exporter.export_for_generation(model, {"input_ids": ids}, exporter.config_class(dynamic=True))
+    assert generator.rules["input_ids"] == "window_token:1" and generator.rules["mems"] == "outputs_trimmed:2"
+    for prompt in (ids, torch.tensor([[3, 4, 7, 6], [7, 8, 9, 10], [11, 12, 13, 14]])):
+        eager = model.generate(input_ids=prompt, max_new_tokens=6, do_sample=False)
+        assert len(set(eager[:, prompt.shape[1]:].flatten().tolist())) >= 3
+        assert torch.equal(generator.generate(input_ids=prompt, max_new_tokens=6), eager)

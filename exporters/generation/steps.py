@@ -27,6 +27,12 @@ Rules (``RULES``), tried in this order for each input of the decode step:
   tried only for a token input whose prefill rule is ``append_column``, and where the captured tokens all equal
   that column's id (so ``append_token`` holds as well) the export refuses to choose (``AmbiguousTokenRule``; the
   export captures again with that id suppressed).
+- for a generate that re-feeds a window of its last tokens before such a column and keeps a state of its own
+  (XLNet: the last token fed, the chosen one and a dummy 0, ``mems`` cut by two): ``window_token:<k>`` (the last
+  k tokens of the call before, the chosen token, the column; k read off the decode step's width),
+  ``outputs_trimmed:<n>`` (a tree: the previous call's output less its last n positions along dim 0; n read off
+  the first pair) and ``as_prefill`` (an input the step makes from its own ids by the input's prefill rule
+  ``last_onehot``: XLNet's ``perm_mask`` and ``target_mapping``).
 An input that none explains stops the export with an error naming it: nothing is guessed.
 
 The prefill's inputs are the caller's, except those ``generate`` derives from them
@@ -36,7 +42,9 @@ and an encoder-decoder's ``decoder_input_ids`` (the start token, then the caller
 checked against the captured prefill call. Two carry a constant read off that call:
 ``append_column:<input>:<value>`` (the caller's ``<input>`` with a column of one id appended, the same in every
 row: XLM's ``mask_token_id``) and ``filled_like:<input>:<value>`` (a tensor shaped like the prefill's ``<input>``,
-derived or given, every element one value: XLM's ``langs``, filled with ``lang_id``). The constant is then checked
+derived or given, every element one value: XLM's ``langs``, filled with ``lang_id``); ``last_onehot:<input>:<rows>:<dtype>``
+(zeros ``[batch, rows or S, S]`` over the prefill's ``<input>`` of length S, 1 at the last of S: XLNet's
+``perm_mask`` keeps every position from seeing the dummy, its ``target_mapping`` predicts it). The constant is then checked
 on every decode pair through the decode rules (the appended column stays last under ``insert_token``, the fill is
 repeated by ``append_last``).
 """
@@ -53,7 +61,14 @@ from exporters.pytrees import leaf_names_and_values
 
 TOKEN_INPUTS = ("input_ids", "decoder_input_ids")
 RULES = ("outputs", "token", "append_one", "next_position", "same", "repeat_last", "insert_token", "append_token",
-         "append_position", "append_last", "repeat_last_row", "ones_column", "updated", "previous_output")
+         "append_position", "append_last", "repeat_last_row", "ones_column", "updated", "previous_output",
+         "window_token", "outputs_trimmed", "as_prefill")
+WINDOW, TRIMMED = "window_token:", "outputs_trimmed:"  # kept with their count: window_token:1, outputs_trimmed:2
+def carried_tree(rule: str) -> bool:
+    """Whether a tree under ``rule`` is state the components return and the next call takes (a cache)."""
+    return rule == "outputs" or rule.startswith(TRIMMED)
+
+
 # decode rules of a step that re-reads the whole sequence (no cache): the prefill's graph over one more token
 WHOLE_SEQUENCE_RULES = ("append_token", "insert_token")
 PREVIOUS_OUTPUT = "previous_output:"  # the kept rule of an input read off a previous output: this, then its name
@@ -134,6 +149,9 @@ def apply_tensor_rule(rule: str, previous: torch.Tensor | None, token: torch.Ten
         return previous[:, -1:]
     if rule == "append_token":
         return torch.cat([previous, token.reshape(-1, 1).to(previous.dtype)], dim=-1)
+    if rule.startswith(WINDOW):  # the last k tokens fed, the chosen one, the trailing column (XLNet's offset 2)
+        k = int(rule[len(WINDOW):])
+        return torch.cat([previous[..., -k - 1:-1], token.reshape(-1, 1).to(previous.dtype), previous[..., -1:]], dim=-1)
     if rule == "insert_token":  # before the trailing column generate appends at every call (XLM's mask token)
         return torch.cat([previous[..., :-1], token.reshape(-1, 1).to(previous.dtype), previous[..., -1:]], dim=-1)
     if rule == "append_position":
@@ -143,8 +161,10 @@ def apply_tensor_rule(rule: str, previous: torch.Tensor | None, token: torch.Ten
     raise GenerationError(f"unknown step rule {rule!r}")
 
 
-PREFILL_RULES = ("positions_from_mask", "decoder_start", "positions_from_mask_1", "append_column", "filled_like")
+PREFILL_RULES = ("positions_from_mask", "decoder_start", "positions_from_mask_1", "append_column", "filled_like",
+                 "last_onehot")
 APPEND_COLUMN, FILLED_LIKE = "append_column:", "filled_like:"  # kept with their input and value: append_column:input_ids:0
+LAST_ONEHOT = "last_onehot:"  # last_onehot:<input>:<rows, or "all">:<dtype>
 
 
 ENCODER_MAIN_INPUTS = ("input_ids", "input_features", "input_values", "pixel_values", "flattened_patches")
@@ -178,6 +198,13 @@ def derive_prefill_input(rule: str, given: dict[str, torch.Tensor], generation: 
     if rule.startswith(FILLED_LIKE):  # shaped like the prefill's <input>, one value throughout (XLM's langs)
         source, value = _parametric(rule)
         return torch.full_like({**given, **(derived or {})}[source], value)
+    if rule.startswith(LAST_ONEHOT):  # [batch, rows, S] zeros, 1 at the last of S (XLNet's perm_mask, target_mapping)
+        _, source, rows, dtype = rule.split(":")
+        ids = {**given, **(derived or {})}[source]
+        length = ids.shape[-1]
+        out = torch.zeros(ids.shape[0], length if rows == "all" else int(rows), length, dtype=getattr(torch, dtype))
+        out[..., -1] = 1
+        return out
     if rule == "decoder_start":  # an encoder-decoder's decoder prompt: the start token, then any given
         start = (generation or {}).get("decoder_start_token_id")
         if start is None:
@@ -214,6 +241,12 @@ def _candidates(rule: str, name: str, value: torch.Tensor, given: dict, derived:
             return []
         column = _one_value(value[..., -1:])
         return [] if column is None else [f"{APPEND_COLUMN}{name}:{column}"]
+    if rule == "last_onehot":
+        if value.dim() != 3 or not value.is_floating_point():
+            return []
+        rows = "all" if value.shape[1] == value.shape[2] else str(value.shape[1])
+        dtype = str(value.dtype).removeprefix("torch.")
+        return [f"{LAST_ONEHOT}{k}:{rows}:{dtype}" for k in TOKEN_INPUTS if k in {**given, **derived}]
     if rule == "filled_like":
         fill = _one_value(value)
         prefill = {**given, **derived}
@@ -292,7 +325,11 @@ def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int,
                               "followed by one token per call (a generate of its own that rewrites them)")
     lengths = [c.query_length() for c in calls]
     uncached = all(b is not None and a is not None and b == a + 1 for a, b in zip(lengths, lengths[1:]))
-    if not uncached and any(n != 1 for n in lengths[1:]):
+    appended = dict(prefill_rules or {})
+    token_input = next((k for k in TOKEN_INPUTS if k in decode.tensors), None)
+    # a window of fixed width before the column the prefill appended (XLNet re-feeds its last tokens): window_token
+    window = appended_id(appended, token_input) is not None and len(set(lengths[1:])) == 1 and lengths[1] > 2
+    if not uncached and not window and any(n != 1 for n in lengths[1:]):
         raise GenerationError(f"the decode steps feed neither one token per call nor the whole sequence so far "
                               f"(query lengths {lengths}); generation export reads one of the two")
     for name, (_, spec) in decode.trees.items():
@@ -304,15 +341,15 @@ def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int,
                 )
     left = list(returned) if returned is not None and len(returned) == len(calls) else [None] * len(calls)
     rules: dict[str, str] = {}
-    appended = dict(prefill_rules or {})
 
     def everywhere(rule: str, name: str) -> bool:
-        return all(_holds(rule, name, prev, cur, sequences[:, prompt_length + i], after)
+        own = appended.get(name)
+        return all(_holds(rule, name, prev, cur, sequences[:, prompt_length + i], after, own)
                    for i, (prev, cur, after) in enumerate(zip(calls[1:-1], calls[2:], left[1:-1]), start=1)) \
-            and _holds(rule, name, calls[0], calls[1], sequences[:, prompt_length], left[0])
+            and _holds(rule, name, calls[0], calls[1], sequences[:, prompt_length], left[0], own)
 
     for name in list(decode.tensors) + list(decode.trees):
-        for rule in [r for base in RULES for r in _variants(base, name, calls, left)]:
+        for rule in [r for base in RULES for r in _variants(base, name, calls, left, appended)]:
             if rule == "insert_token" and appended_id(appended, name) is None:
                 continue  # a trailing column of its own only where the prefill appended one
             if everywhere(rule, name):
@@ -335,9 +372,25 @@ def _first_difference(a, b) -> str:
     return f"...{text_a[max(0, i - 80):i + 20]}... becomes ...{text_b[max(0, i - 80):i + 20]}..."
 
 
-def _variants(rule: str, name: str, calls: list[Call], left: list[Returned | None]) -> list[str]:
+def _variants(rule: str, name: str, calls: list[Call], left: list[Returned | None],
+              prefill_rules: dict[str, str] | None = None) -> list[str]:
     """``rule`` as it is tried for input ``name``: ``previous_output`` once per output tensor of the call
-    before the first decode step (``previous_output:<output>``), every other rule as it is."""
+    before the first decode step (``previous_output:<output>``); ``window_token`` with the width the decode step
+    keeps (``window_token:<k>``, k tokens before the chosen one), where the prefill appended a column to ``name``;
+    ``outputs_trimmed`` with the positions dim 0 loses (``outputs_trimmed:<n>``); ``as_prefill`` where ``name``
+    has a prefill rule that reads the token input; every other rule as it is."""
+    prefill_rules = prefill_rules or {}
+    if rule == "window_token":
+        width = calls[1].tensors[name].shape[-1] if name in calls[1].tensors else 0
+        return [f"{WINDOW}{width - 2}"] if appended_id(prefill_rules, name) is not None and width > 2 else []
+    if rule == "outputs_trimmed":
+        out, leaves = calls[0].output_trees.get(name), calls[1].trees.get(name)
+        if out is None or leaves is None or not out[0] or len(out[0]) != len(leaves[0]) or leaves[0][0].dim() == 0:
+            return []
+        cut = out[0][0].shape[0] - leaves[0][0].shape[0]
+        return [f"{TRIMMED}{cut}"] if cut > 0 else []
+    if rule == "as_prefill":
+        return [rule] if prefill_rules.get(name, "").startswith(LAST_ONEHOT) else []
     if rule != "previous_output":
         return [rule]
     if name not in calls[1].tensors or left[0] is None:
@@ -345,7 +398,8 @@ def _variants(rule: str, name: str, calls: list[Call], left: list[Returned | Non
     return [PREVIOUS_OUTPUT + out for out in left[0].outputs]
 
 
-def _holds(rule: str, name: str, prev: Call, cur: Call, token: torch.Tensor, after: Returned | None = None) -> bool:
+def _holds(rule: str, name: str, prev: Call, cur: Call, token: torch.Tensor, after: Returned | None = None,
+           prefill_rule: str | None = None) -> bool:
     if rule == "updated":  # the tree the previous call was given, as that call left it
         leaves = cur.trees.get(name, (None,))[0]
         before = None if after is None else after.trees.get(name)
@@ -354,6 +408,16 @@ def _holds(rule: str, name: str, prev: Call, cur: Call, token: torch.Tensor, aft
     if rule.startswith(PREVIOUS_OUTPUT):
         out = None if after is None else after.outputs.get(rule[len(PREVIOUS_OUTPUT):])
         return name in cur.tensors and _equal(out, cur.tensors[name])
+    if rule.startswith(TRIMMED):  # the previous call's output tree less its last n positions along dim 0 (XLNet's mems)
+        out, leaves = prev.output_trees.get(name), cur.trees.get(name, (None,))[0]
+        n = int(rule[len(TRIMMED):])
+        return out is not None and leaves is not None and len(out[0]) == len(leaves) \
+            and all(a.dim() > 0 and _equal(a[:-n], b) for a, b in zip(out[0], leaves))
+    if rule == "as_prefill":  # what the prefill rule derives from this call's own token input
+        ids = next((cur.tensors[k] for k in TOKEN_INPUTS if k in cur.tensors), None)
+        made = None if ids is None or prefill_rule is None else derive_prefill_input(prefill_rule, dict.fromkeys(TOKEN_INPUTS, ids))
+        return name in cur.tensors and made is not None and _equal(made, cur.tensors[name]) \
+            and made.dtype == cur.tensors[name].dtype
     if name in cur.trees:
         leaves, spec = cur.trees[name]
         if rule == "outputs":
@@ -364,7 +428,7 @@ def _holds(rule: str, name: str, prev: Call, cur: Call, token: torch.Tensor, aft
             return before_spec == spec and all(_equal(a, b) for a, b in zip(before, leaves))
         return False
     value = cur.tensors[name]
-    if rule in ("token", "append_token", "insert_token") and name not in TOKEN_INPUTS:
+    if (rule in ("token", "append_token", "insert_token") or rule.startswith(WINDOW)) and name not in TOKEN_INPUTS:
         return False
     if rule == "token":
         return _equal(value, token.reshape(-1, 1))
