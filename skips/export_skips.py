@@ -291,9 +291,12 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "token, builds perm_mask / target_mapping and keeps mems of its own. Both runners' forms of a model "
                "without a cache re-read the token sequence (ExecuTorch's runner without a KV cache, exporters/generation/"
                "static_whole.py; onnxruntime-genai with the ids so far as its state, genai_state.py; OpenAIGPT and XLM, "
-               "whose appended mask column the step makes itself, pass in both): they find no re-fed sequence in "
-               "XLNet's calls (python -m sweeps.repro runner:<runner>-XLNetLMHeadModel). Remove when XLNet's generate "
-               "feeds forward the plain ids (or keeps a transformers Cache)",
+               "whose appended mask column the step makes itself, pass in both): XLNet's calls are neither a "
+               "re-fed sequence nor a transformers Cache (GenerationError '... generate(cache_implementation=static) "
+               "passes no cache' on executorch-llm, '... returns no past_key_values ... does not re-feed the whole "
+               "sequence either' on ort-genai: python -m sweeps.repro runner:<runner>-XLNetLMHeadModel). Its dynamic "
+               "generate item replays the window and mems with step rules, which neither runner has a form for. "
+               "Remove when XLNet's generate feeds forward the plain ids (or keeps a transformers Cache)",
     ),
     ExportSkip(
         classes=("ProphetNetForCausalLM",),
