@@ -292,17 +292,19 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "conv / recurrent inputs, with a prompt path that continues from them",
     ),
     ExportSkip(
-        classes=("XLMWithLMHeadModel", "XLNetLMHeadModel"),
+        classes=("XLNetLMHeadModel",),
         tests=("runner",),
         stage="export",
-        reason="no key/value cache, and generate feeds forward more than the sequence so far: XLM appends its "
-               "mask_token_id column to the ids and passes langs at every call, XLNet appends a dummy token, builds "
-               "perm_mask / target_mapping and keeps mems of its own. Both runners' forms of a model without a cache "
-               "re-read the plain token sequence (ExecuTorch's runner without a KV cache, exporters/generation/"
-               "static_whole.py; onnxruntime-genai with the ids so far as its state, genai_state.py; OpenAIGPT "
-               "passes in both): they refuse XLM's langs by name and find no re-fed sequence in XLNet's calls "
-               "(python -m sweeps.repro runner:<runner>-XLMWithLMHeadModel / -XLNetLMHeadModel). Remove when the "
-               "models' generate feeds forward the plain ids (or keeps a transformers Cache)",
+        reason="no key/value cache, and generate feeds forward more than the sequence so far: XLNet appends a dummy "
+               "token, builds perm_mask / target_mapping and keeps mems of its own. Both runners' forms of a model "
+               "without a cache re-read the token sequence (ExecuTorch's runner without a KV cache, exporters/generation/"
+               "static_whole.py; onnxruntime-genai with the ids so far as its state, genai_state.py; OpenAIGPT and XLM, "
+               "whose appended mask column the step makes itself, pass in both): XLNet's calls are neither a "
+               "re-fed sequence nor a transformers Cache (GenerationError '... generate(cache_implementation=static) "
+               "passes no cache' on executorch-llm, '... returns no past_key_values ... does not re-feed the whole "
+               "sequence either' on ort-genai: python -m sweeps.repro runner:<runner>-XLNetLMHeadModel). Its dynamic "
+               "generate item replays the window and mems with step rules, which neither runner has a form for. "
+               "Remove when XLNet's generate feeds forward the plain ids (or keeps a transformers Cache)",
     ),
     ExportSkip(
         classes=("ProphetNetForCausalLM",),
@@ -436,15 +438,17 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
         classes=("XLNetLMHeadModel",),
         tests=("generate",),
+        variants=("static",),
         stage="export",
-        reason="XLNet's prepare_inputs_for_generation appends a dummy token to the prompt, builds perm_mask and "
-               "target_mapping over it in Python, and each later step re-feeds the last two tokens plus a dummy "
-               "with mems cut by two, so the prefill's input_ids (prompt + dummy) cannot be derived from the "
-               "caller's (GenerationError 'the prefill call of generate takes input_ids, which the caller does not "
-               "give', test_generate dynamo/dynamic at 8f88f7d). Remove when exporters/generation has rules for "
-               "an appended dummy token and a re-fed window (or XLNet's generate feeds forward one token a step); static: "
-               "GenerationError 'generate with a static cache passes [perm_mask, target_mapping] to forward', "
-               "test_generate dynamo/static at 5cb5c06",
+        reason="XLNet keeps no transformers Cache: its prepare_inputs_for_generation (models/xlnet/modeling_xlnet.py) "
+               "re-feeds the last token fed, the chosen one and a dummy 0, with perm_mask / target_mapping over them, "
+               "and mems of its own (the call before's output, cut by two), so generate(cache_implementation='static') "
+               "hands forward no cache (GenerationError 'passes no cache (past_key_values or cache_params)', "
+               "test_generate dynamo/static), and its calls are no whole-sequence re-read either (mems computed "
+               "window by window, not one recomputation of the sequence so far). The dynamic "
+               "variant replays it (window_token, as_prefill, outputs_trimmed: exporters/generation/steps.py). Remove "
+               "when the static form has a step over a fixed-size mems buffer whose unwritten slots XLNet's "
+               "attention masks (it attends to every mems position today: a model patch)",
     ),
     ExportSkip(
         classes=("Pop2PianoForConditionalGeneration", "VoxtralRealtimeForConditionalGeneration",
@@ -629,21 +633,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "868b47e; executorch/static the same 3.09e-3 at 9e98c77). ONNX Runtime returns no input mutation, so "
                "onnx's loop shifts once a call, within 1e-4 of eager (passes). Remove when the decoder adds the "
                "embeddings out of place (encoder_hidden_states = encoder_hidden_states + ...)",
-    ),
-    ExportSkip(
-        classes=("XLMWithLMHeadModel",),
-        tests=("generate",),
-        stage="export",
-        reason="XLMWithLMHeadModel.prepare_inputs_for_generation (models/xlm/modeling_xlm.py:930-955) appends a "
-               "mask_token_id column to the ids and builds langs filled with lang_id, both from config values, at "
-               "every call, so the prefill's input_ids (prompt + mask token) and langs match no prefill rule "
-               "(GenerationError 'the prefill call of generate takes input_ids, which the caller does not give', "
-               "test_generate dynamo/dynamic at bc76b56). Remove when exporters/generation has prefill rules that "
-               "carry a value (append an id column, a tensor filled with an id) and a decode rule that puts the "
-               "chosen token before the trailing mask token (or XLM's generate feeds forward the plain ids); static: "
-               "GenerationError 'generate with a static cache passes [langs, next_sequence_length] to forward' "
-               "(test_generate dynamo/static at 5cb5c06), or, where the chosen token equals the mask id, '... re-feeds "
-               "the whole sequence and passes [langs]' (exporters/generation/static_whole.py)",
     ),
     ExportSkip(
         classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "ProphetNetForCausalLM", "ProphetNetForConditionalGeneration"),

@@ -254,6 +254,7 @@ def _loop_takes(generator) -> set[str]:
 def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
     """Run one generate item; raise ``sweeps.runner.StageFailure`` naming the stage."""
     from exporters import get_exporter
+    from exporters.generation.steps import WHOLE_SEQUENCE_RULES, carried_tree
     from exporters.parity import compare
     from sweeps.runner import StageFailure, export_config, passes_through
 
@@ -326,8 +327,9 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
             record("cache_checked", bool(got_cache))  # False: the cache lives inside the program (buffers)
         else:
             # eager returns the state as past_key_values whatever the model calls it (Mamba: cache_params)
-            state = [t for t in generator.trees if generator.rules.get(t) == "outputs"]  # not encoder outputs
-            uncached = "append_token" in generator.rules.values()  # the decode re-reads the whole sequence
+            state = [t for t in generator.trees if carried_tree(generator.rules.get(t, ""))]  # not encoder outputs
+            # the decode re-reads the whole sequence
+            uncached = any(r in WHOLE_SEQUENCE_RULES for r in generator.rules.values())
             eager_state = _cache_tensors(eager.past_key_values)
             if uncached and not state:
                 if eager_state:  # eager's generate kept state this loop does not: say so

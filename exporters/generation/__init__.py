@@ -45,7 +45,17 @@ from exporters.generation.static_encdec import decoder_prompt_rule, decoder_read
 from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.static_prompt import CHECKED_TOKENS, decode_rule, read_beyond_embeddings
 from exporters.generation.static_whole import WholeSequenceStep, shortest_sequence
-from exporters.generation.steps import TOKEN_INPUTS, Returned, check_no_module_state, infer_prefill_rules, infer_rules, record_returns
+from exporters.generation.steps import (
+    TOKEN_INPUTS,
+    AmbiguousTokenRule,
+    Returned,
+    appended_id,
+    check_no_module_state,
+    infer_prefill_rules,
+    infer_rules,
+    prefill_sources,
+    record_returns,
+)
 
 __all__ = ["DelegatedGenerator", "GenerateOutput", "GenerationError", "GenerationExport", "Generator",
            "StaticGenerator", "export_for_generation"]
@@ -83,17 +93,16 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         return _export_static(exporter, model, inputs, config, generation,
                               max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE_LEN)
     captured_inputs = _padded(inputs)
-    returned: list[Returned] = []
-    with record_returns(model, returned):  # what each call left: trees updated in place, output tensors
-        calls, encoder_calls, sequences = capture_generate(model, captured_inputs, CAPTURED_STEPS)
-    prefill, decode = calls[0], calls[1]
-    check_no_module_state(returned, sequences.shape[0], type(model).__name__)
     given = {k: v for k, v in captured_inputs.items() if isinstance(v, torch.Tensor)}
+    try:
+        calls, encoder_calls, returned, prefill_rules, rules, token_input = _read_generate(
+            model, captured_inputs, given, generation)
+    except AmbiguousTokenRule as exc:  # every token generate chose was the id it appends: choose another to tell
+        calls, encoder_calls, returned, prefill_rules, rules, token_input = _read_generate(
+            model, captured_inputs, given, generation, suppress=exc.token_id)
+    prefill, decode = calls[0], calls[1]
     encoder_call = _encoder_calls(model, encoder_calls, given)
-    token_input, prompt_length = _token_input(model, prefill, decode, given)
     prefill_trees = _prefill_tree_rules(model, prefill, encoder_call)
-    prefill_rules = infer_prefill_rules(prefill, given, generation)
-    rules = infer_rules(calls, sequences, prompt_length, returned)
     updated = tuple(k for k, r in rules.items() if r == "updated")  # the components return these trees
     for name, rule in rules.items():
         if name in decode.trees and rule == "outputs":
@@ -128,6 +137,7 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     # a cache the model fills in place (given empty to the prefill) is, to the loop, the components' output
     rules = {k: "outputs" if r == "updated" and not prefill.trees[k][0] else r for k, r in rules.items()}
     caller_inputs = [k for k in prefill.tensors if k not in prefill_rules]
+    caller_inputs += [k for k in prefill_sources(prefill_rules) if k not in caller_inputs]  # ids the prefill extends
     if token_input not in prefill.tensors and token_input in given:  # a prompt given as embeddings: the ids are
         caller_inputs.append(token_input)  # what the returned sequences start with, as generate's do
     if encoder_call:
@@ -137,6 +147,21 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
                           {label: call.output_names for label, call in encoder_call.items()})
     generator.source = (exporter, model, dict(inputs), config)
     return generator
+
+
+def _read_generate(model, captured_inputs, given, generation, suppress=None):
+    """``generate`` captured over ``captured_inputs`` (``suppress``: an id it may not choose) and the rules read
+    off its calls: (calls, encoder calls, what each call left, prefill rules, decode rules, token input)."""
+    returned: list[Returned] = []
+    with record_returns(model, returned):  # what each call left: trees updated in place, output tensors
+        calls, encoder_calls, sequences = capture_generate(model, captured_inputs, CAPTURED_STEPS, suppress=suppress)
+    check_no_module_state(returned, sequences.shape[0], type(model).__name__)
+    token_input, prompt_length = _token_input(model, calls[0], calls[1], given)
+    prefill_rules = infer_prefill_rules(calls[0], given, generation)
+    if appended_id(prefill_rules, token_input) is not None:  # the sequences start with the caller's ids, not these
+        prompt_length -= 1
+    rules = infer_rules(calls, sequences, prompt_length, returned, prefill_rules)
+    return calls, encoder_calls, returned, prefill_rules, rules, token_input
 
 
 def _token_input(model, prefill, decode, given) -> tuple[str, int]:

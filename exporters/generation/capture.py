@@ -258,11 +258,13 @@ def _recorded_preparation(model: torch.nn.Module, calls: list[Call]):
     return forward_wrapped(model, record, PREPARE_ENCODER)
 
 
-def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int
+def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int, suppress: int | None = None
                      ) -> tuple[list[Call], dict[str, list[Call]], torch.Tensor]:
     """``model.generate(**inputs, max_new_tokens=steps, do_sample=False)`` with every call of the model's
     forward recorded (the kwargs as they were when the call began), and of each of its encoders
-    (``encoders_of``); returns the forward calls, the encoder calls by encoder and the sequences."""
+    (``encoders_of``); returns the forward calls, the encoder calls by encoder and the sequences. ``suppress``:
+    an id generate may not choose (besides the config's ``suppress_tokens``), where the calls cannot tell two
+    rules apart while it chooses that id (steps.AmbiguousTokenRule)."""
     calls: list[Call] = []
     encoders = encoders_of(model)
     encoder_calls: dict[str, list[Call]] = {label: [] for label in encoders}
@@ -275,8 +277,12 @@ def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: i
             stack.enter_context(_recorded_preparation(model, encoder_calls[PREPARED]))
         stack.enter_context(torch.no_grad())
         # the dict form: Whisper's generate returns its decoder prompt with the new tokens only there
+        extra = {}
+        if suppress is not None:
+            config = getattr(model, "generation_config", None)
+            extra["suppress_tokens"] = [*(getattr(config, "suppress_tokens", None) or []), suppress]
         out = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-                             return_dict_in_generate=True)
+                             return_dict_in_generate=True, **extra)
     sequences = out.sequences if hasattr(out, "sequences") else out
     if not calls:
         raise GenerationError(f"{type(model).__name__}.generate never called forward")

@@ -142,13 +142,18 @@ class GenaiWholeSequenceStep(torch.nn.Module):
     places; each call reads them, appends the new tokens, runs the model over the whole sequence, returns the new
     tokens' logits and writes the new ids after the old ones. ``past`` is the mask's length less the new tokens',
     as onnxruntime-genai feeds it; a padded prompt's mask reaches the model as generate passes it, and positions,
-    where the model takes them, are the running count of attended positions (exporters/generation/static_whole.py)."""
+    where the model takes them, are the running count of attended positions (exporters/generation/static_whole.py).
+    ``appended`` / ``filled``: the column of one id generate appends after the sequence and the inputs it fills
+    with one value (XLM's mask token and langs, ``static_whole.appended_column``), made here; the logits are then
+    those after each new token, the last one at that column, where generate reads them."""
 
     takes_positions = False  # onnxruntime-genai feeds none: the graph derives them over the whole sequence
 
-    def __init__(self, model: torch.nn.Module, context: int, takes_positions: bool, reads_mask: bool):
+    def __init__(self, model: torch.nn.Module, context: int, takes_positions: bool, reads_mask: bool,
+                 appended: int | None = None, filled: Mapping[str, int | float] | None = None):
         super().__init__()
         self.model, self.context = model, context
+        self.appended, self.filled = appended, dict(filled or {})
         self.positions, self.reads_mask = takes_positions, reads_mask
         self.states = {0: [("recurrent_0", (context,))]}
 
@@ -167,7 +172,12 @@ class GenaiWholeSequenceStep(torch.nn.Module):
             kwargs["attention_mask"] = attention_mask
         if self.positions:
             kwargs["position_ids"] = positions_from_mask(attention_mask)
-        logits = self.model(input_ids=ids, use_cache=False, return_dict=True, **kwargs).logits[:, total - new:]
+        shift = 0
+        if self.appended is not None:  # generate's own column after the sequence: its position predicts the next
+            ids = torch.cat([ids, torch.full_like(ids[:, :1], self.appended)], dim=1)
+            kwargs.update({k: torch.full_like(ids, v) for k, v in self.filled.items()})
+            shift = 1
+        logits = self.model(input_ids=ids, use_cache=False, return_dict=True, **kwargs).logits[:, total - new + shift:]
         kept = torch.cat([earlier, input_ids.to(held.dtype), held[:, total:]], dim=1)
         return {"logits": logits, "present.0.conv_state": past[CONV].clone(),
                 "present.0.recurrent_state": kept[:, None, None]}
@@ -182,21 +192,23 @@ def export_genai_whole_sequence(exporter, model: torch.nn.Module, inputs: Mappin
     import dataclasses
 
     from exporters.generation.static import _forward_arguments
-    from exporters.generation.static_whole import rereads_sequence, whole_sequence_step_for
+    from exporters.generation.static_whole import read_appended, rereads_sequence, whole_sequence_step_for
 
     ids = inputs["input_ids"]
     context = int(config.max_dim if config is not None else 1024)
     prompt = {"input_ids": ids[:1]}
-    calls = _forward_arguments(model, prompt)
-    if not rereads_sequence(calls):
+    calls, appended = read_appended(type(model).__name__, _forward_arguments(model, prompt), prompt,
+                                    lambda token: _forward_arguments(model, prompt, suppress=token))
+    if appended is None and not rereads_sequence(calls):
         raise GenerationError(f"{why or type(model).__name__ + ' keeps no cache the folder can name'}; and its generate "
                               "does not re-feed the whole sequence either (its state lives elsewhere: in its modules, "
                               "say), which the graph could carry instead")
-    whole = whole_sequence_step_for(model, calls, prompt, context, batch=1)
+    whole = whole_sequence_step_for(model, calls, prompt, context, batch=1, appended=appended)
     if whole.extras:
         raise GenerationError(f"{type(model).__name__}.generate feeds {sorted(whole.extras)} beside the ids, which "
                               "onnxruntime-genai's decoder inputs have no key for")
-    step = GenaiWholeSequenceStep(model, context, whole.takes_positions, whole.reads_mask).eval()
+    step = GenaiWholeSequenceStep(model, context, whole.takes_positions, whole.reads_mask, whole.appended,
+                                  whole.filled).eval()
     check(step, ids[:1])
     example, config = _one_slot_export(exporter, step, ids, context, 1, config)
     try:

@@ -14,7 +14,15 @@ import torch
 from exporters.generation.capture import GenerationError
 from exporters.generation.component import flat_inputs
 from exporters.generation.processors import end_and_pad, greedy_token
-from exporters.generation.steps import PREVIOUS_OUTPUT, apply_tensor_rule, derive_prefill_input, tree_output_names
+from exporters.generation.steps import (
+    PREVIOUS_OUTPUT,
+    TRIMMED,
+    appended_id,
+    apply_tensor_rule,
+    carried_tree,
+    derive_prefill_input,
+    tree_output_names,
+)
 
 GENERATOR_FILE = "generator.json"
 FORMAT = "exporters.generator/1"
@@ -86,9 +94,14 @@ class Generator:
             if rule == "encoder":
                 trees[name] = encoded
         tensors = {k: v for k, v in given.items() if k in self.prefill_inputs and k in prefill.input_specs}
-        tensors.update({k: derive_prefill_input(rule, given, self.generation) for k, rule in self.prefill_rules.items()})
+        derived: dict[str, torch.Tensor] = {}
+        for name, rule in self.prefill_rules.items():  # in order: filled_like reads an input derived before it
+            derived[name] = derive_prefill_input(rule, given, self.generation, derived)
+        tensors.update(derived)
         outputs = prefill(**flat_inputs(tensors, trees))
-        prompt = _prompt(tensors, given, self.token_input, outputs["logits"].shape[0])
+        # the sequences start with the caller's ids, not the prefill's where it appends a column (XLM's mask token)
+        extended = appended_id(self.prefill_rules, self.token_input) is not None
+        prompt = _prompt({} if extended else tensors, given, self.token_input, outputs["logits"].shape[0])
         unfinished = torch.ones(prompt.shape[0], dtype=torch.bool)
         new_tokens, step_logits = [], []
         decode = self.components["decode"]
@@ -110,7 +123,7 @@ class Generator:
         sequences = torch.cat([prompt, torch.stack(new_tokens, dim=1)], dim=1)
         if not return_dict_in_generate:
             return sequences
-        cache = {n: outputs[n] for tree in self.trees if self.rules.get(tree) == "outputs"
+        cache = {n: outputs[n] for tree in self.trees if carried_tree(self.rules.get(tree, ""))
                  for n in tree_output_names(names, tree)}
         return GenerateOutput(sequences, tuple(step_logits) if output_logits else (), cache, len(new_tokens))
 
@@ -137,6 +150,9 @@ class Generator:
             if name in self.trees:
                 if rule in ("outputs", "updated"):  # "updated": a tree the component returns after the call
                     nxt_trees[name] = [outputs[n] for n in tree_output_names(output_names, name)]
+                elif rule.startswith(TRIMMED):  # less its last n positions along dim 0 (XLNet's mems)
+                    cut = int(rule[len(TRIMMED):])
+                    nxt_trees[name] = [outputs[n][:-cut] for n in tree_output_names(output_names, name)]
                 else:  # "same": what the previous call had (encoder outputs; an empty cache: no leaves)
                     nxt_trees[name] = trees.get(name, []) if not self.trees[name] else trees[name]
                 if len(nxt_trees[name]) != self.trees[name]:
@@ -144,8 +160,11 @@ class Generator:
                                           f"the decode step takes {self.trees[name]}")
             elif rule.startswith(PREVIOUS_OUTPUT):  # one of the previous component's outputs
                 nxt[name] = outputs[rule[len(PREVIOUS_OUTPUT):]]
-            else:
+            elif rule != "as_prefill":
                 nxt[name] = apply_tensor_rule(rule, tensors.get(name), token)
+        for name, rule in self.rules.items():  # made from this step's own ids, as the prefill's were from its own
+            if rule == "as_prefill":
+                nxt[name] = derive_prefill_input(self.prefill_rules[name], {self.token_input: nxt[self.token_input]})
         return nxt, nxt_trees
 
     def _save_runner(self, directory) -> str:

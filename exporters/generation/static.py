@@ -47,7 +47,7 @@ from exporters.generation.static_embeds import (
 )
 from exporters.generation.static_prompt import prompt_token_candidates
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
-from exporters.generation.static_whole import WholeSequenceStep, rereads_sequence, whole_sequence_step_for
+from exporters.generation.static_whole import WholeSequenceStep, read_appended, rereads_sequence, whole_sequence_step_for
 from exporters.generation.steps import apply_tensor_rule, check_no_module_state, record_returns
 
 STATE_FORMS = ("buffers", "inputs")
@@ -391,7 +391,11 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     if encoder_of(model) is not None:
         raise GenerationError(f"{name} is an encoder-decoder; the static cache form is built for decoder-only "
                               "models (use cache='dynamic')")
-    calls = _forward_arguments(model, inputs)
+    # no cache, each call over the sequence and a column of one id (XLM's mask token): static_whole.py
+    calls, appended = read_appended(name, _forward_arguments(model, inputs), inputs,
+                                    lambda token: _forward_arguments(model, inputs, suppress=token))
+    if appended is not None:
+        return whole_sequence_step_for(model, calls, inputs, max_cache_len, batch, appended)
     if rereads_sequence(calls):  # no cache: each call over the whole sequence (exporters/generation/static_whole.py)
         return whole_sequence_step_for(model, calls, inputs, max_cache_len, batch)
     own = own_state_argument(model, calls)
@@ -474,10 +478,11 @@ def _rule_gives(rule: str, previous: torch.Tensor, current: torch.Tensor) -> boo
     return got.shape == current.shape and torch.equal(got, current)
 
 
-def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppress: int | None = None
+                       ) -> list[dict[str, Any]]:
     """The arguments (not None) of each forward call ``generate`` makes with a static cache, by name: the
     value where it is a tensor, else True. The step builds its own cache and mask, so what generate
-    passes there (a per-layer-type mask dict, say) is not traced."""
+    passes there (a per-layer-type mask dict, say) is not traced. ``suppress``: an id generate may not choose."""
     name = type(model).__name__
     calls: list[dict[str, Any]] = []
 
@@ -495,7 +500,10 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any]) -> lis
         calls.clear()
         returned.clear()
         with record_returns(model, returned), forward_wrapped(model, names), torch.no_grad():
-            model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False, **cache)
+            model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False, **cache, **banned)
+
+    config = getattr(model, "generation_config", None)
+    banned = {} if suppress is None else {"suppress_tokens": [*(getattr(config, "suppress_tokens", None) or []), suppress]}
 
     try:
         run(cache_implementation="static")
