@@ -418,3 +418,28 @@ def test_a_quantized_conv1d_whose_users_do_not_quantize_on_one_grid_stays_out_of
     assert check(None, conv1d((0.2, 3), relu=True), None)  # the relu is fused: its quantize is the user
     assert not check(None, conv1d(None, relu=True), None)
     assert not check(None, conv1d((0.2, 3), (0.5, 0), relu=True), None)
+
+
+class _ConvSoftmax(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        return torch.softmax(self.conv(x), dim=-1)
+
+
+def test_a_softmax_after_an_nhwc_node_normalizes_its_own_last_dim():
+    """XNNPACK's channels-last pass ran a softmax in the layout of its input: after a convolution (NHWC) it
+    normalized over the channels instead of the last dim (int8 Musicgen's T5 encoder: a channels-last position
+    bias constant made the attention scores NHWC, the softmax ran over the heads)."""
+    torch.manual_seed(0)
+    model, inputs = _ConvSoftmax().eval(), {"x": torch.randn(1, 3, 5, 6)}
+    name = ("patch:executorch:executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass."
+            "ChannelsLastTaggedReshapePass.requires_nchw_inputs")
+    (before,) = et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(model, inputs)(**inputs).values()
+    assert not torch.allclose(before, model(**inputs), atol=1e-3)  # normalized over the 4 channels
+    art = et.ExecutorchExporter().export(model, inputs)
+    (actual,) = art(**inputs).values()
+    torch.testing.assert_close(actual, model(**inputs))
+    assert name in art.workarounds_fired
