@@ -386,7 +386,10 @@ def test_an_op_asked_to_change_the_quantization_grid_stays_out_of_xnnpack():
 def test_a_quantized_conv1d_whose_users_do_not_quantize_on_one_grid_stays_out_of_xnnpack():
     """XNNPACK's Conv1dUnsqueezePass gives the squeeze after a quantized conv1d one quantize-dequantize pair, the
     first user's grid, and only where every user quantizes: a conv1d feeding a slice (int8 Mimi's codec) or two
-    grids made a squeeze XNNPACK refuses at load; such a conv1d is left out, one quantized on one grid is kept."""
+    grids made a squeeze XNNPACK refuses at load; such a conv1d is left out, one quantized on one grid is kept. A relu
+    that is its only user is fused into it first (FuseActivationPass), so its users are the ones that count: int8
+    FastSpeech2Conformer's feed-forward conv1d -> relu -> quantize is kept (left out, its relu was delegated alone,
+    float in and int8 out, and the program failed to load)."""
     from executorch.exir.dialects._ops import ops as exir_ops
 
     from exporters.workarounds.executorch.xnnpack_partitioner import _patch_conv1d_dynamic_dims_constraint
@@ -395,19 +398,48 @@ def test_a_quantized_conv1d_whose_users_do_not_quantize_on_one_grid_stays_out_of
     q, dq = exir_ops.edge.quantized_decomposed.quantize_per_tensor.default, \
         exir_ops.edge.quantized_decomposed.dequantize_per_tensor.default
 
-    def conv1d(*users):
+    def conv1d(*users, relu=False):
         g = torch.fx.Graph()
         x, w = g.placeholder("x"), g.placeholder("w")
         x.meta["val"], w.meta["val"] = torch.empty(1, 4, 8), torch.empty(4, 4, 3)
         conv = g.call_function(exir_ops.edge.aten.convolution.default,
                                (g.call_function(dq, (x, 0.1, 0, -128, 127, torch.int8)), w, None, [1], [0], [1], False, [0], 1))
         conv.args[0].meta["val"], conv.meta["val"] = torch.empty(1, 4, 8), torch.empty(1, 4, 6)
+        out = g.call_function(exir_ops.edge.aten.relu.default, (conv,)) if relu else conv
         for user in users:
-            g.call_function(q, (conv, *user, -128, 127, torch.int8)) if user else \
-                g.call_function(exir_ops.edge.aten.slice_copy.Tensor, (conv, 2, 0, 5))
+            g.call_function(q, (out, *user, -128, 127, torch.int8)) if user else \
+                g.call_function(exir_ops.edge.aten.slice_copy.Tensor, (out, 2, 0, 5))
         return conv
 
     assert check(None, conv1d((0.2, 3)), None)
     assert check(None, conv1d((0.2, 3), (0.2, 3)), None)
     assert not check(None, conv1d(None), None)  # a slice, not a quantize
     assert not check(None, conv1d((0.2, 3), (0.5, 0)), None)  # two grids
+    assert check(None, conv1d((0.2, 3), relu=True), None)  # the relu is fused: its quantize is the user
+    assert not check(None, conv1d(None, relu=True), None)
+    assert not check(None, conv1d((0.2, 3), (0.5, 0), relu=True), None)
+
+
+class _ConvSoftmax(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        return torch.softmax(self.conv(x), dim=-1)
+
+
+def test_a_softmax_after_an_nhwc_node_normalizes_its_own_last_dim():
+    """XNNPACK's channels-last pass ran a softmax in the layout of its input: after a convolution (NHWC) it
+    normalized over the channels instead of the last dim (int8 Musicgen's T5 encoder: a channels-last position
+    bias constant made the attention scores NHWC, the softmax ran over the heads)."""
+    torch.manual_seed(0)
+    model, inputs = _ConvSoftmax().eval(), {"x": torch.randn(1, 3, 5, 6)}
+    name = ("patch:executorch:executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass."
+            "ChannelsLastTaggedReshapePass.requires_nchw_inputs")
+    (before,) = et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(model, inputs)(**inputs).values()
+    assert not torch.allclose(before, model(**inputs), atol=1e-3)  # normalized over the 4 channels
+    art = et.ExecutorchExporter().export(model, inputs)
+    (actual,) = art(**inputs).values()
+    torch.testing.assert_close(actual, model(**inputs))
+    assert name in art.workarounds_fired

@@ -72,12 +72,18 @@ def _patch_conv1d_dynamic_dims_constraint(original):
     PocketTTS's codec convolution feeding a slice) or quantizes on another grid, the squeeze is asked to change
     the grid, which XNNPACK refuses at load ("Failed to create squeeze node 65535 with code:
     xnn_status_invalid_parameter"). Leave a conv1d over dequantized values out unless its users all quantize on
-    one grid.
+    one grid. The users counted are those the pass sees: XNNPACK's FuseActivationPass, which runs first, folds a
+    relu or hardtanh that is the convolution's only user into it, so the activation's users are the convolution's
+    (PT2E quantizes a conv-relu pair after the relu only: int8 FastSpeech2Conformer's feed-forward conv1d, whose
+    relu was counted as a user that does not quantize; kept out, the relu was delegated alone between the float
+    convolution and its quantize, a clamp XNNPACK refuses at load: "XNN Runtime creation failed with code:
+    xnn_status_unsupported_parameter").
 
     before: convolution(x[s0, C, s1], w[O, C, K]) partitioned -> RuntimeError at to_backend
             slice(conv1d(dq(x), dq(w))) partitioned -> load error 0x1
-    after:  it runs outside the delegate
+    after:  it runs outside the delegate; q(relu(conv1d(dq(x), dq(w)))) is still delegated
     """
+    from executorch.backends.xnnpack._passes.fuse_activation_pass import FuseActivationPass
     from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant
 
     def check_constraints(self, node, ep) -> bool:
@@ -88,6 +94,8 @@ def _patch_conv1d_dynamic_dims_constraint(original):
             return True
         if is_dequant(node.args[0]):  # quantized: the squeeze after it gets one grid, its users' (see above)
             users = list(node.users)
+            if len(users) == 1 and getattr(users[0], "target", None) in FuseActivationPass.FUSEABLE_ACTIVATIONS:
+                users = list(users[0].users)  # fused into the convolution before the squeeze is added
             if not all(is_quant(user) for user in users) or len({_grid(user) for user in users}) > 1:
                 return False
         return _symbolic_dims(node.args[0]) <= 1 and _symbolic_dims(node) <= 1

@@ -1,6 +1,7 @@
 """ExecuTorch patches on XNNPACK's own graph passes, which its preprocess runs on each delegated
 partition (executorch.backends.xnnpack._passes): where one writes a partition that XNNPACK's compiler
-then refuses, or fails on a graph the partitioner accepted.
+then refuses, fails on a graph the partitioner accepted, or computes another function (a softmax run in
+NHWC).
 """
 
 from __future__ import annotations
@@ -126,3 +127,37 @@ def _patch_channels_last_copies_carry_val(original):
 
     create_call_function_node.acted = acted  # fired when a created node got its value
     return create_call_function_node
+
+
+@register_patch("executorch",
+                "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass"
+                ".requires_nchw_inputs")
+def _patch_channels_last_softmax(original):
+    """XNNPACK's ChannelsLastTaggedReshapePass runs a node it does not list as needing one layout in the layout of
+    its inputs, and a softmax whose input it had made NHWC then ran in NHWC: XNNPACK's softmax normalizes the
+    innermost dimension of the tensor it is given, which is C there, while the program asks for the last
+    dimension of the NCHW tensor, W (the softmax visitor, unlike cat's, permute's or slice's, does not map its
+    dimension into NHWC). Int8 Musicgen's T5 text encoder: the relative position bias, a constant PT2E folded from
+    ``values.permute([2, 0, 1]).unsqueeze(0)`` and so stored channels-last, was marked NHWC, the attention scores
+    it is added to followed, and the softmax normalized over the 4 heads instead of the 7 keys
+    (encoder_last_hidden_state 60 quantization steps off the reference, the cross-attention cache 82; the
+    encoder exported alone, whose bias is computed at run time, matches it exactly). A softmax takes NCHW inputs,
+    as a linear does.
+
+    before: softmax(add(scores, bias_nhwc), -1) -> transpose to NHWC, XNNSoftmax over C, transpose back
+    after:  the softmax's input is NCHW (a transpose back where it was NHWC); XNNSoftmax over W
+    """
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    softmax = exir_ops.edge.aten._softmax.default
+    acted = ActedFlag()
+
+    def requires_nchw_inputs(self, node) -> bool:
+        if node.target == softmax:
+            if any(self.is_nhwc_node(n) for n in node.all_input_nodes):
+                acted.set()
+            return True
+        return original(self, node)
+
+    requires_nchw_inputs.acted = acted  # fired when a softmax's input was NHWC
+    return requires_nchw_inputs
