@@ -411,3 +411,35 @@ def test_a_quantized_conv1d_whose_users_do_not_quantize_on_one_grid_stays_out_of
     assert check(None, conv1d((0.2, 3), (0.2, 3)), None)
     assert not check(None, conv1d(None), None)  # a slice, not a quantize
     assert not check(None, conv1d((0.2, 3), (0.5, 0)), None)  # two grids
+
+
+def test_int8_users_laid_out_before_a_format_copy_keep_their_format():
+    """XNNPACK's ChannelsLastTaggedReshapePass, converting a dequantized NHWC convolution output to NCHW for the
+    partition's output, moved every user of that dequantize to the NCHW copy, the batch slices of ``unbind`` it had
+    already laid out as NHWC among them (int8 SuperPoint, SuperGlue: 'Attempted to resize a static tensor. Expected
+    shape (1, 16, 4, 4), but received (1, 4, 4, 4)'). Patched, those slices keep a dequantize of their own."""
+    from exporters.quantization import int8
+
+    class ConvThenUnbind(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)  # channels != spatial size: a misread layout shows
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            first, second = y.unbind(0)
+            return y, first.unsqueeze(0) * 2, second.unsqueeze(0) * 3
+
+    torch.manual_seed(0)
+    model, inputs = ConvThenUnbind().eval(), {"x": torch.randn(2, 3, 4, 4)}
+    config = et.ExecutorchConfig(quantization=int8(calibration=[inputs]))
+    name = ("patch:executorch:executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass."
+            "ChannelsLastTaggedReshapePass.insert_copy_q_dq")
+    unpatched = et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(model, inputs, config)
+    with pytest.raises(RuntimeError, match="Attempted to resize a static tensor"):
+        unpatched(**inputs)
+    art = et.ExecutorchExporter().export(model, inputs, config)
+    assert name in art.workarounds_fired
+    expected = art.reference(**inputs)
+    for key, value in art(**inputs).items():
+        torch.testing.assert_close(torch.as_tensor(value), expected[key], rtol=0, atol=0)
