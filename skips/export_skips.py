@@ -218,6 +218,57 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "and PT2E annotates inside set-grad submodules",
     ),
     ExportSkip(
+        classes=("VitsModel",),
+        backends=("executorch",),
+        tests=("quantized",),
+        stage="lower",
+        reason="the int8 model (ExecuTorch's recipe: 8-bit per-channel weights) fails VITS's own spline check on the "
+               "sweep's input, in PyTorch too: the inverse rational-quadratic spline of the stochastic duration "
+               "predictor's flows computes discriminant = b.pow(2) - 4 * a * c from int8-quantized terms (4*a*c on a "
+               "grid of step 2.76, zero point -112) and torch_compilable_check(torch.all(discriminant >= 0)) "
+               "(models/vits/modeling_vits.py:284-288) fails: the quantized reference raises 'Runtime assertion "
+               "failed for expression u3 >= 1', and the lowering's run of the program on the traced inputs (to bound "
+               "its data-dependent sizes) 'Runtime assertion failed for expression 1 <= Piecewise((1, Eq(u3, 1)), "
+               "(0, True))'. Not a lowering defect: the quantized program is invalid for this input (one-step nudges "
+               "of the ONNX recipe's reference fail the same check in 3 of 5 seeds). Remove when the quantizer keeps "
+               "the spline's arithmetic (VitsConvFlow in the duration predictor) in float, or VITS clamps the "
+               "discriminant at 0 instead of asserting",
+    ),
+    ExportSkip(
+        classes=("VitsModel",),
+        backends=("onnx",),
+        tests=("quantized",),
+        stage="compare",
+        reason="the output length is data-dependent and int8 rounding moves it: VITS sizes the spectrogram by "
+               "sum(ceil(exp(log_duration))) over the tokens (models/vits/modeling_vits.py:1348-1349), and the "
+               "durations come out of the stochastic duration predictor's flows, where one-step rounding differences "
+               "between ONNX Runtime's integer kernels and the quantized reference's float arithmetic change a ceil: "
+               "the artifact gives 92 frames (waveform (2, 23552)) against the reference's 91 ((2, 23296)), "
+               "sequence_lengths differ in both rows. The reference itself is no steadier: with 0.5% of its "
+               "activations moved one step (exporters/quantization/rounding.py's nudge) its lengths are [3072, 22784] "
+               "or [2816, 23040] instead of [5120, 23296], or its spline check fails (3 of 5 seeds). Remove when the "
+               "comparison can run the reference at the artifact's durations (as selections.py does for top-k), or "
+               "the quantizer keeps the duration predictor in float",
+    ),
+    ExportSkip(
+        classes=("SuperGlueForKeypointMatching",),
+        backends=("executorch",),
+        tests=("quantized",),
+        stage="compare",
+        reason="one exact rounding tie, which XNNPACK's integer convolution and the quantized reference round apart, "
+               "amplified by the model past the rounding-spread bound: element [3, 4, 47, 51] of SuperPoint's first "
+               "encoder convolution (keypoint_detector.encoder.conv_blocks.0.conv_a, image 3 of 4) is 78.5 exactly in "
+               "XNNPACK's int32 accumulator times its fp32 requantization scale (round half to even: 78) and "
+               "78.50002 in the reference's float conv of dequantized values (79). The artifact's encoder output is "
+               "bit for bit that integer arithmetic emulated in PyTorch (images 0-2 equal the reference exactly); the "
+               "one step grows through the 8 convolutions to 79 elements 2 steps off at the encoder output, 2 steps "
+               "of 0.216 in the keypoint logits, and softmax over 65 logits turns that into 26 steps of the "
+               "keypoint scores (selection.3.input, 0.48 against 0.38; bound 8: rounding_spread's random 0.5% "
+               "one-step nudges, 3 seeds, do not reach it). Remove when the quantized reference computes convolutions "
+               "as the integer kernels do (torchao's reference representation: int32 accumulation, quantized bias, "
+               "requantization in fp32) or the rounding spread measures single-element tie flips in the first layers",
+    ),
+    ExportSkip(
         classes=("Qwen2_5OmniThinkerForConditionalGeneration", "Qwen2_5OmniThinkerModel",
                  "Qwen3OmniMoeThinkerForConditionalGeneration", "Qwen3OmniMoeThinkerModel"),
         tests=("export", "quantized"),  # the quantized items stop in stage 0's trace, the same trace (quantize)

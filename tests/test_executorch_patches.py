@@ -443,3 +443,74 @@ def test_a_softmax_after_an_nhwc_node_normalizes_its_own_last_dim():
     (actual,) = art(**inputs).values()
     torch.testing.assert_close(actual, model(**inputs))
     assert name in art.workarounds_fired
+
+
+def test_int8_users_laid_out_before_a_format_copy_keep_their_format():
+    """XNNPACK's ChannelsLastTaggedReshapePass, converting a dequantized NHWC convolution output to NCHW for the
+    partition's output, moved every user of that dequantize to the NCHW copy, the batch slices of ``unbind`` it had
+    already laid out as NHWC among them (int8 SuperPoint, SuperGlue: 'Attempted to resize a static tensor. Expected
+    shape (1, 16, 4, 4), but received (1, 4, 4, 4)'). Patched, those slices keep a dequantize of their own."""
+    from exporters.quantization import int8
+
+    class ConvThenUnbind(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)  # channels != spatial size: a misread layout shows
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            first, second = y.unbind(0)
+            return y, first.unsqueeze(0) * 2, second.unsqueeze(0) * 3
+
+    torch.manual_seed(0)
+    model, inputs = ConvThenUnbind().eval(), {"x": torch.randn(2, 3, 4, 4)}
+    config = et.ExecutorchConfig(quantization=int8(calibration=[inputs]))
+    name = ("patch:executorch:executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass."
+            "ChannelsLastTaggedReshapePass.insert_copy_q_dq")
+    unpatched = et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(model, inputs, config)
+    with pytest.raises(RuntimeError, match="Attempted to resize a static tensor"):
+        unpatched(**inputs)
+    art = et.ExecutorchExporter().export(model, inputs, config)
+    assert name in art.workarounds_fired
+    expected = art.reference(**inputs)
+    for key, value in art(**inputs).items():
+        torch.testing.assert_close(torch.as_tensor(value), expected[key], rtol=0, atol=0)
+
+
+def test_a_refused_gemm_leaves_its_quantizes_explicit():
+    """XNNPACK's GEMM configs tag a pattern's quantize / dequantize nodes implicit before they know the pattern is
+    valid and keep the tags when it is not; the refused GEMM's output quantize, partitioned alone, was then defined as
+    nothing and its output never written (int8 Flava's contrastive logits read stale bytes). Patched, a refused
+    GEMM's call takes back the tags it added; tags set before it, and those of a valid pattern, stay."""
+    from executorch.backends.xnnpack.utils.quant_utils import is_tagged_as_implicit_q_dq, tag_as_implicit_q_dq
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from exporters.workarounds.executorch.xnnpack_partitioner import _patch_rejected_gemm_leaves_its_quantizes_explicit
+
+    q, dq = exir_ops.edge.quantized_decomposed.quantize_per_tensor.default, \
+        exir_ops.edge.quantized_decomposed.dequantize_per_tensor.default
+
+    def graph():
+        g = torch.fx.Graph()
+        a, w = g.placeholder("a"), g.placeholder("w")
+        weight = g.call_function(dq, (w, 0.003, 8, -128, 127, torch.int8))
+        mm = g.call_function(exir_ops.edge.aten.mm.default, (a, weight))
+        out = g.call_function(q, (mm, 0.0011, -32, -128, 127, torch.int8))
+        g.output(out)
+        return mm, weight, out
+
+    def get_deps(valid):
+        def original(self, node, ep):  # what GEMMConfig.get_deps does with the tags, valid or not
+            deps = [node.args[1], next(iter(node.users))]
+            for dep in deps:
+                tag_as_implicit_q_dq(dep)
+            return valid, deps
+        return _patch_rejected_gemm_leaves_its_quantizes_explicit(original)
+
+    mm, weight, out = graph()
+    tag_as_implicit_q_dq(weight)  # tagged by another pattern before this call: kept
+    assert get_deps(False)(None, mm, None)[0] is False
+    assert not is_tagged_as_implicit_q_dq(out) and is_tagged_as_implicit_q_dq(weight)
+    mm, weight, out = graph()
+    assert get_deps(True)(None, mm, None)[0] is True
+    assert is_tagged_as_implicit_q_dq(out) and is_tagged_as_implicit_q_dq(weight)

@@ -354,3 +354,46 @@ def _patch_requantizing_data_movement(original):
 
     check_constraints.acted = acted  # fired only when it kept a node out
     return check_constraints
+
+
+def _neighbourhood(node: torch.fx.Node, hops: int = 3) -> set[torch.fx.Node]:
+    """The nodes within ``hops`` edges of ``node``, either way: where a GEMM's q/dq dependencies lie (weight
+    q -> dq, bias, activation dq, fused activation -> q)."""
+    seen, frontier = {node}, {node}
+    for _ in range(hops):
+        frontier = {n for f in frontier for n in (*f.all_input_nodes, *f.users)} - seen
+        seen |= frontier
+    return seen
+
+
+@register_patch("executorch", "executorch.backends.xnnpack.partition.config.gemm_configs.GEMMConfig.get_deps")
+def _patch_rejected_gemm_leaves_its_quantizes_explicit(original):
+    """XNNPACK's GEMM configs (linear, mm, addmm, convolution) tag every quantize / dequantize of a GEMM's pattern
+    as implicit (fused into the GEMM: XNNPACK defines no convert for it) before they know whether the pattern is
+    valid, and keep the tags when it is not. The GEMM then stays out of the delegate, and its output quantize, still
+    tagged, is partitioned alone (QuantizedPerTensorConfig) and defined as nothing: the delegate never writes its
+    output, and the runtime reads whatever the memory plan left in that buffer. int8 FlavaForPreTraining's
+    contrastive logits: mm(normalized text embeddings, float, dq(image embeddings).T) is refused (a float
+    activation), its q(mm) partition returned the bytes of an earlier (32, 2) int8 transpose, [37, 47, -13, -6]
+    for [91, -19, -15, -13], and contrastive_logits_per_image / _per_text were 153 / 253 steps off. Where the
+    dependencies are not valid, the tags this call added are taken back (tags set before it stay).
+
+    before: mm(float, dq(w)) refused; q(mm) tagged implicit -> a partition with no node, its output never written
+    after:  q(mm) explicit -> XNNPACK's convert, f32 -> int8
+    """
+    from executorch.backends.xnnpack.utils.quant_utils import IS_IMPLICIT_Q_DQ_TAG, is_tagged_as_implicit_q_dq
+
+    acted = ActedFlag()
+
+    def get_deps(self, node, ep):
+        tagged_before = {n for n in _neighbourhood(node) if is_tagged_as_implicit_q_dq(n)}
+        valid, deps = original(self, node, ep)
+        if not valid:
+            for dep in deps:
+                if dep not in tagged_before and is_tagged_as_implicit_q_dq(dep):
+                    del dep.meta[IS_IMPLICIT_Q_DQ_TAG]
+                    acted.set()
+        return valid, deps
+
+    get_deps.acted = acted  # fired when a refused GEMM's tags were taken back
+    return get_deps

@@ -161,3 +161,46 @@ def _patch_channels_last_softmax(original):
 
     requires_nchw_inputs.acted = acted  # fired when a softmax's input was NHWC
     return requires_nchw_inputs
+
+
+def _users_already_laid_out(before: torch.fx.Node, after: torch.fx.Node, copy: torch.fx.Node) -> list[torch.fx.Node]:
+    """The users of ``before`` other than ``after`` and ``copy`` that stand before ``after`` in the graph: the
+    pass walks the graph in order, so it has already chosen their input's memory format (``before``'s own)."""
+    position = {node: i for i, node in enumerate(before.graph.nodes)}
+    return [user for user in before.users
+            if user is not after and user is not copy and user.op != "output" and position[user] < position[after]]
+
+
+@register_patch("executorch",
+                "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass"
+                ".insert_copy_q_dq")
+def _patch_channels_last_copy_for_its_target_only(original):
+    """XNNPACK's ChannelsLastTaggedReshapePass converts a dequantized tensor to the other memory format for one
+    node (``after``) as ``dq -> copy -> q' -> dq'``, marks ``dq`` implicit (the copy reads int8) and moves every
+    user of ``dq`` to ``dq'`` (``replace_all_uses_with``), including the users it has already laid out in
+    ``dq``'s format. Those then read the other format under their old tag. In int8 SuperPoint and SuperGlue the
+    encoder's last NHWC convolution feeds the partition's output (NCHW: the copy) and two ``slice_copy`` (batch
+    0 and 1, from ``unbind``), tagged NHWC before the output was reached: each slice then read the NCHW copy as
+    NHWC, sliced sizes (1, 4, 4, 16) out of (2, 16, 4, 4), and the run failed: "Attempted to resize a static
+    tensor. Expected shape (1, 16, 4, 4), but received (1, 4, 4, 4)", "CALL_DELEGATE execute failed". The fp32
+    program has no quantize pair there and the pass rewires only ``after``. Give the users already laid out a
+    dequantize of their own (the same quantize, not implicit where ``dq`` was not), so that only the rest move.
+
+    before: q -> dq -> {slice (NHWC, laid out), output}  ->  q -> dq(implicit) -> copy -> q' -> dq' -> {slice, output}
+    after:                                               ->  q -> dq2 -> slice ;  q -> dq(implicit) -> copy -> q' -> dq' -> output
+    """
+    acted = ActedFlag()
+
+    def insert_copy_q_dq(self, graph_module, before, after, copy, q_params):
+        laid_out = _users_already_laid_out(before, after, copy)
+        if laid_out:
+            with graph_module.graph.inserting_after(before):
+                own = graph_module.graph.create_node("call_function", before.target, before.args, dict(before.kwargs))
+            own.meta = dict(before.meta)
+            for user in laid_out:
+                user.replace_input_with(before, own)
+            acted.set()
+        return original(self, graph_module, before, after, copy, q_params)
+
+    insert_copy_q_dq.acted = acted  # fired when users kept the format they were laid out in
+    return insert_copy_q_dq
