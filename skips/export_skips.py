@@ -168,6 +168,43 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "mask or generator argument (or an eval-time switch to disable the always-on dropout)",
     ),
     ExportSkip(
+        classes=("BailingHybridForCausalLM", "BailingHybridModel", "Glm5NextForConditionalGeneration",
+                 "Glm5NextModel"),
+        tests=("quantized",),
+        stage="compare",
+        reason="the int8 reference is chaotic, so no element-wise check against it can tell a correct artifact from a "
+               "broken one: their Kimi delta attention (chunk_kimi_delta_attention, "
+               "models/bailing_hybrid/modeling_bailing_hybrid.py:548, models/glm5_next/modeling_glm5_next.py:517: a "
+               "per-channel forget gate, g.cumsum then exp of pairwise differences into decay_mask, k_cumdecay, and "
+               "the recurrent state updated by exp(g) at every chunk) runs on activations the recipe quantizes to one "
+               "per-tensor int8 grid each, so the quantized model is useless against fp32 (SQNR 1.7-1.9 dB "
+               "BailingHybrid, -0.6 to -0.2 dB Glm5Next; recurrent state -4.7 dB while the conv state before it keeps "
+               "24 dB) and moving 0.5% of its quantized activations one step moves its outputs 111 to 219 steps, "
+               "past the 64-step cap; ONNX Runtime and XNNPACK, rounding a few values the other way, land 67 to 139 "
+               "steps off on a few elements (test_quantized both backends at 50da7a3 and dc8e278, spread the worst "
+               "of 12 seeds, results/s42). Qwen3-Next's and Qwen3.5's gated delta rule (one gate per head) passes on both "
+               "backends at 13-28 dB. Remove when the recipe keeps the delta rule's decay products and state update "
+               "in fp32 (an annotation that leaves chunk_kimi_delta_attention's mul/matmul over exp(g) unquantized), "
+               "or transformers' Kimi delta attention computes them in a form int8 keeps (log-space decay)",
+    ),
+    ExportSkip(
+        classes=("FastSpeech2ConformerModel",),
+        backends=("onnx",),
+        tests=("quantized",),
+        stage="compare",
+        reason="ONNX Runtime's fused integer kernels round more often than the rounding spread models, and this "
+               "model grows each difference layer by layer: at its first convolution's QuantizeLinear, ORT with its "
+               "graph optimizations (QLinearConv, requantizing in fixed point) is one step from its own unfused "
+               "session (DequantizeLinear -> Conv -> QuantizeLinear, the reference's arithmetic) on 12 of 448 "
+               "elements (2.7%, against the 0.5% exporters/quantization/rounding.py nudges), 3-5 steps at the "
+               "encoder's later convolutions and 17-31 in the variance predictors (python "
+               "benchmarks/ort_int8_divergence.py FastSpeech2ConformerModel --level all, at dc8e278); the energy "
+               "predictor's output ends 8.1 steps off on 1 of 14 elements, bound 8 (test_quantized onnx at dc8e278; "
+               "the quantized reference is at 8.3 dB SQNR against fp32, under the 10 dB floor). executorch passes. "
+               "Remove when ONNX Runtime's QLinearConv/QLinearMatMul round as their unfused float sequence does, or "
+               "the rounding spread is measured at the backend's own disagreement rate",
+    ),
+    ExportSkip(
         classes=("VideoMAEForPreTraining",),
         variants=("dynamic",),
         stage="export",
