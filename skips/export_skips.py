@@ -188,6 +188,32 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "or transformers' Kimi delta attention computes them in a form int8 keeps (log-space decay)",
     ),
     ExportSkip(
+        classes=("KimiLinearForCausalLM", "KimiLinearModel"),
+        backends=("onnx",),
+        tests=("quantized",),
+        stage="compare",
+        reason="the same Kimi delta attention as the entry above (chunk_kimi_delta_attention, "
+               "models/kimi_linear/modeling_kimi_linear.py:466), less destroyed at this tiny size: the recurrent "
+               "state is at -4.6 dB SQNR against fp32, the logits at 11.4 dB, and one-step rounding of 0.5% of the "
+               "reference's activations moves its outputs up to 42-44 steps (worst of 12 seeds); ONNX Runtime's "
+               "artifact is 30 steps off on 1 of 56 elements of the attention layer's value cache where that output's "
+               "own spread is 28 (test_quantized onnx at eaa444e, results/s42). executorch passes (24-28 steps off, "
+               "within its spreads). Remove as the entry above: the recipe keeps the delta rule's decay products and "
+               "state update in fp32",
+    ),
+    ExportSkip(
+        classes=("Glm5NextTextModel",),
+        backends=("executorch",),
+        tests=("quantized",),
+        stage="compare",
+        reason="the same Kimi delta attention as the entry above (models/glm5_next/modeling_glm5_next.py:517): the "
+               "quantized reference is at 9.4 dB SQNR against fp32, under the 10 dB floor, and moves 51 steps under "
+               "one-step rounding (worst of 12 seeds); XNNPACK's artifact is 34.4 steps off on 1 of 14 elements of "
+               "the MoE router's input (selection.2.input) whose own spread is 26.7 (test_quantized executorch at "
+               "eaa444e, results/s42). onnx passes (40 steps off against a 51-step spread, dc8e278). Remove as the "
+               "entry above",
+    ),
+    ExportSkip(
         classes=("FastSpeech2ConformerModel",),
         backends=("onnx",),
         tests=("quantized",),
@@ -286,24 +312,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "or [2816, 23040] instead of [5120, 23296], or its spline check fails (3 of 5 seeds). Remove when the "
                "comparison can run the reference at the artifact's durations (as selections.py does for top-k), or "
                "the quantizer keeps the duration predictor in float",
-    ),
-    ExportSkip(
-        classes=("SuperGlueForKeypointMatching",),
-        backends=("executorch",),
-        tests=("quantized",),
-        stage="compare",
-        reason="one exact rounding tie, which XNNPACK's integer convolution and the quantized reference round apart, "
-               "amplified by the model past the rounding-spread bound: element [3, 4, 47, 51] of SuperPoint's first "
-               "encoder convolution (keypoint_detector.encoder.conv_blocks.0.conv_a, image 3 of 4) is 78.5 exactly in "
-               "XNNPACK's int32 accumulator times its fp32 requantization scale (round half to even: 78) and "
-               "78.50002 in the reference's float conv of dequantized values (79). The artifact's encoder output is "
-               "bit for bit that integer arithmetic emulated in PyTorch (images 0-2 equal the reference exactly); the "
-               "one step grows through the 8 convolutions to 79 elements 2 steps off at the encoder output, 2 steps "
-               "of 0.216 in the keypoint logits, and softmax over 65 logits turns that into 26 steps of the "
-               "keypoint scores (selection.3.input, 0.48 against 0.38; bound 8: rounding_spread's random 0.5% "
-               "one-step nudges, 3 seeds, do not reach it). Remove when the quantized reference computes convolutions "
-               "as the integer kernels do (torchao's reference representation: int32 accumulation, quantized bias, "
-               "requantization in fp32) or the rounding spread measures single-element tie flips in the first layers",
     ),
     ExportSkip(
         classes=("Qwen2_5OmniThinkerForConditionalGeneration", "Qwen2_5OmniThinkerModel",
