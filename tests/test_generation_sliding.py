@@ -79,3 +79,17 @@ def test_sliding_subclass_with_state_of_its_own_stays():
     assert plain_sliding_layers(cache) == 1
     assert [type(layer) for layer in cache.layers] == [DeepseekV4HCACache, DeepseekV4CSACache, Windowed,
                                                        DynamicLayer]
+
+
+def test_layers_without_the_initialized_flag_are_left_alone():
+    """A cache of linear-attention layers (Mamba's, Qwen3-Next's states: LinearAttentionLayer has no is_initialized)
+    passes through untouched; reading the flag on every layer made the capture of every such model raise
+    AttributeError (test_runners at 74f5a6e)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, LinearAttentionLayer
+
+
+    cache = DynamicCache()
+    cache.layers = [LinearAttentionLayer(), DynamicLayer()]
+    assert not hasattr(cache.layers[0], "is_initialized")
+    assert plain_sliding_layers(cache) == 0
+    assert isinstance(cache.layers[0], LinearAttentionLayer)

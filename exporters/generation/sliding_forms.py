@@ -60,8 +60,8 @@ PlainReferenceLayer._layer_type = REFERENCE
 
 def _plain_form(layer: Any) -> Any | None:
     """The form that replaces ``layer`` (one that holds nothing yet), or None where it stays."""
-    if layer.is_initialized:
-        return None
+    if getattr(layer, "is_initialized", True):  # holds state already, or a layer kind without the flag
+        return None  # (LinearAttentionLayer: Mamba's, Qwen3-Next's states, never replaced)
     if type(layer) is DynamicSlidingWindowLayer:
         return DynamicLayer()
     if type(layer) is LinearAttentionAndSlidingWindowAttentionLayer:
