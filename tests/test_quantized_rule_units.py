@@ -15,7 +15,7 @@ def test_an_output_leaving_a_quantize_is_measured_in_that_quantizes_steps():
     than its range. The step is that scale: one rounding flip there is one step, not hundreds."""
     from exporters.parity import compare_quantized, quantization_step, steps_off
     from exporters.quantization import quantize
-    from exporters.quantization.grid import output_scales
+    from exporters.quantization.grid import reference_and_scales
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 8, generator=g)
@@ -25,7 +25,7 @@ def test_an_output_leaving_a_quantize_is_measured_in_that_quantizes_steps():
         model[2].bias.fill_(-6e-4)
     quantized = quantize(model, {"input": x}, int8(calibration=[{"input": x}]), "executorch").module
     ref = quantized(input=x)
-    (scale,) = output_scales(quantized, {"input": x}).values()
+    (scale,) = reference_and_scales(quantized, {"input": x})[1].values()
     assert scale == pytest.approx(2 ** -12)  # XNNPACK's observers' floor
     assert quantization_step(ref, scale) == scale > 100 * quantization_step(ref)
     flipped = ref.clone()
@@ -47,11 +47,11 @@ def test_an_output_leaving_a_quantize_is_measured_in_that_quantizes_steps():
             return state
 
     quantized = quantize(IntoBuffer().eval(), {"input": x}, int8(calibration=[{"input": x}]), "executorch").module
-    assert output_scales(quantized, {"input": x}) == {"output": pytest.approx(2 ** -12)}
+    assert reference_and_scales(quantized, {"input": x})[1] == {"output": pytest.approx(2 ** -12)}
 
     unquantized = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Softmax(-1)).eval()  # softmax leaves none
     quantized = quantize(unquantized, {"input": x}, int8(calibration=[{"input": x}]), "executorch").module
-    assert output_scales(quantized, {"input": x}) == {}
+    assert reference_and_scales(quantized, {"input": x})[1] == {}
 
 
 def test_the_spread_measured_in_two_parts_is_the_spread_of_all_seeds():

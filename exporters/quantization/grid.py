@@ -95,7 +95,3 @@ def reference_and_scales(quantized_model: Any, inputs: Mapping[str, Any]) -> tup
     named = flatten_outputs(quantized_model.merged(raw))
     return named, {name: by_id[id(value)] for name, value in named.items() if id(value) in by_id}
 
-
-def output_scales(quantized_model: Any, inputs: Mapping[str, Any]) -> dict[str, float]:
-    """Per named output that leaves a quantize, the scale of its grid (``reference_and_scales``)."""
-    return reference_and_scales(quantized_model, inputs)[1]
