@@ -206,6 +206,7 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
                 "selection_outputs": taps,
                 "vector_weights": list(getattr(quantizer, "vector_weights", [])),
                 "separated_conv_weights": getattr(quantizer, "separated_conv_weights", 0),
+                "folded_conversions": len(getattr(quantizer, "folded_conversions", [])),
                 "weight_range": None if recipe.quantizer is not None else list(recipe.weight_range(backend))}
     return Quantized(QuantizedModel(converted, tensor_names, taps), metadata)
 

@@ -80,6 +80,49 @@ def separate_shared_conv_weights(model: torch.fx.GraphModule) -> int:
     return count
 
 
+_SAME_TYPE_CONVERSIONS = (torch.ops.aten.to.dtype, torch.ops.aten.to.dtype_layout)
+
+
+def fold_same_type_conversions(model: torch.fx.GraphModule) -> list[str]:
+    """Take out every ``Tensor.to`` that converts a tensor to the dtype, device and layout it already has,
+    and return their names: eager returns the tensor itself there, so the graph computes the same.
+
+    Cause. XNNPACK's quantizer annotates view-like ops (slice, reshape) to keep their input's grid but not
+    ``aten.to``, so the op after a ``.to(torch.float32)`` of a float32 tensor (transformers' norms and
+    Mamba2's scan cast every input) has its input observed afresh: the reference requantizes there, from the
+    producer's grid to one its own histogram observer chose (Mamba2Model: scale 0.004213, zero point -62 then
+    0.004278, -63 before the scan's mul). The ONNX export drops the cast, and ONNX Runtime's
+    DoubleQDQPairsRemover (graph optimization level basic and up, on by default) merges the two
+    quantize-dequantize pairs into one on a recomputed grid, one rounding where the reference does two:
+    Mamba2's scan carried that to 29 steps on its conv state and 43 on last_hidden_state, while the same
+    artifact with that one optimizer disabled equals its reference exactly (results of
+    ``disabled_optimizers=["DoubleQDQPairsRemover"]`` on Mamba2Model, 2026-12-06). With the conversion
+    gone the op's input shares its producer's observer (PT2E's implicit sharing of equal specs), so there
+    is one grid and nothing to merge. ``copy=True`` or a memory format keeps the node (a real copy)."""
+    folded: list[str] = []
+    for node in list(model.graph.nodes):
+        if node.op != "call_function" or node.target not in _SAME_TYPE_CONVERSIONS or not node.args:
+            continue
+        source = node.args[0]
+        out = node.meta.get("val")
+        given = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+        # to.dtype(self, dtype, non_blocking, copy, memory_format); to.dtype_layout takes them by keyword
+        positional = dict(zip(("copy", "memory_format"), node.args[3:5])) if node.target == torch.ops.aten.to.dtype else {}
+        options = {**positional, **node.kwargs}
+        if options.get("copy") or options.get("memory_format") is not None:
+            continue
+        if not (isinstance(out, torch.Tensor) and isinstance(given, torch.Tensor)):
+            continue
+        if (out.dtype, out.device, out.layout, out.shape) != (given.dtype, given.device, given.layout, given.shape):
+            continue
+        node.replace_all_uses_with(source)
+        model.graph.erase_node(node)
+        folded.append(node.name)
+    if folded:
+        model.recompile()
+    return folded
+
+
 def _tensor_dtypes(node: torch.fx.Node) -> set[torch.dtype]:
     values = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
     return {v.dtype for v in values if isinstance(v, torch.Tensor)}
@@ -222,14 +265,17 @@ class IntegerSafeXNNPACKQuantizer(XNNPACKQuantizer):
     op chooses from in float (``float_selection_inputs``; their producers in ``float_for_selection``, with the
     ops that shared their grid, ``drop_orphaned_sharing``), and which leaves float a linear whose weight is a
     vector (``per_channel_needs_a_channel_axis``, in ``vector_weights``); every call of a convolution module called
-    more than once is annotated (``separate_shared_conv_weights``)."""
+    more than once is annotated (``separate_shared_conv_weights``); a ``.to()`` that changes nothing is taken out
+    before annotation, so that it does not requantize (``fold_same_type_conversions``)."""
 
     float_for_selection: list[str] = []
     vector_weights: list[str] = []  # nodes left float: a per-channel observer on a 1-D tensor
     separated_conv_weights = 0  # weight / bias nodes given to a convolution that shared them (a module called twice)
+    folded_conversions: list[str] = []  # same-type .to() nodes taken out before annotation
 
     def transform_for_annotation(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         self.separated_conv_weights = separate_shared_conv_weights(model)
+        self.folded_conversions = fold_same_type_conversions(model)
         return floating_scalars_to_attrs(model)
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
