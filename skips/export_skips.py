@@ -547,18 +547,18 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "attention masks (it attends to every mems position today: a model patch)",
     ),
     ExportSkip(
-        classes=("Pop2PianoForConditionalGeneration", "VoxtralRealtimeForConditionalGeneration",
-                 "KyutaiSpeechToTextForConditionalGeneration"),
+        classes=("VoxtralRealtimeForConditionalGeneration", "KyutaiSpeechToTextForConditionalGeneration"),
         tests=("generate",),
         variants=("dynamic",),
         stage="export",
-        reason="their generate builds the forward's inputs from the audio in Python, outside any forward call: "
-               "Pop2Piano prepends a composer embedding to input_features (get_mel_conditioner_outputs) and calls "
-               "GenerationMixin.generate with inputs_embeds; VoxtralRealtime embeds input_features with the audio "
-               "tower's embedder (_prepare_model_inputs) and slices encoder_inputs_embeds by position each step; "
-               "Kyutai encodes input_values with its Mimi codec in prepare_inputs_for_generation and stacks the "
-               "codes beside the text ids as 3-D input_ids; so the prefill's inputs_embeds / encoder_inputs_embeds / "
-               "input_ids cannot be derived from the caller's (GenerationError, test_generate dynamo/dynamic at "
+        reason="their generate builds the forward's inputs from the audio inside GenerationMixin.generate's own hooks, "
+               "not in a generate override that hands the generic loop tensors it computed (the handoff rule of "
+               "exporters/generation/delegated.py, which Pop2Piano's passes by): VoxtralRealtime embeds "
+               "input_features with the audio tower's embedder (_prepare_model_inputs) and slices "
+               "encoder_inputs_embeds by position each step; Kyutai's override only passes input_values on (no "
+               "handoff), and it encodes them with its Mimi codec in prepare_inputs_for_generation and stacks the "
+               "codes beside the text ids as 3-D input_ids; so the prefill's encoder_inputs_embeds / input_ids "
+               "cannot be derived from the caller's (GenerationError, test_generate dynamo/dynamic at "
                "8f88f7d). Remove when exporters/generation exports that Python as an encoder component (and a "
                "per-step slice or codec step as a rule)",
     ),
@@ -625,13 +625,11 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "shapes and a validity mask (a fixed chunk grid over the padded features), as for the forward skip",
     ),
     ExportSkip(
-        classes=("Pop2PianoForConditionalGeneration", "VoxtralRealtimeForConditionalGeneration"),
+        classes=("VoxtralRealtimeForConditionalGeneration",),
         tests=("generate",),
         variants=("static",),
         stage="export",
-        reason="their generate builds the forward's inputs from the audio in Python, as in their dynamic entry: "
-               "Pop2Piano's encoder takes inputs_embeds its generate makes from the input features and the composer "
-               "embedding (GenerationError 'encoder takes [inputs_embeds], which the caller does not give'), "
+        reason="its generate builds the forward's inputs from the audio in Python, as in its dynamic entry: "
                "VoxtralRealtime's generate passes encoder_inputs_embeds and an encoder cache to every decoder call "
                "(GenerationError 'generate with a static cache passes [encoder_inputs_embeds, "
                "encoder_past_key_values] to forward'), test_generate dynamo/static at 5cb5c06. Remove when "

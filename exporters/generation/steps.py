@@ -167,7 +167,8 @@ APPEND_COLUMN, FILLED_LIKE = "append_column:", "filled_like:"  # kept with their
 LAST_ONEHOT = "last_onehot:"  # last_onehot:<input>:<rows, or "all">:<dtype>
 
 
-ENCODER_MAIN_INPUTS = ("input_ids", "input_features", "input_values", "pixel_values", "flattened_patches")
+# the encoder's main input, or its embeddings where the caller gives those (a generate override's handoff: Pop2Piano)
+ENCODER_MAIN_INPUTS = ("input_ids", "input_features", "input_values", "pixel_values", "flattened_patches", "inputs_embeds")
 
 
 def _batch_of(given: dict[str, torch.Tensor]) -> int:
