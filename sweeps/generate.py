@@ -45,7 +45,7 @@ def generate_inputs(inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
 _UNUSED_KWARGS = re.compile(r"The following `model_kwargs` are not used by the model: (\[[^\]]*\])")
 
 
-def _eager_generate(model, inputs: dict[str, torch.Tensor], record: Callable[[str, Any], None]):
+def _eager_generate(model, inputs: dict[str, torch.Tensor], record: Callable[[str, Any], None], **extra):
     """Eager greedy generate over ``inputs``. The zoo's inputs are the forward's: where generate refuses
     some as unused (a forward-only ``decoder_input_ids`` of a model whose generate hands its language model
     ``inputs_embeds``: Blip2, InstructBlip), they are dropped, from the exports' inputs too, and recorded
@@ -57,7 +57,7 @@ def _eager_generate(model, inputs: dict[str, torch.Tensor], record: Callable[[st
         try:
             with torch.no_grad():
                 return model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                      return_dict_in_generate=True, output_logits=True)
+                                      return_dict_in_generate=True, output_logits=True, **extra)
         finally:
             if saved is not None and model.generation_config.to_dict() != saved.to_dict():
                 record("generation_config_restored", True)
@@ -77,6 +77,40 @@ def _eager_generate(model, inputs: dict[str, torch.Tensor], record: Callable[[st
     for name in refused:
         del inputs[name]
     return run()
+
+
+class _Recorder:
+    """A streamer (transformers' ``BaseStreamer`` interface) that keeps what generate hands it: the prompt ids it
+    starts from, then each step's chosen tokens, in the layout its loop keeps them."""
+
+    def __init__(self):
+        self.puts: list[torch.Tensor] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts.append(value.detach().clone())
+
+    def end(self) -> None:
+        pass
+
+
+def _forward_layout(model, inputs: dict[str, torch.Tensor], eager, record: Callable[[str, Any], None]) -> torch.Tensor:
+    """Eager's sequences as rows of the prompt then one token per step, in the layout the forward takes (the
+    artifact loop's). Where generate returns them otherwise (Musicgen's ``(batch, num_codebooks, length)``, its delay
+    pattern applied and every pad id dropped: its rows are not its logits' ``batch * num_codebooks``), generate runs
+    again with a streamer, which its loop hands the ids it starts from and each chosen token (generation/utils.py
+    ``StopCheck``); the rerun's logits must be the first run's. Recorded as ``sequences_from``."""
+    rows = eager.logits[0].shape[0] if eager.logits else None
+    if eager.sequences.dim() == 2 and (rows is None or eager.sequences.shape[0] == rows):
+        return eager.sequences
+    streamer = _Recorder()
+    again = _eager_generate(model, inputs, record, streamer=streamer)
+    if len(streamer.puts) != len(eager.logits) + 1 or not all(torch.equal(a, b) for a, b in zip(again.logits, eager.logits)):
+        raise GenerateMismatch(f"eager generate returned sequences of shape {list(eager.sequences.shape)} for logits of "
+                               f"{rows} rows, and a rerun with a streamer handed it {len(streamer.puts)} puts for "
+                               f"{len(eager.logits)} steps (or other logits): eager's tokens cannot be read")
+    prompt, *steps = streamer.puts
+    record("sequences_from", f"streamer: generate returned {list(eager.sequences.shape)}, its logits have {rows} rows")
+    return torch.cat([prompt.reshape(rows, -1), *(t.reshape(rows, 1) for t in steps)], dim=1)
 
 
 _NEEDS_PACKAGE = re.compile(r"requires `(\w+)`|requires the (\w+) library|No module named '(\w+)'")
@@ -268,8 +302,9 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
             stage = "eager"
             record("stage", stage)
             eager = _eager_generate(model, inputs, record)
-            prompt = eager.sequences.shape[1] - len(eager.logits)
-            new = eager.sequences[:, prompt:]
+            sequences = _forward_layout(model, inputs, eager, record)
+            prompt = sequences.shape[1] - len(eager.logits)
+            new = sequences[:, prompt:]
             if len(set(new.flatten().tolist())) >= MIN_DISTINCT_TOKENS:
                 break
         record("init_range", init_range)
@@ -348,7 +383,7 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
         if problems:
             raise GenerateMismatch(f"cache after the last step: {problems[0]}")
         free = generator.generate(**inputs, max_new_tokens=new.shape[1])
-        if not torch.equal(free, eager.sequences):
+        if not torch.equal(free, sequences):
             differ = (free[:, prompt:] != new).any(dim=0).nonzero()
             first = int(differ[0]) if len(differ) else None
             ties = _ties(eager.logits, case.backend)

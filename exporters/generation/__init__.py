@@ -49,7 +49,6 @@ from exporters.generation.steps import (
     TOKEN_INPUTS,
     AmbiguousTokenRule,
     Returned,
-    appended_id,
     check_no_module_state,
     infer_prefill_rules,
     infer_rules,
@@ -158,9 +157,9 @@ def _read_generate(model, captured_inputs, given, generation, suppress=None):
     check_no_module_state(returned, sequences.shape[0], type(model).__name__)
     token_input, prompt_length = _token_input(model, calls[0], calls[1], given)
     prefill_rules = infer_prefill_rules(calls[0], given, generation)
-    if appended_id(prefill_rules, token_input) is not None:  # the sequences start with the caller's ids, not these
-        prompt_length -= 1
-    rules = infer_rules(calls, sequences, prompt_length, returned, prefill_rules)
+    if token_input in prefill_sources(prefill_rules) and token_input in given:  # the sequences start with the
+        prompt_length = given[token_input].shape[-1]  # caller's ids, not the prefill's (a column appended, a suffix)
+    rules = infer_rules(calls, sequences, prompt_length, returned, prefill_rules, generation)
     return calls, encoder_calls, returned, prefill_rules, rules, token_input
 
 

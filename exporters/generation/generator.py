@@ -17,10 +17,10 @@ from exporters.generation.processors import end_and_pad, greedy_token
 from exporters.generation.steps import (
     PREVIOUS_OUTPUT,
     TRIMMED,
-    appended_id,
     apply_tensor_rule,
     carried_tree,
     derive_prefill_input,
+    prefill_sources,
     tree_output_names,
 )
 
@@ -100,7 +100,8 @@ class Generator:
         tensors.update(derived)
         outputs = prefill(**flat_inputs(tensors, trees))
         # the sequences start with the caller's ids, not the prefill's where it appends a column (XLM's mask token)
-        extended = appended_id(self.prefill_rules, self.token_input) is not None
+        # or takes their last tokens (MusicgenForCausalLM's)
+        extended = self.token_input in prefill_sources(self.prefill_rules)
         prompt = _prompt({} if extended else tensors, given, self.token_input, outputs["logits"].shape[0])
         unfinished = torch.ones(prompt.shape[0], dtype=torch.bool)
         new_tokens, step_logits = [], []

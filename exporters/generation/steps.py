@@ -39,7 +39,11 @@ The prefill's inputs are the caller's, except those ``generate`` derives from th
 (``PREFILL_RULES``): ``position_ids`` as the running count of attended positions
 (``attention_mask.cumsum(-1) - 1``, 0 on padding; one more where the model counts from 1, PaliGemma)
 and an encoder-decoder's ``decoder_input_ids`` (the start token, then the caller's decoder prompt),
-checked against the captured prefill call. Two carry a constant read off that call:
+checked against the captured prefill call. ``last_tokens:<input>:<n>``: the caller's ``<input>`` cut to its last n
+columns, n read off the call (MusicgenForCausalLM's prepare_inputs_for_generation keeps the last token whenever it is
+given a cache, and generate gives the first call an empty one: its prefill runs on the prompt's last token); the
+sequences still start with the caller's ids, and generate's processors count the caller's prompt. Two carry a
+constant read off that call:
 ``append_column:<input>:<value>`` (the caller's ``<input>`` with a column of one id appended, the same in every
 row: XLM's ``mask_token_id``) and ``filled_like:<input>:<value>`` (a tensor shaped like the prefill's ``<input>``,
 derived or given, every element one value: XLM's ``langs``, filled with ``lang_id``); ``last_onehot:<input>:<rows>:<dtype>``
@@ -57,9 +61,9 @@ import dataclasses
 import torch
 
 from exporters.generation.capture import Call, GenerationError, flatten_tree, forward_wrapped
+from exporters.generation.chosen import TOKEN_INPUTS, step_tokens
 from exporters.pytrees import leaf_names_and_values
 
-TOKEN_INPUTS = ("input_ids", "decoder_input_ids")
 RULES = ("outputs", "token", "append_one", "next_position", "same", "repeat_last", "insert_token", "append_token",
          "append_position", "append_last", "repeat_last_row", "ones_column", "updated", "previous_output",
          "window_token", "outputs_trimmed", "as_prefill")
@@ -161,9 +165,10 @@ def apply_tensor_rule(rule: str, previous: torch.Tensor | None, token: torch.Ten
     raise GenerationError(f"unknown step rule {rule!r}")
 
 
-PREFILL_RULES = ("positions_from_mask", "decoder_start", "positions_from_mask_1", "append_column", "filled_like",
-                 "last_onehot")
+PREFILL_RULES = ("positions_from_mask", "decoder_start", "positions_from_mask_1", "append_column", "last_tokens",
+                 "filled_like", "last_onehot")
 APPEND_COLUMN, FILLED_LIKE = "append_column:", "filled_like:"  # kept with their input and value: append_column:input_ids:0
+LAST_TOKENS = "last_tokens:"  # last_tokens:<input>:<n>: the caller's <input>, its last n columns
 LAST_ONEHOT = "last_onehot:"  # last_onehot:<input>:<rows, or "all">:<dtype>
 
 
@@ -196,6 +201,9 @@ def derive_prefill_input(rule: str, given: dict[str, torch.Tensor], generation: 
         source, value = _parametric(rule)
         base = given[source]
         return torch.cat([base, torch.full((*base.shape[:-1], 1), value, dtype=base.dtype)], dim=-1)
+    if rule.startswith(LAST_TOKENS):  # the caller's ids cut to their last n columns (MusicgenForCausalLM's prefill)
+        source, n = _parametric(rule)
+        return given[source][..., -int(n):]
     if rule.startswith(FILLED_LIKE):  # shaped like the prefill's <input>, one value throughout (XLM's langs)
         source, value = _parametric(rule)
         return torch.full_like({**given, **(derived or {})}[source], value)
@@ -242,6 +250,12 @@ def _candidates(rule: str, name: str, value: torch.Tensor, given: dict, derived:
             return []
         column = _one_value(value[..., -1:])
         return [] if column is None else [f"{APPEND_COLUMN}{name}:{column}"]
+    if rule == "last_tokens":
+        base = given.get(name)
+        if name not in TOKEN_INPUTS or base is None or value.dim() != base.dim() or value.shape[:-1] != base.shape[:-1] \
+                or not 0 < value.shape[-1] < base.shape[-1]:
+            return []
+        return [f"{LAST_TOKENS}{name}:{value.shape[-1]}"]
     if rule == "last_onehot":
         if value.dim() != 3 or not value.is_floating_point():
             return []
@@ -288,9 +302,10 @@ def _derives(rule: str, value: torch.Tensor, given: dict, generation: dict | Non
 
 
 def prefill_sources(prefill_rules: dict[str, str]) -> list[str]:
-    """The caller's inputs a prefill rule extends under their own name (``append_column``: the caller gives
-    ``input_ids``, the prefill takes them with a column appended): inputs of the loop although derived."""
-    return [_parametric(r)[0] for r in prefill_rules.values() if r.startswith(APPEND_COLUMN)]
+    """The caller's inputs a prefill rule changes under their own name (``append_column``: the caller gives
+    ``input_ids``, the prefill takes them with a column appended; ``last_tokens``: their last columns): inputs of the
+    loop although derived, and what the returned sequences start with."""
+    return [_parametric(r)[0] for r in prefill_rules.values() if r.startswith((APPEND_COLUMN, LAST_TOKENS))]
 
 
 def appended_id(prefill_rules: dict[str, str], name: str) -> int | float | None:
@@ -311,19 +326,18 @@ class AmbiguousTokenRule(GenerationError):
 
 
 def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int,
-                returned: list[Returned] | None = None, prefill_rules: dict[str, str] | None = None) -> dict[str, str]:
+                returned: list[Returned] | None = None, prefill_rules: dict[str, str] | None = None,
+                generation: dict | None = None) -> dict[str, str]:
     """The rule of each input of the decode step (calls[1:]), checked on every consecutive pair;
     ``returned``: what each call left (``record_returns``), for the rules ``updated`` and ``previous_output``;
     ``prefill_rules``: the prefill's (``insert_token`` is tried only for ids the prefill appended a column to).
-    ``prompt_length``: the caller's prompt, which the returned sequences start with."""
+    ``prompt_length``: the caller's prompt, which the returned sequences start with; where they are not the prompt
+    followed by one token per call, each step's token is read off the next call (chosen.step_tokens, checked
+    against the greedy choice under ``generation``, the generation config)."""
     if len(calls) < 3:
         raise GenerationError(f"generate made {len(calls)} forward calls; at least a prefill and two decode steps "
                               "are needed to read how the inputs evolve")
     decode = calls[1]
-    if sequences.shape[-1] < prompt_length + len(calls) - 1:  # the tokens the calls after the first were fed
-        raise GenerationError(f"generate returned sequences of length {sequences.shape[-1]} for a prompt of "
-                              f"{prompt_length} and {len(calls)} forward calls: its sequences are not the prompt "
-                              "followed by one token per call (a generate of its own that rewrites them)")
     lengths = [c.query_length() for c in calls]
     uncached = all(b is not None and a is not None and b == a + 1 for a, b in zip(lengths, lengths[1:]))
     appended = dict(prefill_rules or {})
@@ -341,13 +355,14 @@ def infer_rules(calls: list[Call], sequences: torch.Tensor, prompt_length: int,
                     "a Python value kept in it (not a tensor) would be baked into the decode component at its first value"
                 )
     left = list(returned) if returned is not None and len(returned) == len(calls) else [None] * len(calls)
+    tokens = step_tokens(calls, sequences, prompt_length, left, generation)  # the token fed after each call
     rules: dict[str, str] = {}
 
     def everywhere(rule: str, name: str) -> bool:
         own = appended.get(name)
-        return all(_holds(rule, name, prev, cur, sequences[:, prompt_length + i], after, own)
+        return all(_holds(rule, name, prev, cur, tokens[i], after, own)
                    for i, (prev, cur, after) in enumerate(zip(calls[1:-1], calls[2:], left[1:-1]), start=1)) \
-            and _holds(rule, name, calls[0], calls[1], sequences[:, prompt_length], left[0], own)
+            and _holds(rule, name, calls[0], calls[1], tokens[0], left[0], own)
 
     for name in list(decode.tensors) + list(decode.trees):
         for rule in [r for base in RULES for r in _variants(base, name, calls, left, appended)]:
