@@ -382,10 +382,14 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
         tests=("runner",),
         stage="export",
         reason="RecurrentGemma's forward returns no past_key_values (its recurrent and convolution states live in "
-               "its modules, set up by _setup_cache, and its prompt path restarts them rather than continuing), and "
-               "its generate does not re-feed the sequence either: genai.py refuses it naming both "
-               "(GenerationError). Remove when GenaiStep carries the model's module-held states as onnxruntime-genai "
-               "conv / recurrent inputs, with a prompt path that continues from them",
+               "its modules as attributes its forward sets, and its prompt path restarts them rather than continuing), "
+               "and its generate does not re-feed the sequence either. The generate items carry those attributes "
+               "(exporters/generation/module_state.py), but the onnxruntime-genai form reads the static generate's "
+               "calls without them (genai_state.py's _forward_arguments): GenerationError 'RecurrentGemmaForCausalLM "
+               "carries state from step to step in module attributes its forward sets ([...conv1d_state, "
+               "...rg_lru.recurrent_states])' (runner:ort-genai, export, at helper-rgstate on df86520). Remove when "
+               "GenaiStep carries module_state as onnxruntime-genai conv / recurrent inputs, with a prompt path that "
+               "continues from them (or runs the prompt one token a call, as the static step does)",
     ),
     ExportSkip(
         classes=("XLNetLMHeadModel",),
@@ -579,30 +583,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "model, max_new_tokens=8: logits 1.40 apart at step 0, tokens apart within the 8), so a static cache gives other "
                "tokens in eager as well. Remove when Kyutai's generate runs with a static cache (transformers) and "
                "exporters/generation exports the codec step as the dynamic entry asks",
-    ),
-    ExportSkip(
-        classes=("RecurrentGemmaForCausalLM",),
-        tests=("generate",),
-        stage="export",
-        reason="RecurrentGemma keeps its recurrent and conv states as module attributes set in forward "
-               "(models/recurrent_gemma/modeling_recurrent_gemma.py: conv1d_state, rg_lru.recurrent_states) and "
-               "returns no cache, so the state is neither an input nor an output of a call: an exported decode step "
-               "would bake the prefill's state (teacher-forced logits 0.04 apart at step 1 before "
-               "check_no_module_state refused it by name: GenerationError 'carries state ... in module attributes', "
-               "test_generate dynamo/dynamic at 40cbd70; the static step, before the static form ran the same check, "
-               "gave wrong logits from step 0, test_generate dynamo/static at 868b47e). Remove when RecurrentGemma "
-               "keeps that state in a Cache passed through forward",
-    ),
-    ExportSkip(
-        classes=("RecurrentGemmaForCausalLM",),
-        backends=("executorch",),
-        tests=("runner",),
-        stage="export",
-        reason="the .pte TextLLMRunner runs is the static generate step, which RecurrentGemma's module-held state "
-               "keeps from being exported (its generate entry says why: GenerationError 'carries state ... in module "
-               "attributes'). Its runner item passed before the static form ran that check: the tiny model gives one "
-               "token over and over from every prompt (distinct_tokens 1), so the baked state went unseen. Remove "
-               "with the generate entry",
     ),
     ExportSkip(
         classes=("FSMTForConditionalGeneration",),

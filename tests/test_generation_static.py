@@ -272,15 +272,20 @@ def test_per_token_extras_need_a_rule_for_every_call():
     assert per_token_extras(features) == {}
 
 
-def test_a_state_kept_in_module_attributes_is_refused_by_name():
+def test_a_state_kept_in_module_attributes_is_carried_by_the_step():
     """RecurrentGemma sets its conv and recurrent states on its modules in forward and returns no cache: a static
-    step would bake their value at export (its teacher-forced logits were wrong from step 0), so the static form
-    refuses it by name, as the dynamic form does."""
+    step that left them as they were at export gave wrong logits from step 0, and the static form refused it by name.
+    The step now carries them as buffers (exporters/generation/module_state.py), one token a call, and generates
+    eager's tokens."""
     from sweeps.zoo import build_tiny
 
     tiny = build_tiny("RecurrentGemmaForCausalLM", seed=0)
-    with pytest.raises(GenerationError, match=r"module attributes .*rg_lru\.recurrent_states"):
-        get_exporter("dynamo").export_for_generation(tiny.model, {"input_ids": tiny.inputs["input_ids"]}, cache="static")
+    ids = tiny.inputs["input_ids"]
+    generator = get_exporter("dynamo").export_for_generation(tiny.model, {"input_ids": ids}, cache="static")
+    assert generator.token_by_token
+    with torch.no_grad():
+        expected = tiny.model.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
+    assert torch.equal(generator.generate(ids, max_new_tokens=6), expected)
 
 
 @pytest.mark.parametrize("backend", ["dynamo", "onnx"])

@@ -29,6 +29,7 @@ from exporters.generation.component import FlatComponent, flat_call_inputs
 from exporters.generation.delegated import DelegatedGenerator, export_delegated, find_delegate
 from exporters.generation.encoder_prep import encoder_module, prepared_encoder_call
 from exporters.generation.generator import GenerateOutput, Generator
+from exporters.generation.module_state import batch_only, carried_attributes, state_components
 from exporters.generation.processors import check_supported
 from exporters.generation.quantized import checked_recipes, component_calibration
 from exporters.generation.runners import llm_runner_methods, vocab_size
@@ -46,6 +47,8 @@ from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.static_prompt import CHECKED_TOKENS, decode_rule, read_beyond_embeddings
 from exporters.generation.static_whole import WholeSequenceStep, shortest_sequence
 from exporters.generation.steps import (
+    ATTRIBUTES,
+    MODULE_STATE,
     TOKEN_INPUTS,
     AmbiguousTokenRule,
     Returned,
@@ -94,10 +97,10 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     captured_inputs = _padded(inputs)
     given = {k: v for k, v in captured_inputs.items() if isinstance(v, torch.Tensor)}
     try:
-        calls, encoder_calls, returned, prefill_rules, rules, token_input = _read_generate(
+        calls, encoder_calls, returned, prefill_rules, rules, token_input, carried = _read_generate(
             model, captured_inputs, given, generation)
     except AmbiguousTokenRule as exc:  # every token generate chose was the id it appends: choose another to tell
-        calls, encoder_calls, returned, prefill_rules, rules, token_input = _read_generate(
+        calls, encoder_calls, returned, prefill_rules, rules, token_input, carried = _read_generate(
             model, captured_inputs, given, generation, suppress=exc.token_id)
     prefill, decode = calls[0], calls[1]
     encoder_call = _encoder_calls(model, encoder_calls, given)
@@ -117,6 +120,11 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         + [("prefill", model, prefill), ("decode", model, decode)]
     baked = tuple(k for k, r in prefill_trees.items() if r == "initial")
     recipes = checked_recipes(quantization, [label for label, _, _ in parts])
+    if recipes and carried:
+        raise GenerationError(f"quantization= for a model keeping state in module attributes ({carried[:2]}): the "
+                              "calibration calls do not carry it")
+    # state kept in module attributes (exporters/generation/module_state.py): the prefill and decode carry it
+    stateful = state_components(model, carried, prefill, decode, baked, updated, returned[0]) if carried else {}
     if recipes:  # the export's own capture serves its own inputs; another sample runs generate again
         captured = _call_inputs(encoder_call, prefill, decode, baked)
         recipes = component_calibration(recipes, lambda sample: captured if sample is inputs
@@ -124,15 +132,21 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     components = {}
     for label, module, call in parts:
         held = baked if label == "prefill" else ()
-        component = FlatComponent(module, call, held, updated if label in ("prefill", "decode") else ()).eval()
+        component, state_inputs = stateful.get(label) or (
+            FlatComponent(module, call, held, updated if label in ("prefill", "decode") else ()).eval(), {})
         own = dataclasses.replace(config, quantization=recipes[label]) if label in recipes else config
-        artifact = exporter.export(component, {**flat_call_inputs(call, held), **call.constants}, own)
+        example = {**flat_call_inputs(call, held), **state_inputs, **call.constants}
+        artifact = exporter.export(component, example, batch_only(own, example) if state_inputs else own)
         artifact.extra_metadata["component"] = label
+        if label in stateful:
+            artifact.extra_metadata["module_state"] = list(carried)
         components[label] = artifact
     metadata = {"model_class": type(model).__name__, "cache": cache,
                 "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
     if recipes:
         metadata["quantization"] = {k: components[k].extra_metadata.get("quantization") for k in recipes}
+    if carried:
+        metadata["module_state"] = list(carried)
     # a cache the model fills in place (given empty to the prefill) is, to the loop, the components' output
     rules = {k: "outputs" if r == "updated" and not prefill.trees[k][0] else r for k, r in rules.items()}
     caller_inputs = [k for k in prefill.tensors if k not in prefill_rules]
@@ -141,7 +155,10 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         caller_inputs.append(token_input)  # what the returned sequences start with, as generate's do
     if encoder_call:
         caller_inputs = list(dict.fromkeys([*(k for c in encoder_call.values() for k in c.tensors), *caller_inputs]))
-    generator = Generator(components, rules, caller_inputs, {k: len(v[0]) for k, v in decode.trees.items()},
+    trees = {k: len(v[0]) for k, v in decode.trees.items()}
+    if carried:  # the decode step's tree of module attributes: what the component before returned
+        trees[MODULE_STATE], rules[MODULE_STATE] = len(carried), ATTRIBUTES
+    generator = Generator(components, rules, caller_inputs, trees,
                           generation, metadata, prefill_rules, prefill_trees, token_input,
                           {label: call.output_names for label, call in encoder_call.items()})
     generator.source = (exporter, model, dict(inputs), config)
@@ -150,17 +167,19 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
 
 def _read_generate(model, captured_inputs, given, generation, suppress=None):
     """``generate`` captured over ``captured_inputs`` (``suppress``: an id it may not choose) and the rules read
-    off its calls: (calls, encoder calls, what each call left, prefill rules, decode rules, token input)."""
+    off its calls: (calls, encoder calls, what each call left, prefill rules, decode rules, token input, the module
+    attributes the components carry as state)."""
     returned: list[Returned] = []
     with record_returns(model, returned):  # what each call left: trees updated in place, output tensors
         calls, encoder_calls, sequences = capture_generate(model, captured_inputs, CAPTURED_STEPS, suppress=suppress)
-    check_no_module_state(returned, sequences.shape[0], type(model).__name__)
+    carried = carried_attributes(returned, sequences.shape[0])
+    check_no_module_state(returned, sequences.shape[0], type(model).__name__, carried)
     token_input, prompt_length = _token_input(model, calls[0], calls[1], given)
     prefill_rules = infer_prefill_rules(calls[0], given, generation)
     if token_input in prefill_sources(prefill_rules) and token_input in given:  # the sequences start with the
         prompt_length = given[token_input].shape[-1]  # caller's ids, not the prefill's (a column appended, a suffix)
     rules = infer_rules(calls, sequences, prompt_length, returned, prefill_rules, generation)
-    return calls, encoder_calls, returned, prefill_rules, rules, token_input
+    return calls, encoder_calls, returned, prefill_rules, rules, token_input, carried
 
 
 def _token_input(model, prefill, decode, given) -> tuple[str, int]:

@@ -15,6 +15,7 @@ from exporters.generation.capture import GenerationError
 from exporters.generation.component import flat_inputs
 from exporters.generation.processors import end_and_pad, greedy_token
 from exporters.generation.steps import (
+    ATTRIBUTES,
     PREVIOUS_OUTPUT,
     TRIMMED,
     apply_tensor_rule,
@@ -149,7 +150,7 @@ class Generator:
         nxt, nxt_trees = {}, {}
         for name, rule in self.rules.items():
             if name in self.trees:
-                if rule in ("outputs", "updated"):  # "updated": a tree the component returns after the call
+                if rule in ("outputs", "updated", ATTRIBUTES):  # "updated": a tree the component returns after the call
                     nxt_trees[name] = [outputs[n] for n in tree_output_names(output_names, name)]
                 elif rule.startswith(TRIMMED):  # less its last n positions along dim 0 (XLNet's mems)
                     cut = int(rule[len(TRIMMED):])

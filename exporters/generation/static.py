@@ -24,9 +24,10 @@ token a call through the model's one-token path, its states zeroed at position 0
 not masked by position as stale slots are). An indexer that keeps the positions it has seen (Qwen4Exp) has them
 in slots too (``past_<i>_positions`` [dims, batch, max_cache_len]). A model that accepts only a Cache class of its
 own gets the step's cache as that class (exporters/generation/static_caches.py: MiniMax); one that keeps a state
-outside any Cache gets an ``OwnStateStep`` (static_state.py: Rwkv, xLSTM). A batch of one without padding is the runner form (tokens
-and cache positions only); where the model's generate passes a mask, the step builds it from the cache
-position.
+outside any Cache gets an ``OwnStateStep`` (static_state.py: Rwkv, xLSTM); one that keeps it in module attributes
+its forward sets (RecurrentGemma) carries them beside the cache, one token a call (module_state.py). A batch of
+one without padding is the runner form (tokens and cache positions only); where the model's generate passes a mask,
+the step builds it from the cache position.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped
+from exporters.generation.module_state import StepState, carried_attributes
 from exporters.generation.static_caches import has_adapter, step_cache_for
 from exporters.generation.static_embeds import (
     HANDED_PREFIX,
@@ -242,7 +244,7 @@ class StaticStep(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, batch: int, max_cache_len: int, state: str = "buffers",
                  takes_positions: bool = True, takes_mask: bool = True, reads_mask: bool = False,
                  extras: Mapping[str, str] | None = None, cache_arg: str = "past_key_values", embeds: bool = False,
-                 cross: CrossAttention | None = None):
+                 cross: CrossAttention | None = None, module_state: Mapping[str, torch.Tensor] | None = None):
         """``takes_positions``: the model reads ``position_ids``; ``takes_mask``: it reads an attention
         mask; ``extras``: the other per-token inputs generate passes (``token_type_ids``), each ``[batch, S]``
         like ``input_ids``, by the rule the loop derives its next value with (``per_token_extras``). A step
@@ -276,7 +278,11 @@ class StaticStep(torch.nn.Module):
         self._cache = _static_cache(model, batch, max_cache_len, dtype, cache_arg, cross)
         self.layer_count = len(self._cache.layers)
         # linear-attention states run one token a call: the model's state update is its one-token path
-        self.token_by_token = cross is not None or any(_is_linear(layer) for layer in self._cache.layers)
+        self.token_by_token = cross is not None or any(_is_linear(layer) for layer in self._cache.layers) or bool(module_state)
+        # state the model keeps in module attributes (``module_state``: path -> its value after the prompt's call), a
+        # running state as a linear-attention layer's: one token a call, zero at position 0 (module_state.py)
+        self.held_state = StepState(model, module_state or {}, state)
+        self.held_state.register(self)
         self._parts = [list(_layer_tensors(layer)) for layer in self._cache.layers]
         for i, layer in enumerate(self._cache.layers):
             if state == "buffers":
@@ -296,13 +302,14 @@ class StaticStep(torch.nn.Module):
         named ``present_<i>_key`` / ``present_<i>_value``)."""
         shapes = {f"past_{i}_{part}": tuple(tensor.shape)
                   for i, layer in enumerate(self._cache.layers) for part, tensor in _layer_tensors(layer).items()}
-        return {**shapes, **{f"past_{i}_positions": shape for i, shape in self._histories.items()}}
+        return {**shapes, **{f"past_{i}_positions": shape for i, shape in self._histories.items()}, **self.held_state.shapes()}
 
     def initial_cache(self) -> dict[str, torch.Tensor]:
         """Zeros for every cache input (the ``"inputs"`` form's first call)."""
         zeros = {f"past_{i}_{part}": torch.zeros_like(tensor)
                  for i, layer in enumerate(self._cache.layers) for part, tensor in _layer_tensors(layer).items()}
-        return {**zeros, **{f"past_{i}_positions": torch.zeros(shape) for i, shape in self._histories.items()}}
+        return {**zeros, **{f"past_{i}_positions": torch.zeros(shape) for i, shape in self._histories.items()},
+                **self.held_state.zeros()}
 
     def forward(self, input_ids: torch.Tensor | None = None, cache_position: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -354,16 +361,17 @@ class StaticStep(torch.nn.Module):
         elif self.inner_mask:
             slots = torch.arange(self.max_cache_len, device=cache_position.device)
             kwargs["attention_mask"] = (slots <= cache_position[-1]).long().unsqueeze(0)
-        if self.cross is not None:  # the decoder's token, the encoder's outputs, a fresh cross-attention cache
-            out = self.model(**self.cross.model_kwargs(input_ids, given, self._cache), cache_position=cache_position,
-                             use_cache=True, return_dict=True)
-        elif dense:  # the decoder adds the DeepStack features per token (exporters/generation/static_embeds.py)
-            with decoder_receives(self.model, decoder_path(self.model), dense):
-                out = self.model(**kwargs, **{self.cache_arg: self._cache}, use_cache=True, logits_to_keep=1,
-                                 return_dict=True)
-        else:
-            out = self.model(**kwargs, **{self.cache_arg: self._cache}, use_cache=True, logits_to_keep=1, return_dict=True)
-        outputs = {"logits": out.logits[:, -1, :]}
+        with self.held_state.holding(self, given, fresh) as finish:  # module attributes (module_state.py)
+            if self.cross is not None:  # the decoder's token, the encoder's outputs, a fresh cross-attention cache
+                out = self.model(**self.cross.model_kwargs(input_ids, given, self._cache), cache_position=cache_position,
+                                 use_cache=True, return_dict=True)
+            elif dense:  # the decoder adds the DeepStack features per token (exporters/generation/static_embeds.py)
+                with decoder_receives(self.model, decoder_path(self.model), dense):
+                    out = self.model(**kwargs, **{self.cache_arg: self._cache}, use_cache=True, logits_to_keep=1,
+                                     return_dict=True)
+            else:
+                out = self.model(**kwargs, **{self.cache_arg: self._cache}, use_cache=True, logits_to_keep=1, return_dict=True)
+            outputs = {"logits": out.logits[:, -1, :], **finish()}
         for i, layer in enumerate(self._cache.layers):
             for part, tensor in _layer_tensors(layer).items():
                 if self.state == "inputs":
@@ -392,8 +400,11 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
         raise GenerationError(f"{name} is an encoder-decoder; the static cache form is built for decoder-only "
                               "models (use cache='dynamic')")
     # no cache, each call over the sequence and a column of one id (XLM's mask token): static_whole.py
-    calls, appended = read_appended(name, _forward_arguments(model, inputs), inputs,
-                                    lambda token: _forward_arguments(model, inputs, suppress=token))
+    carried: dict[str, torch.Tensor] = {}  # state in module attributes, which the cache step carries (module_state.py)
+    calls, appended = read_appended(name, _forward_arguments(model, inputs, carried=carried), inputs,
+                                    lambda token: _forward_arguments(model, inputs, suppress=token, carried=carried))
+    if carried and (appended is not None or rereads_sequence(calls) or own_state_argument(model, calls)):
+        raise GenerationError(f"{name} keeps state in module attributes {sorted(carried)[:2]}: only the cache step carries it")
     if appended is not None:
         return whole_sequence_step_for(model, calls, inputs, max_cache_len, batch, appended)
     if rereads_sequence(calls):  # no cache: each call over the whole sequence (exporters/generation/static_whole.py)
@@ -427,7 +438,7 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     reads_mask = any("attention_mask" in c for c in calls)
     takes_mask = reads_mask and not (batch == 1 and unpadded)  # as an input
     step = StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras,
-                      cache_arg, embeds=bool(prompt_only)).eval()
+                      cache_arg, embeds=bool(prompt_only), module_state=carried).eval()
     step.prompt_tokens = tuple(prompt_token_candidates(model, calls[0], prompt_only))
     return step
 
@@ -478,8 +489,8 @@ def _rule_gives(rule: str, previous: torch.Tensor, current: torch.Tensor) -> boo
     return got.shape == current.shape and torch.equal(got, current)
 
 
-def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppress: int | None = None
-                       ) -> list[dict[str, Any]]:
+def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppress: int | None = None,
+                       carried: dict[str, torch.Tensor] | None = None) -> list[dict[str, Any]]:
     """The arguments (not None) of each forward call ``generate`` makes with a static cache, by name: the
     value where it is a tensor, else True. The step builds its own cache and mask, so what generate
     passes there (a per-layer-type mask dict, say) is not traced. ``suppress``: an id generate may not choose."""
@@ -525,8 +536,12 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
     if not calls:
         raise GenerationError(f"{name}.generate never called forward")
     ids = inputs.get("input_ids")
-    if isinstance(ids, torch.Tensor):  # a state in module attributes would be baked into the step, as in the dynamic form
-        check_no_module_state(returned, int(ids.shape[0]), name)
+    if isinstance(ids, torch.Tensor):  # state in module attributes: carried by a step that takes it (``carried``, filled
+        # with each path and its value after the prompt's call), else it would be baked into the step: refused
+        kept = carried_attributes(returned, int(ids.shape[0])) if carried is not None else []
+        check_no_module_state(returned, int(ids.shape[0]), name, kept)
+        if kept:
+            carried.update({k: returned[0].attributes[k] for k in kept})
     return calls
 
 

@@ -33,7 +33,11 @@ Rules (``RULES``), tried in this order for each input of the decode step:
   ``outputs_trimmed:<n>`` (a tree: the previous call's output less its last n positions along dim 0; n read off
   the first pair) and ``as_prefill`` (an input the step makes from its own ids by the input's prefill rule
   ``last_onehot``: XLNet's ``perm_mask`` and ``target_mapping``).
-An input that none explains stops the export with an error naming it: nothing is guessed.
+An input that none explains stops the export with an error naming it: nothing is guessed. Besides the
+forward's own inputs, a decode step may take the tree ``module_state`` under rule ``attributes``: tensors the
+model keeps in module attributes its forward sets (RecurrentGemma's recurrent and conv states), which the
+components take in and return (exporters/generation/module_state.py); ``check_no_module_state`` refuses any
+such state the components do not carry.
 
 The prefill's inputs are the caller's, except those ``generate`` derives from them
 (``PREFILL_RULES``): ``position_ids`` as the running count of attended positions
@@ -76,6 +80,9 @@ def carried_tree(rule: str) -> bool:
 # decode rules of a step that re-reads the whole sequence (no cache): the prefill's graph over one more token
 WHOLE_SEQUENCE_RULES = ("append_token", "insert_token")
 PREVIOUS_OUTPUT = "previous_output:"  # the kept rule of an input read off a previous output: this, then its name
+# the tree of module attributes the components carry (module_state.py) and its rule: the previous component's
+# outputs of that name, as for a cache, though not a cache the model returns (eager's past_key_values lacks it)
+MODULE_STATE, ATTRIBUTES = "module_state", "attributes"
 
 
 @dataclasses.dataclass
@@ -87,6 +94,14 @@ class Returned:
     outputs: dict[str, torch.Tensor]
     # tensors kept as plain module attributes (not parameters, buffers or inputs): state a forward may set
     attributes: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # the same attributes as the call found them (what it started from)
+    before: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+
+def module_attributes(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor kept as a plain attribute of ``model`` or a submodule, by dotted path, cloned."""
+    return {f"{prefix}.{k}".lstrip("."): v.detach().clone() for prefix, module in model.named_modules()
+            for k, v in vars(module).items() if isinstance(v, torch.Tensor)}
 
 
 @contextlib.contextmanager
@@ -95,6 +110,7 @@ def record_returns(model: torch.nn.Module, returned: list[Returned]):
     before ``capture_generate``, whose recorder then wraps this one: one entry per captured call."""
 
     def record(forward, args, kwargs):
+        before = module_attributes(model)
         out = forward(*args, **kwargs)
         trees = {}
         for name, value in kwargs.items():
@@ -104,29 +120,49 @@ def record_returns(model: torch.nn.Module, returned: list[Returned]):
                 except GenerationError:
                     continue
         outputs = {n: v.detach().clone() for n, v in leaf_names_and_values(out) if isinstance(v, torch.Tensor)}
-        attributes = {f"{prefix}.{k}".lstrip("."): v.detach().clone() for prefix, module in model.named_modules()
-                      for k, v in vars(module).items() if isinstance(v, torch.Tensor)}
-        returned.append(Returned(trees, outputs, attributes))
+        returned.append(Returned(trees, outputs, module_attributes(model), before))
         return out
 
     with forward_wrapped(model, record):
         yield
 
 
-def check_no_module_state(returned: list[Returned], batch: int, model_name: str) -> None:
-    """Refuse a model that carries per-sequence state from one decode step to the next in plain module
-    attributes (a recurrent or convolution state its forward sets on ``self``): neither given nor returned,
-    it would be a constant of the decode component, its value at export. Read: an attribute of ``batch``
-    rows whose value the second decode step changed."""
+def module_state(returned: list[Returned], batch: int) -> list[str]:
+    """The module attributes that carry per-sequence state from one decode step to the next (a recurrent or
+    convolution state a forward sets on ``self``): attributes of ``batch`` rows whose value the second decode
+    step changed."""
     if len(returned) < 3:
-        return
+        return []
     before, after = returned[1].attributes, returned[2].attributes
-    changed = sorted(k for k, v in after.items() if v.dim() and v.shape[0] == batch
-                     and (k not in before or not _equal(before[k], v)))
+    return sorted(k for k, v in after.items() if v.dim() and v.shape[0] == batch
+                  and (k not in before or not _equal(before[k], v)))
+
+
+def uncarriable(returned: list[Returned], name: str) -> str | None:
+    """Why the module attribute ``name`` cannot be carried as state from call to call (None: it can): a
+    component takes it in and returns it (exporters/generation/module_state.py) where it is there after every
+    call with one shape and dtype, and every call after the prefill starts from what the call before left."""
+    values = [r.attributes.get(name) for r in returned]
+    if any(v is None for v in values) or len({(tuple(v.shape), v.dtype) for v in values}) != 1:
+        return "not one shape and dtype after every call"
+    if not all(_equal(r.before.get(name), prev.attributes[name]) for prev, r in zip(returned, returned[1:])):
+        return "set between the calls, not only by them"
+    return None
+
+
+def check_no_module_state(returned: list[Returned], batch: int, model_name: str, carried=()) -> None:
+    """Refuse a model that carries per-sequence state from one decode step to the next in plain module
+    attributes (``module_state``) that the components do not carry (``carried``, the attribute paths they
+    take in and return): neither given nor returned, it would be a constant of the decode component, its
+    value at export."""
+    changed = [k for k in module_state(returned, batch) if k not in carried]
     if changed:
+        why = {k: uncarriable(returned, k) for k in changed}
+        reasons = "; ".join(sorted({f"{k}: {v}" for k, v in why.items() if v}))[:300]
         raise GenerationError(f"{model_name} carries state from step to step in module attributes its forward sets "
                               f"({changed[:4]}{' ...' if len(changed) > 4 else ''}), neither passed in nor returned: "
-                              "an exported decode step would keep their value at export")
+                              "an exported decode step would keep their value at export"
+                              + (f" (not carried: {reasons})" if reasons else ""))
 
 
 def _equal(a, b) -> bool:

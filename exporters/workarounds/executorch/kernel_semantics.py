@@ -48,26 +48,55 @@ def _fix_negative_pad_as_slice(gm: torch.fx.GraphModule, node: torch.fx.Node) ->
     """A negative pad crops; the ExecuTorch runtime's constant_pad_nd refuses it: "Padding values
     must be non-negative, but got pad[3] = -1" (RWKV's token shift is ``ZeroPad2d((0, 0, 1, -1))``:
     one row of zeros in front, the last row cut). Slice the cropped sides off first, then pad
-    the rest.
+    the rest. A symbolic pad that may be negative (RecurrentGemma keeps the last ``conv1d_width - 1``
+    positions of its prompt as ``pad(x, (conv1d_width - seq_len - 1, 0))``: -4 for a prompt of 7, the
+    runtime refused it) is cropped by ``max(-p, 0)`` and padded by ``max(p, 0)``, SymInt ops.
 
     before: constant_pad_nd(x, [0, 0, 1, -1])                  # pad(x, ..., "constant") alike
     after:  constant_pad_nd(slice(x, -2, 0, -1), [0, 0, 1, 0])
+    before: constant_pad_nd(x, [p, 0])                          # p a SymInt of unknown sign
+    after:  constant_pad_nd(slice(x, -1, sym_max(-p, 0), None), [sym_max(p, 0), 0])
     """
     aten = torch.ops.aten
     if node.op != "call_function" or node.target not in (aten.constant_pad_nd.default, aten.pad.default):
         return False
     args = dict(zip(("self", "pad", "mode", "value"), node.args), **node.kwargs)
     pad, mode = args["pad"], args.get("mode", "constant")
-    if mode != "constant" or not all(isinstance(p, int) for p in pad) or min(pad, default=0) >= 0:
+
+    def signed(p) -> bool:  # a symbolic pad not known to be non-negative
+        return isinstance(fake_val(p), torch.SymInt) and not statically_known_true(fake_val(p) >= 0)
+
+    if mode != "constant" or not all(isinstance(p, int) or isinstance(fake_val(p), torch.SymInt) for p in pad) \
+            or not any(signed(p) or (isinstance(p, int) and p < 0) for p in pad):
         return False
     new, x = NewNodes(gm.graph), args["self"]
+
+    def sym(op, *operands):  # a SymInt node, with its value
+        made = new.call(op, *operands)
+        made.meta["val"] = op(*(fake_val(o) if isinstance(o, torch.fx.Node) else o for o in operands))
+        return made
+
     with gm.graph.inserting_before(node):
+        kept = []
         for i in range(len(pad) // 2):
             left, right = pad[2 * i], pad[2 * i + 1]
+            if signed(left) or signed(right):
+                start = sym(torch.sym_max, sym(operator.neg, left), 0) if signed(left) else max(-left, 0)
+                end = right if not signed(right) and right < 0 else None
+                if signed(right):  # the dim's size less max(-right, 0)
+                    whole = fake_val(args["self"])
+                    size = size_value(new, args["self"], whole.dim() - 1 - i, whole.shape[-1 - i])
+                    if isinstance(size, torch.fx.Node):
+                        size.meta["val"] = whole.shape[-1 - i]
+                    end = sym(operator.add, size, sym(torch.sym_min, right, 0))
+                x = new.call(aten.slice.Tensor, x, -1 - i, start, end)
+                kept += [sym(torch.sym_max, p, 0) if signed(p) else max(p, 0) for p in (left, right)]
+                continue
             if left < 0 or right < 0:
                 x = new.call(aten.slice.Tensor, x, -1 - i, max(-left, 0), right if right < 0 else None)
+            kept += [max(left, 0), max(right, 0)]
         value = args.get("value")
-        new.call(aten.constant_pad_nd.default, x, [max(p, 0) for p in pad], 0.0 if value is None else value)
+        new.call(aten.constant_pad_nd.default, x, kept, 0.0 if value is None else value)
     replace_node(gm, node, new)
     return True
 
