@@ -48,29 +48,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "the keys it attends over",
     ),
     ExportSkip(
-        classes=("DeepseekV4ForCausalLM",),
-        tests=("generate",),
-        variants=("dynamic",),
-        stage="export",
-        reason="its cache layers (DeepseekV4HCACache / DeepseekV4CSACache, models/deepseek_v4/modeling_deepseek_v4.py:156 "
-               "and 254, subclasses of DynamicSlidingWindowLayer) hold more than a window: beside the Python count "
-               "cumulative_length (line 197), the compressors' state, source tokens since the last full window "
-               "(buffer_kv / buffer_gate, cut at the last multiple of compress_rate, line 223: their length cycles "
-               "3, 0, 1, 2 under the tiny config's rate 4), the compressed entries and their count in Python ints "
-               "(entry_count, lines 216 and 236), and CSA's overlap state (None until the first full window). Left "
-               "as they are, the counts change the decode step's structure (GenerationError 'changes structure', "
-               "test_generate dynamo/dynamic at 63b8d8a). A form carrying no count (every K=V position kept, "
-               "entry_count read off compressed_kv's length) was tried and does not suffice: whether a step closes "
-               "a window is a Python branch on the buffer's length in the model's compressors (`if "
-               "chunk_kv.shape[1] > 0`, lines 423, 539 and 655; `if n_windows > 1`, `if prior_kv is not None`; the "
-               "indexer's top_k = min(index_topk, compressed_len), line 580), so the decode component is the branch "
-               "of its example step (one that closes a CSA window) and the next step's drained buffer is refused "
-               "(InputError 'past_key_values__9 dim 1 is 0, outside the exported bounds [1, 1024]', dynamo/dynamic "
-               "at 63b8d8a with that form). Remove when DeepseekV4's compressors close windows without Python "
-               "branches on the buffer's length (or a model patch makes them so, over buffers that may be empty), "
-               "beside a cache form (exporters/generation/sliding_forms.py) that carries no count",
-    ),
-    ExportSkip(
         classes=("MambaForCausalLM",),
         backends=("dynamo",),
         tests=("generate",),
@@ -371,8 +348,11 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
         reason="caches that grow along the sequence beside keys and values, other than an indexer's keys and "
                "position history (which travel as more heads of a layer's keys): DeepseekV4 keeps "
                "compressed-attention caches of its own (DeepseekV4CSACache / HCACache, compressed every few "
-               "tokens, not one entry a token); genai_config.json names key, value, conv and recurrent tensors "
-               "only, and genai.py refuses them by name (GenerationError at f1651b0). Remove when genai.py packs "
+               "tokens, not one entry a token; the capture's form of them, PlainCompressedLayer, "
+               "exporters/generation/compressed_forms.py, keeps the compressors' buffers, entries and overlap "
+               "beside the keys); genai_config.json names key, value, conv and recurrent tensors "
+               "only, and genai.py refuses them by name (GenerationError at f1651b0; the form's name, "
+               "'PlainCompressedLayer', since the form). Remove when genai.py packs "
                "these into tensors the runner grows (or onnxruntime-genai names such caches)",
     ),
     ExportSkip(

@@ -202,7 +202,10 @@ def _dynamic_cache_pair(tree: str, eager_cache, got: dict[str, torch.Tensor]):
     positions where eager keeps fewer: a sliding-window layer keeps its window (beside linear-attention
     states or not), the generation export a plain layer with every position
     (``exporters.generation.sliding_forms``; a reference layer's form keeps the prompt's positions first, eager's
-    in ``prefill_keys``, and the prompt's length). The
+    in ``prefill_keys``, and the prompt's length), and a compressed-attention layer's form its last
+    ``compress_rate - 1`` source tokens where eager keeps those since its last full window (the last of them),
+    and its entries one slot a position (``entry_slots``: eager's ``compressed_kv`` is every ``compress_rate``-th,
+    ``exporters.generation.compressed_forms``). The
     sliding layer's window size scalar (``_sliding_window_tensor``, a constant of the layer) is not
     state: it is dropped from eager's side where the artifact's layer has none."""
     from exporters.pytrees import flatten_outputs
@@ -212,10 +215,16 @@ def _dynamic_cache_pair(tree: str, eager_cache, got: dict[str, torch.Tensor]):
     parts = [(tree, eager_cache)] + [(f"{tree}.{k}", getattr(eager_cache, k)) for k in ("self_attention_cache",
                                                                                         "cross_attention_cache")
                                      if getattr(eager_cache, k, None) is not None]
-    sliding = {f"{prefix}.{i}" for prefix, cache in parts for i, layer in enumerate(getattr(cache, "layers", None) or [])
+    layers = {f"{prefix}.{i}": layer for prefix, cache in parts for i, layer in enumerate(getattr(cache, "layers", None) or [])}
+    sliding = {name for name, layer in layers.items()
                if {c.__name__ for c in type(layer).__mro__} & {"DynamicSlidingWindowLayer",
                                                                "LinearAttentionAndSlidingWindowAttentionLayer"}}
     pair_want, pair_got = {}, dict(got)
+    for name in list(pair_got):  # a compressed-attention layer's form keeps its entries one slot a position, each at
+        layer, _, entry = name.partition(".entry_slots.")  # the position its window ends at: eager's are every
+        rate = getattr(layers.get(layer), "compress_rate", None)  # compress_rate-th slot
+        if entry and isinstance(rate, int):
+            pair_got[f"{layer}.compressed_kv.{entry}"] = pair_got.pop(name)[:, rate - 1::rate]
     for layer in sliding:  # a reference layer's form (PlainReferenceLayer) keeps the prompt's positions first in its
         length = pair_got.pop(f"{layer}.prefill_length", None)  # keys, eager's apart from the window's
         for mine, prompt in (("key", "prefill_keys"), ("value", "prefill_values")):
@@ -223,12 +232,14 @@ def _dynamic_cache_pair(tree: str, eager_cache, got: dict[str, torch.Tensor]):
             if length is not None and whole is not None:
                 pair_got[f"{layer}.{prompt}"], pair_got[f"{layer}.{mine}"] = whole[..., :int(length), :], whole[..., int(length):, :]
     for name, tensor in want.items():
-        layer, _, leaf = name.rpartition(".")
-        if layer in sliding and leaf == "_sliding_window_tensor" and name not in got:
+        _, _, leaf = name.rpartition(".")
+        # the sliding layer a leaf is in, directly or in a dict of its (a compressed-attention layer's buffers)
+        layer = next((s for s in sliding if name.startswith(f"{s}.")), None)
+        if layer is not None and leaf == "_sliding_window_tensor" and name not in got:
             continue
         pair_want[name] = tensor
         mine = got.get(name)
-        if layer in sliding and mine is not None and mine.dim() >= 2 and tensor.dim() == mine.dim() \
+        if layer is not None and mine is not None and mine.dim() >= 2 and tensor.dim() == mine.dim() \
                 and mine.shape[-2] > tensor.shape[-2]:
             pair_got[name] = mine[..., mine.shape[-2] - tensor.shape[-2]:, :]
     return pair_want, pair_got

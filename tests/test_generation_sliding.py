@@ -62,11 +62,15 @@ def test_reference_layer_form_keeps_every_position_and_the_prompt_length_as_a_te
 
 
 def test_sliding_subclass_with_state_of_its_own_stays():
-    """A model's own sliding-window layer whose state is more than a window (DeepseekV4's compressed-attention
-    layer: buffers, compressed entries and their Python counts) has no form: it is left as it is."""
+    """A model's own sliding-window layer whose state is more than a window gets a form only where it is one of
+    the kinds a form exists for: DeepseekV4's compressed-attention layers (their compressor protocol and its
+    state: exporters/generation/compressed_forms.py) do, a layer with a reference layer's type and more state than
+    that layer's does not, and is left as it is."""
     from transformers import DeepseekV4Config
     from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4CSACache, DeepseekV4HCACache
+
+    from exporters.generation.compressed_forms import PlainCompressedLayer
 
     config = DeepseekV4Config(sliding_window=4)
     class Windowed(DynamicSlidingWindowLayer):  # no _layer_type of its own: it registers nothing
@@ -74,11 +78,15 @@ def test_sliding_subclass_with_state_of_its_own_stays():
 
     odd = Windowed(sliding_window=4)
     odd._layer_type, odd.extra = REFERENCE, None  # a reference layer's type, with more state than that layer's
+    extra = DeepseekV4HCACache(config)
+    extra.more = None  # the compressor protocol with state the form does not know
     cache = DynamicCache()
-    cache.layers = [DeepseekV4HCACache(config), DeepseekV4CSACache(config), odd, DynamicSlidingWindowLayer(sliding_window=4)]
-    assert plain_sliding_layers(cache) == 1
-    assert [type(layer) for layer in cache.layers] == [DeepseekV4HCACache, DeepseekV4CSACache, Windowed,
-                                                       DynamicLayer]
+    cache.layers = [DeepseekV4HCACache(config), DeepseekV4CSACache(config), odd, DynamicSlidingWindowLayer(sliding_window=4),
+                    extra]
+    assert plain_sliding_layers(cache) == 3
+    assert [type(layer) for layer in cache.layers] == [PlainCompressedLayer, PlainCompressedLayer, Windowed,
+                                                       DynamicLayer, DeepseekV4HCACache]
+    assert not hasattr(cache.layers[0], "overlap_kv") and set(cache.layers[1].overlap_kv) == {"compressor", "indexer"}
 
 
 def test_layers_without_the_initialized_flag_are_left_alone():

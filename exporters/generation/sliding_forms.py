@@ -9,7 +9,8 @@ each query to what eager's layer let it see, so the logits are eager's up to flo
 cost is a cache that grows with the whole sequence instead of stopping at the window.
 
 A subclass of the sliding layer whose behaviour depends on its count beyond the window (a model's own
-layer) gets a form of its own here, or none: left as it is, its count changes the decode step's
+layer) gets a form of its own here (a reference layer's) or in compressed_forms.py (a layer that feeds a
+compressor), or none: left as it is, its count changes the decode step's
 structure and the export says so (GenerationError 'changes structure').
 """
 
@@ -24,6 +25,8 @@ from transformers.cache_utils import (
     LinearAttentionAndFullAttentionLayer,
     LinearAttentionAndSlidingWindowAttentionLayer,
 )
+
+from exporters.generation.compressed_forms import compressed_form
 
 REFERENCE = "reference_sliding_attention"  # a layer type whose prompt positions stay visible (UnlimitedOcr)
 
@@ -70,7 +73,7 @@ def _plain_form(layer: Any) -> Any | None:
     if isinstance(layer, DynamicSlidingWindowLayer) and getattr(layer, "_layer_type", None) == REFERENCE \
             and _only_reference_state(layer):
         return PlainReferenceLayer()
-    return None
+    return compressed_form(layer)  # one that feeds a compressor (exporters/generation/compressed_forms.py)
 
 
 def _only_reference_state(layer: Any) -> bool:
