@@ -182,6 +182,25 @@ def test_merge_drops_items_named_by_nodeid_and_says_so(logs, tmp_path, capsys):
     assert "--drop names no merged item" in capsys.readouterr().err
 
 
+def test_merge_keeps_only_the_named_tests_and_records_it(logs, tmp_path, capsys):
+    """merge --test keeps one sweep test's items (a log that ran generate and runner items feeds two catalogs),
+    records the filter in results.json and the report, and refuses a test no merged item is of."""
+    runner_log = tmp_path / "runner.jsonl"  # the same items as another test's: a log of two tests
+    runner_log.write_text(Path(logs["log"]).read_text().replace("::test_export[", "::test_runner["))
+    results = merge([load_any(logs["log"]), load_any(runner_log)])[0]
+    assert {r.test for r in results} == {"test_export", "test_runner"}
+    out = tmp_path / "out"
+    assert main(["merge", str(logs["log"]), str(runner_log), "--out", str(out), "--date", "D", "--test", "test_export"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["tests"] == ["test_export"]
+    assert {r["nodeid"].split("::")[-1].split("[")[0] for r in data["results"]} == {"test_export"}
+    assert len(data["results"]) == sum(r.test == "test_export" for r in results) > 0
+    tmp_path = out
+    assert "Only the items of `test_export` were kept" in (tmp_path / "conformance.md").read_text()
+    assert main(["merge", str(logs["log"]), "--out", str(tmp_path), "--test", "test_generate"]) == 2
+    assert "no merged item is of that test" in capsys.readouterr().err
+
+
 def test_parse_test_id_and_normalize_error():
     assert parse_test_id("s/t.py::test_export[onnx-dynamic-NllbMoeModel]") == {
         "backend": "onnx", "variant": "dynamic", "model_class": "NllbMoeModel"}

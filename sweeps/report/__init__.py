@@ -55,6 +55,14 @@ def _merge(args: argparse.Namespace) -> int:
     from sweeps.report.render import Report
 
     results, duplicates = merge([load_any(path) for path in args.results])
+    if args.test:  # one catalog per test: a log that ran several tests gives each its own
+        known = sorted({r.test for r in results if r.test})
+        unknown = [t for t in args.test if t not in known]
+        if unknown:
+            print(f"--test {unknown}: no merged item is of that test; the logs hold {known}", file=sys.stderr)
+            return 2
+        results = [r for r in results if r.test in args.test]
+        duplicates = [d for d in duplicates if d["nodeid"] in {r.nodeid for r in results}]
     unknown = [d for d in args.drop if d not in {r.nodeid for r in results}]
     if unknown:
         print(f"--drop names no merged item: {unknown}", file=sys.stderr)
@@ -71,7 +79,7 @@ def _merge(args: argparse.Namespace) -> int:
     date = args.date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     peer = [_read_peer(path) for path in args.peer]
     report = Report(results, duplicates=duplicates, sources=args.results, command=args.command,
-                    date=date, registered=registered, top=args.top, peer=peer, dropped=dropped)
+                    date=date, registered=registered, top=args.top, peer=peer, dropped=dropped, tests=args.test)
     paths = report.write(args.out)
     all_row = report.summary[-1]
     print(f"{len(results)} items ({', '.join(f'{k} {v}' for k, v in all_row.counts.items() if v)})"
@@ -111,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--drop", action="append", default=[], metavar="NODEID",
                    help="leave out this item (exact nodeid): one whose test is no longer collected, e.g. a class "
                    "since excluded from the test; listed in the report and in results.json `dropped` (repeatable)")
+    m.add_argument("--test", action="append", default=[], metavar="TEST",
+                   help="keep only the items of this sweep test (e.g. test_generate), where the logs ran several; "
+                   "recorded in results.json `tests` (repeatable)")
     m.set_defaults(func=_merge)
     d = sub.add_parser("diff", help="compare two runs (results.json or logs) and print Markdown")
     d.add_argument("old")

@@ -27,8 +27,9 @@ class Report:
     def __init__(self, results: list[Result], *, duplicates=(), sources=(), command: str = "",
                  date: str = "", versions: dict[str, str] | None = None,
                  registered: list[str] | None = None, top: int = 20, peer: list[dict] | None = None,
-                 dropped: list[dict[str, str]] | None = None):
+                 dropped: list[dict[str, str]] | None = None, tests: list[str] | None = None):
         self.results = results
+        self.tests = list(tests or [])  # merge --test: only these tests' items were kept
         self.duplicates = list(duplicates)
         self.dropped = list(dropped or [])  # items left out by name (merge --drop): no longer collected
         self.sources = [str(s) for s in sources]
@@ -59,6 +60,8 @@ class Report:
         if self.duplicates:
             out.append(f"{len(self.duplicates)} item(s) appeared in more than one file; the later "
                        "file's result was kept (see results.json `duplicates`).")
+        if self.tests:
+            out.append(f"Only the items of {', '.join(f'`{t}`' for t in self.tests)} were kept from those files.")
         if self.dropped:
             out.append(f"{len(self.dropped)} item(s) left out as no longer collected: "
                        + ", ".join(f"`{d['nodeid']}` ({d['outcome']} in {d['source']})" for d in self.dropped) + ".")
@@ -215,6 +218,7 @@ class Report:
             "sources": self.sources,
             "duplicates": self.duplicates,
             "dropped": self.dropped,
+            "tests": self.tests,
             "peer": [{"column": r.column, "source": r.source, **{b: r.buckets[b] for b in S.PEER_BUCKETS},
                       "not compared": r.not_compared} for r in self.peer],
             "summary": {row.column: {**row.counts, "total": row.total, "built": row.built}
