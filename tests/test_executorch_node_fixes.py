@@ -448,3 +448,28 @@ def test_executorch_circular_padding_keeps_dynamic_sizes():
     for case in (traced, larger):
         (actual,) = art(**case).values()
         torch.testing.assert_close(actual, model(**case), atol=1e-5, rtol=1e-5)
+
+
+class _KeepLastPositions(torch.nn.Module):
+    """RecurrentGemma's conv state: the last 3 positions of a sequence of any length, zero-padded in front where
+    it is shorter (a pad of 3 - seq_len, negative for a longer sequence, positive for a shorter one)."""
+
+    def forward(self, x):
+        return torch.nn.functional.pad(x, (3 - x.shape[-1], 0))
+
+
+def test_executorch_symbolic_pad_of_either_sign():
+    """A pad whose sign depends on a dynamic size is cropped by max(-p, 0) and padded by max(p, 0): both signs
+    run and match eager on one program (without the fix: 'Padding values must be non-negative' at 7)."""
+    traced = {"x": torch.randn(2, 4, 7)}
+    config = et.ExecutorchConfig(dynamic_shapes={"x": {2: torch.export.Dim("seq", min=2, max=16)}})
+    name = "fix:executorch:_fix_negative_pad_as_slice"
+    without = et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(_KeepLastPositions(), traced, config)
+    with pytest.raises(Exception, match="non-negative"):
+        without(**traced)
+    art = et.ExecutorchExporter().export(_KeepLastPositions(), traced, config)
+    assert name in art.workarounds_fired
+    for length in (7, 3, 2, 16):
+        x = torch.randn(2, 4, length)
+        (got,) = art(x=x).values()
+        torch.testing.assert_close(got, _KeepLastPositions()(x), rtol=0, atol=0)
