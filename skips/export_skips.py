@@ -208,6 +208,23 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "the rounding spread is measured at the backend's own disagreement rate",
     ),
     ExportSkip(
+        classes=("MusicFlamingoForConditionalGeneration", "MusicFlamingoModel"),
+        backends=("executorch",),
+        tests=("quantized",),
+        stage="compare",
+        reason="the int8 reference is discontinuous at the language model's text positions: their hidden states' "
+               "mean of squares (the RMS norm's statistic) lies below half of the grid step XNNPACK's quantizer floors "
+               "it at (scale 2**-12), so it rounds to 0 and rsqrt gives inf (batch 0, positions 2 on, at every "
+               "layer), which the next quantize saturates (scale 0.66: a normalization factor of 169 where one step "
+               "more of the statistic gives 64). Any one-step rounding in the audio encoder moves layer 1's key cache "
+               "at [0, 3, 2, 3] by exactly 72 of its steps (each of 20 of the encoder's quantizes nudged alone; the "
+               "projector's and the language model's own move it 1 step or none: results/s43/amplifier.py, "
+               "around.py), and the artifact is 72 steps off there, 76 on the value cache (2 of 2496 elements each; "
+               "rounding spread 105 and 82 steps, past the 64 cap; test_quantized executorch at eaa444e, the same at "
+               "ec4daa2 by repro). onnx passes. Remove when the int8 recipe keeps a norm's statistics (mean of "
+               "squares, rsqrt) in float, which no int8 kernel runs anyway",
+    ),
+    ExportSkip(
         classes=("VideoMAEForPreTraining",),
         variants=("dynamic",),
         stage="export",
