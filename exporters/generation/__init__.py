@@ -29,7 +29,7 @@ from exporters.generation.component import FlatComponent, flat_call_inputs
 from exporters.generation.delegated import DelegatedGenerator, export_delegated, find_delegate
 from exporters.generation.encoder_prep import encoder_module, prepared_encoder_call
 from exporters.generation.generator import GenerateOutput, Generator
-from exporters.generation.module_state import batch_only, carried_attributes, state_components
+from exporters.generation.module_state import batch_only, state_components
 from exporters.generation.processors import check_supported
 from exporters.generation.quantized import checked_recipes, component_calibration
 from exporters.generation.runners import llm_runner_methods, vocab_size
@@ -52,7 +52,7 @@ from exporters.generation.steps import (
     TOKEN_INPUTS,
     AmbiguousTokenRule,
     Returned,
-    check_no_module_state,
+    carried_module_state,
     infer_prefill_rules,
     infer_rules,
     prefill_sources,
@@ -172,8 +172,7 @@ def _read_generate(model, captured_inputs, given, generation, suppress=None):
     returned: list[Returned] = []
     with record_returns(model, returned):  # what each call left: trees updated in place, output tensors
         calls, encoder_calls, sequences = capture_generate(model, captured_inputs, CAPTURED_STEPS, suppress=suppress)
-    carried = carried_attributes(returned, sequences.shape[0])
-    check_no_module_state(returned, sequences.shape[0], type(model).__name__, carried)
+    carried = carried_module_state(returned, sequences.shape[0], type(model).__name__)
     token_input, prompt_length = _token_input(model, calls[0], calls[1], given)
     prefill_rules = infer_prefill_rules(calls[0], given, generation)
     if token_input in prefill_sources(prefill_rules) and token_input in given:  # the sequences start with the

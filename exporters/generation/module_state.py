@@ -38,14 +38,9 @@ import torch
 
 from exporters.generation.capture import GenerationError
 from exporters.generation.component import FlatComponent, leaf_input_name
-from exporters.generation.steps import MODULE_STATE, Returned, module_state, uncarriable
+from exporters.generation.steps import MODULE_STATE, Returned
 
 _MISSING = object()
-
-
-def carried_attributes(returned: list[Returned], batch: int) -> list[str]:
-    """The module attributes (dotted paths) that carry state from call to call and can be carried."""
-    return [name for name in module_state(returned, batch) if uncarriable(returned, name) is None]
 
 
 class HeldAttributes:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped
-from exporters.generation.module_state import StepState, carried_attributes
+from exporters.generation.module_state import StepState
 from exporters.generation.static_caches import has_adapter, step_cache_for
 from exporters.generation.static_embeds import (
     HANDED_PREFIX,
@@ -50,7 +50,7 @@ from exporters.generation.static_embeds import (
 from exporters.generation.static_prompt import prompt_token_candidates
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, read_appended, rereads_sequence, whole_sequence_step_for
-from exporters.generation.steps import apply_tensor_rule, check_no_module_state, record_returns
+from exporters.generation.steps import apply_tensor_rule, carried_module_state, record_returns
 
 STATE_FORMS = ("buffers", "inputs")
 # the cache parts (``_layer_tensors``) of a linear-attention state, which a new sequence starts from zero
@@ -538,8 +538,7 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
     ids = inputs.get("input_ids")
     if isinstance(ids, torch.Tensor):  # state in module attributes: carried by a step that takes it (``carried``, filled
         # with each path and its value after the prompt's call), else it would be baked into the step: refused
-        kept = carried_attributes(returned, int(ids.shape[0])) if carried is not None else []
-        check_no_module_state(returned, int(ids.shape[0]), name, kept)
+        kept = carried_module_state(returned, int(ids.shape[0]), name, carry=carried is not None)
         if kept:
             carried.update({k: returned[0].attributes[k] for k in kept})
     return calls

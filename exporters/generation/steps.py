@@ -155,7 +155,21 @@ def check_no_module_state(returned: list[Returned], batch: int, model_name: str,
     attributes (``module_state``) that the components do not carry (``carried``, the attribute paths they
     take in and return): neither given nor returned, it would be a constant of the decode component, its
     value at export."""
-    changed = [k for k in module_state(returned, batch) if k not in carried]
+    _refuse_uncarried(returned, [k for k in module_state(returned, batch) if k not in carried], model_name)
+
+
+def carried_module_state(returned: list[Returned], batch: int, model_name: str, carry: bool = True) -> list[str]:
+    """The module attributes that carry state from call to call (``module_state``) and can be carried
+    (``uncarriable`` None), which the components then take in and return (module_state.py); any other such
+    attribute, or every one where ``carry`` is False (a step form that cannot carry them), is refused as
+    ``check_no_module_state`` refuses it."""
+    changed = module_state(returned, batch)
+    carried = [k for k in changed if carry and uncarriable(returned, k) is None]
+    _refuse_uncarried(returned, [k for k in changed if k not in carried], model_name)
+    return carried
+
+
+def _refuse_uncarried(returned: list[Returned], changed: list[str], model_name: str) -> None:
     if changed:
         why = {k: uncarriable(returned, k) for k in changed}
         reasons = "; ".join(sorted({f"{k}: {v}" for k, v in why.items() if v}))[:300]
