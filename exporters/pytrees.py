@@ -198,7 +198,9 @@ def _register(cls: type) -> None:
 
     def flatten_with_keys(obj):
         leaves, ctx = _flatten_object(obj)
-        keys = [(pytree.GetAttrKey(_path_of(p)), t) for p, t in leaves]
+        # one key per leaf, named by its dotted path inside the object: a MappingKey, as torch.export turns a
+        # GetAttrKey into an attribute source, which must not hold a '.' (non-strict export of a cache input)
+        keys = [(pytree.MappingKey(_path_of(p)), t) for p, t in leaves]
         return keys, (cls, ctx)
 
     def unflatten(values, context):

@@ -199,3 +199,24 @@ def test_tampered_program_fails_to_load_and_runs_nothing(saved_llama, tmp_path):
     assert done.returncode != 0
     assert "ContextError" in done.stderr and "not JSON" in done.stderr
     assert not os.path.exists(marker)
+
+
+def test_a_registered_cache_is_a_torch_export_input():
+    """A model taking a DynamicCache exports after our registration: torch.export (non-strict) makes a source of
+    every leaf's key, and an attribute key holding a '.' ('0.key', the leaf's path in the cache) is refused
+    ("AttrSource member must not contain '.'"); the leaves are named by their path all the same."""
+    from transformers import DynamicCache
+
+    from exporters.pytrees import flatten_outputs, register_pytree_nodes
+
+    class Step(torch.nn.Module):
+        def forward(self, x, cache):
+            layer = cache.layers[0]
+            return x + layer.keys.sum() + layer.values.sum()
+
+    cache = DynamicCache()
+    cache.update(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), 0)
+    register_pytree_nodes(cache)
+    ep = torch.export.export(Step(), (torch.randn(2), cache), strict=False)
+    assert torch.allclose(ep.module()(torch.ones(2), cache), Step()(torch.ones(2), cache))
+    assert {"cache.0.key", "cache.0.value"} <= set(flatten_outputs({"cache": cache}))
