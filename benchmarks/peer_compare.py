@@ -71,6 +71,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 # _flatten_actual, _ShapeView, peer_dynamic_dims and shape_candidates: tests/test_peer_compare.py reads them here
+from peer_generate import GENERATE_VARIANTS, JUDGED_NOTE  # noqa: E402
 from peer_side import PEER_CONFIGS, _flatten_actual, _ShapeView, peer_dynamic_dims, peer_item, shape_candidates  # noqa: E402, F401
 
 from sweeps.report.summary import PEER_BUCKETS as BUCKETS  # noqa: E402
@@ -106,18 +107,20 @@ def ours_row(record) -> dict[str, Any]:
 
 
 QUANTIZED_TEST = "test_quantized"
+GENERATE_TEST = "test_generate"
 
 
 def load_ours(path: str) -> dict[tuple[str, str, str], Any]:
-    """``{(class, backend, variant): Result}`` of the sweep's main test and of test_quantized (variant
-    "int8"); a later record wins."""
+    """``{(class, backend, variant): Result}`` of the sweep's main test, of test_quantized (variant "int8") and
+    of test_generate (variants "generate-static", "generate-dynamic": ``peer_variant``); a later record wins."""
     from sweeps.report.load import MAIN_TEST, load_any
+    from sweeps.report.summary import peer_variant
 
     ours = {}
     for r in load_any(path):
-        if r.test not in (MAIN_TEST, "", QUANTIZED_TEST) or not (r.model_class and r.backend and r.variant):
+        if r.test not in (MAIN_TEST, "", QUANTIZED_TEST, GENERATE_TEST) or not (r.model_class and r.backend and r.variant):
             continue
-        ours[(r.model_class, r.backend, r.variant)] = r
+        ours[(r.model_class, r.backend, peer_variant(r))] = r
     return ours
 
 
@@ -199,6 +202,8 @@ def render_text(tables: Mapping[str, Mapping[str, Any]], rows: list[Mapping[str,
                     out.append(f"    {c}: {'[' + stage + '] ' if stage else ''}{table[side].get(c, '?')}")
         if key.endswith("/dynamic"):
             out.append(f"  note: {ASYMMETRY_NOTE}")
+        if "/generate-" in key:
+            out.append(f"  note: {JUDGED_NOTE}")
         out.append("")
     return "\n".join(out)
 
@@ -230,6 +235,8 @@ def render_markdown(tables: Mapping[str, Mapping[str, Any]], meta: Mapping[str, 
             out.append("")
         if key.endswith("/dynamic"):
             out += [f"> {ASYMMETRY_NOTE}", ""]
+        if "/generate-" in key:
+            out += [f"> {JUDGED_NOTE}", ""]
     return "\n".join(out)
 
 
@@ -393,8 +400,10 @@ def main(argv=None) -> int:
     parser.add_argument("--model", action="append", default=[], help="class/family pattern (repeatable)")
     parser.add_argument("--limit", type=int, help="keep the first N classes (name order)")
     parser.add_argument("--backend", action="append", choices=sorted(PEER_CONFIGS), help="repeatable")
-    parser.add_argument("--variant", action="append", choices=("static", "dynamic", "int8"),
-                        help="repeatable; int8: test_quantized's items, the peer with its PT2EQuantizer")
+    parser.add_argument("--variant", action="append", choices=("static", "dynamic", "int8", *GENERATE_VARIANTS),
+                        help="repeatable; int8: test_quantized's items, the peer with its PT2EQuantizer; "
+                             "generate-static / generate-dynamic: test_generate's items, the peer's "
+                             "export_for_generation (benchmarks/peer_generate.py)")
     parser.add_argument("--jobs", type=int, default=1, help="peer children at a time (default 1)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per peer item (default 600)")
     parser.add_argument("--match-onnx-optimize", action="store_true",
@@ -455,6 +464,8 @@ def main(argv=None) -> int:
             "peer_dynamic": "dynamic=True, no dynamic_shapes (Dim.AUTO on every input axis)",
             "peer_onnx_optimize": "as ours" if args.match_onnx_optimize else "peer default (True)",
             "dynamic_note": ASYMMETRY_NOTE, "notes": notes}
+    if any(v in GENERATE_VARIANTS for _, _, v in items):
+        meta["generate_note"] = JUDGED_NOTE
     print(render_text(tables, rows))
     for note in notes:
         print(f"note: {note}")

@@ -210,7 +210,12 @@ def _quantized_verdict(captured: Mapping[str, Any], eager: Mapping[str, Any], ac
 
 
 def peer_item(class_name: str, backend: str, variant: str, onnx_optimize: bool | None = None) -> dict[str, Any]:
-    """Export one item with the peer and compare it to eager with our rule. Runs in a child process."""
+    """Export one item with the peer and compare it to eager with our rule. Runs in a child process. A generate
+    item (variant ``generate-static`` / ``generate-dynamic``) is ``peer_generate.peer_generate_item``'s."""
+    if variant.startswith("generate-"):
+        from peer_generate import peer_generate_item
+
+        return peer_generate_item(class_name, backend, variant, onnx_optimize)
     warnings.filterwarnings("ignore")
     stage = "build"
     row: dict[str, Any] = {"class": class_name, "backend": backend, "variant": variant}

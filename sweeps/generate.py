@@ -249,7 +249,7 @@ class GenerateMismatch(AssertionError):
     """The artifact loop does not reproduce eager generation (message: which check, step and output)."""
 
 
-def _build(case, init_range: float):
+def build_for_generate(case, init_range: float):
     """The tiny model, generate's inputs and the generation-config settings the zoo gives for generate
     (``sweeps.zoo.generate_setup``: the override's ``generate`` entry, where generate is called unlike the
     forward; else the forward's inputs)."""
@@ -278,6 +278,31 @@ def _build(case, init_range: float):
         # the tiny config names no start token; any id the vocabulary has will do for a random model
         generation.decoder_start_token_id = generation.pad_token_id or generation.bos_token_id or 0
     return model, generate_inputs(inputs), notes
+
+
+@dataclasses.dataclass
+class GenerateReference:
+    """What an item is checked against: the tiny model, generate's inputs, eager greedy generate's output
+    (``eager``: its sequences, per-step ``logits`` and ``past_key_values``), its sequences in the forward's layout,
+    the prompt's length and the new tokens (``sequences[:, prompt:]``)."""
+
+    model: Any
+    inputs: dict[str, torch.Tensor]
+    notes: dict[str, Any]
+    eager: Any
+    sequences: torch.Tensor
+    prompt: int
+    new: torch.Tensor
+
+
+def eager_reference(model, inputs: dict[str, torch.Tensor], notes: dict[str, Any],
+                    record: Callable[[str, Any], None]) -> GenerateReference:
+    """Eager greedy generate over what ``build_for_generate`` built. benchmarks/peer_generate.py checks the
+    peer's components against the same."""
+    eager = _eager_generate(model, inputs, record)
+    sequences = _forward_layout(model, inputs, eager, record)
+    prompt = sequences.shape[1] - len(eager.logits)
+    return GenerateReference(model, inputs, notes, eager, sequences, prompt, sequences[:, prompt:])
 
 
 def _loop_takes(generator) -> set[str]:
@@ -309,17 +334,15 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
     try:
         for init_range in GENERATE_INIT_RANGES:
             stage = "build"
-            model, inputs, notes = _build(case, init_range)
+            model, inputs, notes = build_for_generate(case, init_range)
             stage = "eager"
             record("stage", stage)
-            eager = _eager_generate(model, inputs, record)
-            sequences = _forward_layout(model, inputs, eager, record)
-            prompt = sequences.shape[1] - len(eager.logits)
-            new = sequences[:, prompt:]
-            if len(set(new.flatten().tolist())) >= MIN_DISTINCT_TOKENS:
+            ref = eager_reference(model, inputs, notes, record)
+            if len(set(ref.new.flatten().tolist())) >= MIN_DISTINCT_TOKENS:
                 break
+        model, inputs, eager, sequences, prompt, new = ref.model, ref.inputs, ref.eager, ref.sequences, ref.prompt, ref.new
         record("init_range", init_range)
-        for k, v in notes.items():
+        for k, v in ref.notes.items():
             record(k, v)
         record("new_tokens", int(new.shape[1]))
         record("distinct_tokens", len(set(new.flatten().tolist())))

@@ -24,7 +24,15 @@ from typing import Any
 
 import torch
 
-from sweeps.generate import GENERATE_INIT_RANGES, MIN_DISTINCT_TOKENS, NEW_TOKENS, GenerateMismatch, _build, _static_length, _ties
+from sweeps.generate import (
+    GENERATE_INIT_RANGES,
+    MIN_DISTINCT_TOKENS,
+    NEW_TOKENS,
+    GenerateMismatch,
+    _static_length,
+    _ties,
+    build_for_generate,
+)
 
 
 def _eos(model) -> list[int]:
@@ -52,7 +60,7 @@ def run_runner_case(case, record: Callable[[str, Any], None]) -> None:
     try:
         for row, init_range in _prompt_choices():
             stage = "build"
-            model, inputs, notes = _build(case, init_range)
+            model, inputs, notes = build_for_generate(case, init_range)
             for k, v in notes.items():  # what the zoo gives generate unlike the forward
                 record(k, v)
             if "input_ids" not in inputs:

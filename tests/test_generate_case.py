@@ -94,9 +94,9 @@ def test_eager_generate_leaves_the_generation_config_as_it_found_it():
 
 def test_a_config_asking_for_beam_search_is_checked_greedy_and_says_so():
     """FSMT's config defaults to num_beams=5: the item checks greedy search on both sides, recorded."""
-    from sweeps.generate import _build
+    from sweeps.generate import build_for_generate
 
     case = SimpleNamespace(entry=SimpleNamespace(class_name="FSMTForConditionalGeneration"))
-    model, _, notes = _build(case, 0.2)
+    model, _, notes = build_for_generate(case, 0.2)
     assert model.generation_config.num_beams == 1
     assert notes["generation_config_set"]["num_beams"] == "1 (the model's config: 5)"

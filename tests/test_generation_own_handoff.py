@@ -96,7 +96,7 @@ def pop2piano():
 
     tiny = reference("Pop2PianoForConditionalGeneration", init_range=0.2).tiny
     inputs, _ = generate_setup(tiny, seed=SEED)  # the composer table the checkpoints' generation_config.json has
-    tiny.model.generation_config.decoder_start_token_id = 0  # the tiny config names none (sweeps.generate._build)
+    tiny.model.generation_config.decoder_start_token_id = 0  # the tiny config names none (sweeps.generate.build_for_generate)
     return tiny.model, generate_inputs(inputs)
 
 

@@ -225,6 +225,12 @@ def peer_bucket(ours_pass: bool, peer_pass: bool) -> str:
     return PEER_BUCKETS[2 * (not ours_pass) + (not peer_pass)]
 
 
+def peer_variant(result: Result) -> str:
+    """The variant a peer comparison names ``result``'s item by: test_generate's are ``generate-<variant>`` (its
+    static and dynamic are the main test's names too)."""
+    return f"generate-{result.variant}" if result.test == "test_generate" else result.variant
+
+
 def peer_rows(comparisons: Iterable[dict], results: Iterable[Result] = ()) -> list[PeerRow]:
     """Rows of the report's peer section, one per backend/variant; a later comparison wins.
 
@@ -232,7 +238,7 @@ def peer_rows(comparisons: Iterable[dict], results: Iterable[Result] = ()) -> li
     ``results`` where they hold the item, so a fix or re-run merged after the peer run moves the class
     to the right bucket (the comparison's own "ours" is a snapshot of the log it read). A file without
     per-item rows is taken as tabulated."""
-    merged = {(r.model_class, r.backend, r.variant): r for r in results}
+    merged = {(r.model_class, r.backend, peer_variant(r)): r for r in results}
     rows: dict[str, PeerRow] = {}
     for data in comparisons:
         source = data.get("meta", {}).get("path", "")
