@@ -21,7 +21,7 @@ from .tracing import _finite, quantization_trace, shape_arithmetic_patches, trac
 from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, split_quantization_patches
 
 __all__ = ["LOWERING_RETRIES", "ExecutorchArtifact", "ExecutorchConfig", "ExecutorchExporter", "PlannedShapeError",
-           "_BACKEND_PREPARE", "_EXECUTORCH_INTERNALS", "bound_dynamic_shapes", "halved_max_dim", "prepare_for_cuda",
+           "_BACKEND_PREPARE", "_EXECUTORCH_INTERNALS", "bound_dynamic_shapes", "contiguous_inputs", "halved_max_dim", "prepare_for_cuda",
            "prepare_for_xnnpack"]
 
 # "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering):
@@ -74,6 +74,24 @@ def prepare_for_cuda(model: torch.nn.Module, inputs: dict[str, Any]):
 
 
 _BACKEND_PREPARE: dict[str, Callable] = {"xnnpack": prepare_for_xnnpack, "cuda": prepare_for_cuda}
+
+
+def contiguous_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The example inputs in the layout the artifact feeds the runtime: contiguous.
+
+    torch.export records each input's strides, and ExecuTorch turns them into the dim order its program
+    reads the input's memory in; the artifact always hands the runtime contiguous memory
+    (``ExecutorchArtifact._run``), which the program then reads in the traced order. A generation
+    component's ``encoder_outputs`` is the encoder's output as generate held it: FSMT's encoder returns
+    ``x.transpose(0, 1)`` (fairseq's time-first layout), strides (32, 32*batch, 1), so the prefill was
+    planned for dim order (1, 0, 2) and read the contiguous input transposed: its cross-attention keys
+    and values 0.28 off, logits 7.7e-4 off, and the encoder_last_hidden_state it passes through 3.5 off
+    (test_generate executorch/dynamic FSMTForConditionalGeneration). Eager, dynamo and ONNX Runtime read
+    strides, not a traced order, so only this exporter traces contiguous copies.
+
+        before: encoder_outputs__0 (s11, s53, 32) stride (32, 32*s11, 1)
+        after:  encoder_outputs__0 (s11, s53, 32) stride (32*s53, 32, 1)"""
+    return {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
 
 def bound_dynamic_shapes(spec: Any, max_dim: int) -> Any:
@@ -164,6 +182,7 @@ class ExecutorchExporter(GenerationExport, Exporter):
         model, quantized = self._quantize(model, inputs, config, quantization_trace(config, torch_patches, fired), fired,
                                           stage0)
         model, inputs, partitioners = _BACKEND_PREPARE[config.backend](model, dict(inputs))
+        inputs = contiguous_inputs(inputs)
 
         def export_and_lower(config):
             traced = run_stage("export", self.backend, lambda: trace(model, inputs, config, torch_patches, fired), fired)

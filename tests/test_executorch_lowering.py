@@ -211,3 +211,33 @@ def test_a_failed_call_carries_the_runtime_log_lines_that_say_why():
     message = str(info.value)
     assert "Attempted to resize a static tensor. Expected shape (1, 16, 8, 8)" in message
     assert "execute failed at instruction 147" in message and "midr" not in message
+
+
+class _CrossAttends(torch.nn.Module):
+    """Reads its input through a view whose layout depends on the input's strides, as FSMT's decoder
+    reads ``encoder_outputs`` (``transpose(0, 1)`` then a linear and a ``view`` of its heads)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, hidden):
+        return self.proj(hidden.transpose(0, 1)).reshape(hidden.shape[1], -1)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_executorch_traces_a_transposed_input_as_the_contiguous_input_it_is_fed(dynamic):
+    """An example input held transposed (FSMT's encoder returns ``x.transpose(0, 1)``, which generate hands
+    the prefill) is traced contiguous: the artifact feeds the runtime contiguous memory, and a program
+    planned for the input's dim order (1, 0, 2) read it transposed (FSMT's prefill logits 7.7e-4 off)."""
+    from exporters import ExecutorchConfig, ExecutorchExporter
+
+    torch.manual_seed(0)
+    model = _CrossAttends().eval()
+    hidden = torch.randn(3, 2, 8).transpose(0, 1)  # (2, 3, 8), strides (8, 16, 1)
+    assert not hidden.is_contiguous()
+    artifact = ExecutorchExporter().export(model, {"hidden": hidden}, ExecutorchConfig(dynamic=dynamic))
+    with torch.no_grad():
+        want = model(hidden)
+    got = next(iter(artifact(hidden=hidden).values()))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
