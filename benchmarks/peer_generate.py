@@ -21,12 +21,14 @@ Per item, in the child:
      loop runs from the artifacts alone; the final cache is not compared (ours is). Both favour the peer.
    - ``components`` (the peer splits a multimodal prefill into encoders, projector, language model and head): no
      loop runs over those, so each component is run at the inputs the peer's own decomposition
-     (``decompose_for_generation``) captured and compared with the eager module it came from, by our rule.
+     (``decompose_for_generation``, recorded as the export ran it: ``peer_decomposition``) captured and compared
+     with the eager module it came from, by our rule.
      The row records ``judged_by``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import time
@@ -121,16 +123,36 @@ def _judge_loop(model, runners, inputs, ref, backend: str, generation_config) ->
     return out
 
 
-def _judge_components(model, runners, inputs, backend: str, generation_config) -> dict[str, Any]:
+@contextlib.contextmanager
+def peer_decomposition():
+    """Within the block, what the peer's ``export_for_generation`` decomposes the model into: ``{component:
+    (module, its captured inputs)}``, the inputs deep-copied as the decomposition returns them (before anything
+    runs on them: the capture holds live cache objects, and a model may keep state across generate calls, so a
+    second decomposition is not the one the peer exported from)."""
+    from transformers.exporters import base
+
+    parts: dict[str, tuple[Any, dict]] = {}
+    original = base.decompose_for_generation
+
+    def recording(*args, **kwargs):
+        out = original(*args, **kwargs)
+        parts.update({name: (module, copy.deepcopy(inputs)) for name, (module, inputs) in out.items()})
+        return out
+
+    base.decompose_for_generation = recording
+    try:
+        yield parts
+    finally:
+        base.decompose_for_generation = original
+
+
+def _judge_components(parts, runners, backend: str) -> dict[str, Any]:
     import torch
     from peer_side import _flatten_actual
-    from transformers.exporters.utils import decompose_for_generation
 
     from exporters.parity import ParityError, compare
     from exporters.utils import flatten_outputs
 
-    parts = decompose_for_generation(model, {k: v.clone() for k, v in inputs.items()},
-                                     generation_config=copy.deepcopy(generation_config) if generation_config else None)
     for name, (module, sub_inputs) in parts.items():
         with torch.no_grad():
             expected = flatten_outputs(module(**copy.deepcopy(sub_inputs)))
@@ -204,7 +226,8 @@ def peer_generate_item(class_name: str, backend: str, variant: str, onnx_optimiz
             generation_config.cache_implementation = "static"
             generation_config.max_cache_len = _static_length(ref.prompt + ref.new.shape[1])
         exporter = peer.AutoHfExporter.from_config(config)
-        exported = exporter.export_for_generation(model, dict(inputs), config, generation_config=generation_config)
+        with peer_decomposition() as parts:
+            exported = exporter.export_for_generation(model, dict(inputs), config, generation_config=generation_config)
         stage = "run"
         if backend == "onnx":
             import onnxruntime as ort
@@ -218,7 +241,7 @@ def peer_generate_item(class_name: str, backend: str, variant: str, onnx_optimiz
         if set(exported.components) == LOOP_COMPONENTS:
             row.update(_judge_loop(model, runners, inputs, ref, backend, generation_config))
         else:
-            row.update(_judge_components(model, runners, inputs, backend, generation_config))
+            row.update(_judge_components(parts, runners, backend))
         stage = "done"
         row.update(peer="pass", peer_stage=stage, components=list(exported.components))
     except BaseException as exc:  # noqa: BLE001 - the item's verdict
