@@ -248,7 +248,11 @@ def peer_generate_item(class_name: str, backend: str, variant: str, onnx_optimiz
         from sweeps.signature import error_signature
 
         not_compared = stage in PRE_EXPORT_STAGES
-        row.update(peer="not compared" if not_compared else "fail", peer_stage=stage,
-                   peer_error=error_signature(exc), peer_detail=str(exc)[:2000])
+        root = exc  # the peer wraps a component's export error ("export_program failed on component ..."): its cause
+        while root.__cause__ is not None:
+            root = root.__cause__
+        signature = error_signature(exc) if root is exc else f"{error_signature(exc)} <- {error_signature(root)}"
+        row.update(peer="not compared" if not_compared else "fail", peer_stage=stage, peer_error=signature,
+                   peer_detail=(str(exc) if root is exc else f"{exc}\n<- {type(root).__name__}: {root}")[:2000])
     row["peer_duration_s"] = round(time.perf_counter() - start, 3)
     return row
