@@ -85,13 +85,17 @@ def drive(model, runners, inputs, steps: int, generation_config=None, teacher=No
     extra = {"logits_processor": LogitsProcessorList([_forcing(teacher)])} if teacher is not None else {}
     if generation_config is not None:
         extra["generation_config"] = copy.deepcopy(generation_config)
+    own = vars(model).get("forward")  # an instance attribute already there is put back, not deleted
     model.forward = forward
     try:
         with torch.no_grad():
             return model.generate(**{k: v.clone() for k, v in inputs.items()}, max_new_tokens=steps, do_sample=False,
                                   return_dict_in_generate=True, output_logits=True, **extra)
     finally:
-        del model.forward
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
 
 
 def _judge_loop(model, runners, inputs, ref, backend: str, generation_config) -> dict[str, Any]:

@@ -90,9 +90,9 @@ class Report:
                        + f" | {len(row.not_compared)} | {_md(row.source)} |")
         out.append("")
         for row in self.peer:
-            for bucket, side in (("ours only", "peer"), ("peer only", "ours")):
+            for bucket, side, why in (("ours only", "peer", "why the peer fails"), ("peer only", "ours", "why ours fails")):
                 if row.buckets[bucket]:
-                    out += [f"{row.column}, **{bucket}** (why the {side} fails):", ""]
+                    out += [f"{row.column}, **{bucket}** ({why}):", ""]
                     out += [f"- {_md(c)}: `{_md(row.errors.get((c, side), '?'))}`" for c in row.buckets[bucket]]
                     out.append("")
         return out
