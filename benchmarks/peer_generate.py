@@ -186,7 +186,7 @@ def _peer_pytrees_first() -> None:
 
 def peer_generate_item(class_name: str, backend: str, variant: str, onnx_optimize: bool | None = None) -> dict[str, Any]:
     """One generate item with the peer (module docstring); the row peer_compare tabulates."""
-    from peer_side import PEER_CONFIGS
+    from peer_side import PEER_CONFIGS, load_on_cpu
 
     from sweeps.report.summary import PEER_PRE_EXPORT as PRE_EXPORT_STAGES
 
@@ -233,14 +233,7 @@ def peer_generate_item(class_name: str, backend: str, variant: str, onnx_optimiz
         with peer_decomposition() as parts:
             exported = exporter.export_for_generation(model, dict(inputs), config, generation_config=generation_config)
         stage = "run"
-        if backend == "onnx":
-            import onnxruntime as ort
-
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = 1
-            exported.to("cpu", session_options=options)
-        else:
-            exported.to("cpu")
+        load_on_cpu(exported, backend)
         runners = exported.runners
         if set(exported.components) == LOOP_COMPONENTS:
             row.update(_judge_loop(model, runners, inputs, ref, backend, generation_config))

@@ -209,6 +209,19 @@ def _quantized_verdict(captured: Mapping[str, Any], eager: Mapping[str, Any], ac
     return {"peer_sqnr_db": round(sqnr_db(eager[first], reference[first]), 2) if first else None}
 
 
+def load_on_cpu(exported, backend: str) -> None:
+    """The peer's programs loaded on their runtime on CPU: ONNX Runtime with one intra-op thread, like ours;
+    ExecuTorch ignores the device (the program runs where it was lowered for)."""
+    if backend == "onnx":
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        exported.to("cpu", session_options=options)
+    else:
+        exported.to("cpu")
+
+
 def peer_item(class_name: str, backend: str, variant: str, onnx_optimize: bool | None = None) -> dict[str, Any]:
     """Export one item with the peer and compare it to eager with our rule. Runs in a child process. A generate
     item (variant ``generate-static`` / ``generate-dynamic``) is ``peer_generate.peer_generate_item``'s."""
@@ -246,14 +259,7 @@ def peer_item(class_name: str, backend: str, variant: str, onnx_optimize: bool |
         exporter = peer.AutoHfExporter.from_config(config)
         exported = exporter.export(model, dict(inputs), config)
         stage = "run"
-        if backend == "onnx":
-            import onnxruntime as ort
-
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = 1
-            exported.to("cpu", session_options=options)
-        else:
-            exported.to("cpu")  # ExecuTorch ignores the device: the program runs where it was lowered for
+        load_on_cpu(exported, backend)
         actual_raw = exported(**inputs)
         stage = "compare"
         from exporters.parity import compare
