@@ -313,7 +313,8 @@ def _loop_takes(generator) -> set[str]:
         return set(generator.loop_inputs)
     if getattr(generator, "cache", None) == "static":
         encoder = generator.encoder or {"inputs": (), "same": {}}
-        return {"input_ids", "attention_mask", *generator.extras, *(generator.embed_inputs or ()), *encoder["inputs"],
+        return {"input_ids", "attention_mask", *generator.extras, *(generator.embed_inputs or ()), *(generator.prompt_inputs or ()),
+                *encoder["inputs"],
                 *encoder["same"].values(), *(("decoder_input_ids",) if generator.encoder else ())}
     takes = set(generator.prefill_inputs) | {"attention_mask"}
     if "decoder_start" in generator.prefill_rules.values():

@@ -44,6 +44,7 @@ from exporters.generation.static import (
 from exporters.generation.static_embeds import DEEPSTACK_PREFIX, TokenEmbeds, handed_names, prefill_embeds
 from exporters.generation.static_encdec import decoder_prompt_rule, decoder_reads, encoder_spec, same_inputs
 from exporters.generation.static_loop import StaticGenerator
+from exporters.generation.static_prefill import export_with_prompt, prompt_path_differs
 from exporters.generation.static_prompt import CHECKED_TOKENS, decode_rule, read_beyond_embeddings
 from exporters.generation.static_whole import WholeSequenceStep, shortest_sequence
 from exporters.generation.steps import (
@@ -222,21 +223,31 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     if isinstance(step, WholeSequenceStep):
         return _export_whole_sequence(exporter, model, inputs, config, generation, step, state)
     config = config if config is not None else exporter.config_class()
-    components, embedded, embed_inputs = {}, None, None
+    components, embedded, embed_inputs, embed = {}, None, None, None
+    fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None)
     if step.embeds:  # the prompt's call takes image / audio features: embed and embed_tokens components
         given = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-        fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None)
         if isinstance(given.get("inputs_embeds"), torch.Tensor):  # the caller gives the prompt's embeddings itself
             embedded, embed_inputs = {"inputs_embeds": given["inputs_embeds"]}, ["inputs_embeds"]  # (Blip-2's handoff)
         else:
-            embed, embedded = prefill_embeds(model, given)
+            try:
+                embed, embedded = prefill_embeds(model, given)
+            except GenerationError as refused:  # the decoder merges the prompt's inputs itself: the whole forward
+                return export_with_prompt(exporter, model, inputs, config, generation, max_cache_len,
+                                          f"no step over embeddings: {refused}", _step_exporter(exporter))
             step.deepstack = sum(1 for k in embedded if k.startswith(DEEPSTACK_PREFIX))
             step.handed = tuple(handed_names(embedded))
             for name in read_beyond_embeddings(model, given, embedded, list(step.prompt_tokens)):  # Molmo2's mask
                 step.extras[name] = decode_rule(model, inputs, name, lambda: fresh_step_cache(
                     model, int(ids.shape[0]), int(ids.shape[1]) + CHECKED_TOKENS))
             embed_inputs = list(given)
-            components["embed"] = exporter.export(embed, given, fixed)
+    # a prompt component where the step's one-token prompt does not compute what eager generate does (static_prefill.py)
+    why = prompt_path_differs(model, inputs, step, exporter.backend, generation, embed, embed_inputs)
+    if why is not None:
+        return export_with_prompt(exporter, model, inputs, config, generation, max_cache_len, why, _step_exporter(exporter))
+    if step.embeds:
+        if embed is not None:
+            components["embed"] = exporter.export(embed, {k: inputs[k] for k in embed_inputs}, fixed)
         components["embed_tokens"] = exporter.export(TokenEmbeds(model, step.deepstack, step.handed).eval(),
                                                      {"input_ids": ids[:, :1]}, fixed)
         for label in ("embed", "embed_tokens"):
@@ -342,6 +353,10 @@ def _export_static_encoder_decoder(exporter, model, inputs, config, generation, 
                            cache_shapes=step.cache_shapes(), takes_positions=False, takes_mask=False,
                            generation=generation, metadata=metadata, token_input="decoder_input_ids",
                            token_by_token=True, encoder=encoder_spec(call, same, decoder_prompt_rule(name, ids, given, generation)))
+
+
+def _step_exporter(exporter):
+    return lambda step, example, config, retry_example: _export_step(exporter, step, example, config, retry_example)
 
 
 def _export_step(exporter, step, example: dict[str, torch.Tensor], config, retry_example):

@@ -40,6 +40,7 @@ import torch
 from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped
 from exporters.generation.module_state import StepState
 from exporters.generation.static_caches import has_adapter, step_cache_for
+from exporters.generation.static_calls import CACHE_ARGS, STEP_FLAGS, STEP_INPUTS, fixed_inputs, per_token_extras
 from exporters.generation.static_embeds import (
     HANDED_PREFIX,
     decoder_path,
@@ -50,17 +51,11 @@ from exporters.generation.static_embeds import (
 from exporters.generation.static_prompt import prompt_token_candidates
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, read_appended, rereads_sequence, whole_sequence_step_for
-from exporters.generation.steps import apply_tensor_rule, carried_module_state, record_returns
+from exporters.generation.steps import carried_module_state, record_returns
 
 STATE_FORMS = ("buffers", "inputs")
 # the cache parts (``_layer_tensors``) of a linear-attention state, which a new sequence starts from zero
 LINEAR_PARTS = ("conv_", "recurrent_")
-STEP_INPUTS = ("input_ids", "cache_position", "position_ids", "attention_mask")
-# flags generate passes to forward that the step sets itself
-# the names a model's forward takes its cache by: past_key_values, or cache_params (state-space models)
-CACHE_ARGS = ("past_key_values", "cache_params")
-STEP_FLAGS = (*CACHE_ARGS, "use_cache", "return_dict", "logits_to_keep", "output_attentions",
-              "output_hidden_states")
 
 
 def _step_cache_class():
@@ -268,6 +263,8 @@ class StaticStep(torch.nn.Module):
         # over embeddings: the prompt-only [batch, S] inputs the forward takes, which may read them beyond the
         # embeddings (exporters/generation/static_prompt.py decides, and adds those it reads to ``extras``)
         self.prompt_tokens: tuple[str, ...] = ()
+        # the prompt's own inputs (pixel_values, ...) handed to the model as given (static_prefill.py's prompt component)
+        self.passthrough: tuple[str, ...] = ()
         self.cross = cross
         self.runner_form = batch == 1 and not takes_mask and not self.extras and not embeds and cross is None
         # the model's generate passes a mask, which a runner does not give: the step builds it from the
@@ -322,7 +319,7 @@ class StaticStep(torch.nn.Module):
         fresh = (start > 0) if self.token_by_token and self.state == "buffers" else None
         dense = [given[name] for name in deepstack_names(self.deepstack)]
         taken = set(self.extras) | {"inputs_embeds", *deepstack_names(self.deepstack), *self.handed_inputs()} | \
-            set(self.cross.names() if self.cross is not None else ())
+            set(self.cross.names() if self.cross is not None else ()) | set(self.passthrough)
         cache = {k: v for k, v in given.items() if k not in taken}
         for i, layer in enumerate(self._cache.layers):
             for part in self._parts[i]:
@@ -351,7 +348,7 @@ class StaticStep(torch.nn.Module):
             self._cache.layers[i].indexer_position_ids = held[..., :seen].long()
         kwargs: dict[str, Any] = {"inputs_embeds": given["inputs_embeds"]} if self.embeds else {"input_ids": input_ids}
         kwargs.update({name: given[f"{HANDED_PREFIX}{name}"] for name in self.handed})
-        kwargs.update({k: given[k] for k in self.extras})
+        kwargs.update({k: given[k] for k in (*self.extras, *self.passthrough)})
         if self.runner_form and self.takes_positions:
             position_ids = cache_position.unsqueeze(0)
         if self.takes_positions and position_ids is not None:
@@ -389,12 +386,14 @@ class StaticStep(torch.nn.Module):
 
 
 def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache_len: int, state: str,
-                    batch: int | None = None) -> StaticStep | WholeSequenceStep | OwnStateStep:
+                    batch: int | None = None, whole_prompt: bool = False) -> StaticStep | WholeSequenceStep | OwnStateStep:
     """The step for ``model``, its inputs read off the model's own ``generate`` run with a static cache:
     it must be a decoder-only model whose forward calls take token ids, positions, a mask and per-token
     extras (``per_token_extras``) only. A model whose generate re-feeds the whole sequence at every call
     gets a ``WholeSequenceStep`` (exporters/generation/static_whole.py), one that keeps a state of its own instead
-    of a transformers Cache an ``OwnStateStep`` (exporters/generation/static_state.py)."""
+    of a transformers Cache an ``OwnStateStep`` (exporters/generation/static_state.py). ``whole_prompt``: the step over
+    tokens that follows a prompt component (static_prefill.py), which takes the prompt call's other inputs
+    (``prompt_inputs``)."""
     name = type(model).__name__
     if encoder_of(model) is not None:
         raise GenerationError(f"{name} is an encoder-decoder; the static cache form is built for decoder-only "
@@ -438,8 +437,9 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     reads_mask = any("attention_mask" in c for c in calls)
     takes_mask = reads_mask and not (batch == 1 and unpadded)  # as an input
     step = StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras,
-                      cache_arg, embeds=bool(prompt_only), module_state=carried).eval()
-    step.prompt_tokens = tuple(prompt_token_candidates(model, calls[0], prompt_only))
+                      cache_arg, embeds=bool(prompt_only) and not whole_prompt, module_state=carried).eval()
+    step.prompt_inputs = tuple(prompt_only + layout)  # what a prompt component takes besides the step's inputs
+    step.prompt_tokens = () if whole_prompt else tuple(prompt_token_candidates(model, calls[0], prompt_only))
     return step
 
 
@@ -447,46 +447,6 @@ def fresh_step_cache(model: torch.nn.Module, batch: int, max_cache_len: int):
     """A cache of the step's own form (every layer full length, StepCache), empty, for an eager generate."""
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     return _static_cache(model, batch, max_cache_len, dtype)
-
-
-def fixed_inputs(calls: list[dict[str, Any]]) -> list[str]:
-    """The tensors besides the step's own that ``generate`` passes to every forward call with one value."""
-    first = calls[0]
-    return sorted(k for k, v in first.items() if k not in STEP_INPUTS and k not in STEP_FLAGS
-                  and isinstance(v, torch.Tensor)
-                  and all(isinstance(c.get(k), torch.Tensor) and c[k].shape == v.shape and torch.equal(c[k], v)
-                          for c in calls[1:]))
-
-
-# how a per-token extra's next value follows from the last one (exporters/generation/steps.py's rules)
-EXTRA_RULES = ("repeat_last", "ones_column", "same")
-
-
-def per_token_extras(calls: list[dict[str, Any]]) -> dict[str, str]:
-    """The inputs besides the step's own that ``generate`` passes to every forward call as ``[batch, S]``
-    tensors shaped like that call's ``input_ids`` (``token_type_ids``), each with the first rule of
-    ``EXTRA_RULES`` that gives every call's value from the call before (checked on every pair)."""
-    ids = [c.get("input_ids") for c in calls]
-    names = {k for c in calls for k in c if k not in STEP_INPUTS and k not in STEP_FLAGS}
-    extras = {}
-    for key in sorted(names):
-        values = [c.get(key) for c in calls]
-        if not all(isinstance(v, torch.Tensor) and isinstance(i, torch.Tensor) and v.shape == i.shape
-                   for v, i in zip(values, ids)):
-            continue
-        for rule in EXTRA_RULES:
-            if all(_rule_gives(rule, a, b) for a, b in zip(values, values[1:])):
-                extras[key] = rule
-                break
-    return extras
-
-
-def _rule_gives(rule: str, previous: torch.Tensor, current: torch.Tensor) -> bool:
-    try:
-        got = apply_tensor_rule(rule, previous, previous[..., -1])
-    except (GenerationError, IndexError, RuntimeError):
-        return False
-    return got.shape == current.shape and torch.equal(got, current)
 
 
 def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppress: int | None = None,

@@ -29,7 +29,9 @@ class StaticGenerator:
     by the step rule that gives its next value (exporters/generation/static.py, ``per_token_extras``);
     ``embed_inputs``: where the step takes embeddings, the caller's inputs the ``embed`` component takes
     (exporters/generation/static_embeds.py), None where it takes token ids; ``encoder``: an encoder-decoder's
-    encoder component, its inputs and outputs (exporters/generation/static_encdec.py), else None."""
+    encoder component, its inputs and outputs (exporters/generation/static_encdec.py), else None; ``prompt_inputs``:
+    where a ``prompt`` component runs the prompt (exporters/generation/static_prefill.py), the caller's inputs it
+    takes besides the tokens, else None."""
 
     cache = "static"
 
@@ -38,7 +40,7 @@ class StaticGenerator:
                  generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None, token_input: str = "input_ids",
                  token_by_token: bool = False, extras: Mapping[str, str] | None = None,
                  embed_inputs: list[str] | None = None, encoder: Mapping[str, Any] | None = None,
-                 whole_sequence: bool = False):
+                 whole_sequence: bool = False, prompt_inputs: list[str] | None = None):
         self.components = dict(components)
         # a model without a cache: the step takes the whole sequence so far at every call (static_whole.py)
         self.whole_sequence = whole_sequence
@@ -52,6 +54,8 @@ class StaticGenerator:
         self.token_by_token = token_by_token
         self.extras = dict(extras or {})
         self.embed_inputs = list(embed_inputs) if embed_inputs is not None else None
+        # a ``prompt`` component runs the prompt (static_prefill.py): the caller's inputs it takes besides the tokens
+        self.prompt_inputs = list(prompt_inputs) if prompt_inputs is not None else None
         self.encoder = dict(encoder) if encoder is not None else None
         self.rules = {"input_ids": "token", "cache_position": "next_position", **self.extras}
         if takes_positions:
@@ -67,7 +71,7 @@ class StaticGenerator:
 
     def _check(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, max_new_tokens: int,
                other: Mapping[str, Any]) -> None:
-        takes = set(self.extras) | set(self.embed_inputs or ())
+        takes = set(self.extras) | set(self.embed_inputs or ()) | set(self.prompt_inputs or ())
         unexpected = sorted(k for k in other if k not in takes)
         if unexpected:
             raise GenerationError(f"the static step takes input_ids, attention_mask and {sorted(takes)} only; "
@@ -101,8 +105,12 @@ class StaticGenerator:
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise GenerationError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
                                   f"{tuple(input_ids.shape)}")
+        exported = self.metadata.get("prompt_length")
+        if self.prompt_inputs is not None and exported is not None and prompt != exported:
+            raise GenerationError(f"input 'input_ids' dim 1 (prompt) is {prompt}; this generator's prompt component "
+                                  f"was exported for a prompt of {exported} tokens exactly (export again at {prompt})")
         padded = attention_mask is not None and not bool((attention_mask == 1).all())
-        if padded and self.token_by_token:
+        if padded and self.token_by_token and self.prompt_inputs is None:
             raise GenerationError("this step keeps linear-attention states and takes one token a call; a model zeroes "
                                   "padded positions in its prompt path only, so the step cannot run a padded prompt "
                                   "(give rows of one length, without padding)")
@@ -156,7 +164,12 @@ class StaticGenerator:
                 positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
             feed["position_ids"] = positions
         cache = {k: torch.zeros(s) for k, s in self.cache_shapes.items()} if self.state == "inputs" else {}
-        if self.token_by_token and prompt > 1:  # all but the prompt's last token, one a call
+        pending = None  # the prompt component's outputs: the first logits and the cache it wrote
+        if self.prompt_inputs is not None:
+            pending, cache = self._call(self.components["prompt"], {
+                **feed, **({"attention_mask": mask} if self.takes_mask else {}),  # the prompt's own, as generate's
+                **{k: other[k] for k in self.prompt_inputs}}, cache)
+        elif self.token_by_token and prompt > 1:  # all but the prompt's last token, one a call
             for t in range(prompt - 1):
                 part = {**{k: v[:, t:t + 1] for k, v in tokens.items()}, "cache_position": torch.tensor([t]),
                         **{k: v[:, t:t + 1] for k, v in extras.items()}}
@@ -174,7 +187,8 @@ class StaticGenerator:
         for i in range(max_new_tokens):
             if self.takes_mask:
                 feed["attention_mask"] = full
-            outputs, cache = self._call(step, feed, cache)
+            outputs, cache = (pending, cache) if pending is not None else self._call(step, feed, cache)
+            pending = None
             logits = outputs["logits"]
             token = greedy_token(self.generation, logits, length=prompt + i, prompt_length=prompt,
                                  max_length=prompt + max_new_tokens, eos=eos, pad=pad, unfinished=unfinished,
@@ -262,7 +276,8 @@ class StaticGenerator:
                "batch": self.batch, "max_cache_len": self.max_cache_len, "state": self.state,
                "cache_shapes": self.cache_shapes, "takes_positions": self.takes_positions,
                "takes_mask": self.takes_mask, "token_input": self.token_input, "token_by_token": self.token_by_token,
-               "extras": self.extras, "embed_inputs": self.embed_inputs, "encoder": self.encoder,
+               "extras": self.extras, "embed_inputs": self.embed_inputs, "prompt_inputs": self.prompt_inputs,
+               "encoder": self.encoder,
                "whole_sequence": self.whole_sequence, "generation": self.generation,
                **self.metadata}
         path = os.path.join(directory, GENERATOR_FILE)
@@ -277,6 +292,9 @@ class StaticGenerator:
                                   "built for ExecuTorch's LLM runner (export with ExecutorchExporter)")
         step = self.components["step"]
         lacking = []
+        if "prompt" in self.components:
+            lacking.append("one program (a prompt component writes the cache the step reads, so both take it as inputs: "
+                           f"{self.metadata.get('prompt_component')})")
         if self.batch != 1:
             lacking.append(f"a batch of 1 (this step was exported for batch {self.batch}; the runner feeds one sequence)")
         if self.takes_mask:

@@ -1,0 +1,192 @@
+"""The static form's ``prompt`` component: the model's own forward over the whole prompt, writing the cache the
+step then reads.
+
+The static step (static.py) takes the prompt in one call over token ids, or one token a call where it keeps
+linear-attention states, or, where generate hands the prompt's call image or audio inputs, over the embeddings an
+embed component computes (static_embeds.py). Two kinds of model fit none of these:
+
+- a decoder that merges the prompt's other inputs itself: no ``inputs_embeds`` exist that a step over embeddings
+  could take (``prefill_embeds`` refuses: Chameleon turns the image into VQ token ids inside its decoder,
+  Kosmos-2.5 scatters the image embeddings there, Granite4Vision adds per-layer features at a boolean mask);
+- a state-space layer whose prompt path (a chunked scan) and one-token path compute different things, beyond the
+  backend's tolerance (NemotronH and Zamba2 clamp dt in the scan only): fed one token a call, the step does not
+  compute what eager ``generate`` computes. ``prompt_path_differs`` measures this in eager at export, over the
+  caller's prompt: the one-token form's logits against eager generate's over ``CHECKED_STEPS`` steps, teacher-forced.
+  Where they agree, or where the prompt component does no better, the step keeps its one-token prompt (and, on
+  ExecuTorch, its runner form).
+
+For both, a ``prompt`` component runs the model's forward over the whole prompt, the call ``generate`` makes with a
+static cache (its image or audio inputs included, ``prompt_inputs``), from a zero cache, and returns the first
+logits and the written cache as ``present_*`` outputs in the layout of the step's ``past_*`` inputs; the step goes
+on from there one token a call, over token ids. The cache passes between the two programs, so both keep it as
+inputs and outputs (``state="inputs"``) on every backend; the generator's metadata says why (``prompt_component``).
+ExecuTorch's LLM runner, which keeps the cache in one program's buffers, cannot load such a pair
+(``save(runner=True)`` refuses). The prompt component is exported at the prompt's shape: batch, length and the
+image or audio inputs are fixed, and the loop refuses another prompt length by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from exporters.generation.capture import GenerationError
+from exporters.generation.runners import vocab_size
+from exporters.generation.static import StaticStep, _is_linear, static_step_for, step_dynamic_shapes, step_example
+from exporters.generation.static_embeds import TokenEmbeds
+from exporters.generation.static_loop import StaticGenerator
+
+# the steps the one-token prompt is measured over (``prompt_path_differs``): the prompt's logits and the steps on from
+# the state it left, where a difference within tolerance at the prompt grows past it (Nemotron3.5-Transcribe on
+# ONNX Runtime: 6.3e-05 at the prompt, 1.25e-04 one step on, 1.7e-04 three steps on)
+CHECKED_STEPS = 8
+
+
+class PromptStep(StaticStep):
+    """The model's forward over the whole prompt into a zero static cache (``state="inputs"``), given the prompt
+    call's other inputs (``passthrough``) as generate passes them: see the module docstring."""
+
+    def __init__(self, model: torch.nn.Module, step: StaticStep, batch: int, given: Mapping[str, Any]):
+        if step.cross is not None or step.held_state.shapes():
+            raise GenerationError(f"{type(model).__name__}: a prompt component is built for a decoder's step over "
+                                  "its own cache (no cross-attention inputs, no state in module attributes)")
+        super().__init__(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
+                         reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg)
+        self.token_by_token = False  # the whole prompt, through the model's multi-token path
+        # the prompt's own mask [batch, prompt], as generate passes it (a state-space layer zeroes the positions it
+        # marks among the call's last S: a mask over every slot would mark the unwritten ones); none for one
+        # unpadded row
+        self.inner_mask = False
+        self.passthrough = prompt_passthrough(step, given)
+
+    def forward(self, input_ids: torch.Tensor | None = None, cache_position: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                **given: torch.Tensor) -> dict[str, torch.Tensor]:
+        for layer in self._cache.layers:  # a new sequence: the model's prefill branch for every state
+            if _is_linear(layer):
+                layer.has_previous_state = dict.fromkeys(layer.has_previous_state, False)
+        return super().forward(input_ids, cache_position, position_ids, attention_mask, **given)
+
+
+def prompt_passthrough(step: StaticStep, given: Mapping[str, Any]) -> tuple[str, ...]:
+    """The caller's inputs the prompt component hands the model besides the step's: those generate passes the prompt
+    call as given. Where generate passes what it made from them (``mm_encoder_outputs``: the modality encoders it ran
+    before the first forward), the model's forward is given the caller's inputs instead and runs the same encoders
+    itself: every caller tensor but the tokens, the mask and the per-token extras."""
+    wanted = tuple(getattr(step, "prompt_inputs", ()))
+    tensors = [k for k, v in given.items() if isinstance(v, torch.Tensor)]
+    if all(k in tensors for k in wanted):
+        return wanted
+    return tuple(k for k in tensors if k not in ("input_ids", "attention_mask", *step.extras))
+
+
+def prompt_example(prompt: PromptStep, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    ids = inputs["input_ids"]
+    mask = inputs.get("attention_mask") if prompt.takes_mask else None
+    example = step_example(prompt, ids, mask, {k: inputs[k] for k in prompt.extras})
+    if prompt.takes_mask:
+        example["attention_mask"] = mask if mask is not None else torch.ones_like(ids)
+    return {**example, **{k: inputs[k] for k in prompt.passthrough}}
+
+
+def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step: StaticStep, backend: str,
+                        generation: Mapping[str, Any], embed: torch.nn.Module | None = None,
+                        embed_inputs: list[str] | None = None) -> str | None:
+    """Why a step of linear-attention states, fed the prompt one token a call, does not stand in for eager
+    ``generate``'s prompt (the logits of the first ``CHECKED_STEPS`` steps, teacher-forced, apart beyond ``backend``'s
+    tolerance, exporters/parity.py) where a prompt component does; None where it does, or where neither does (the step
+    keeps its one-token form, the runner's).
+    Measured in eager over ``inputs``, on an ``"inputs"`` twin of ``step`` (its own cache is not touched) behind the
+    embed component ``embed`` where the step takes embeddings."""
+    from exporters.parity import compare
+
+    if not isinstance(step, StaticStep) or not step.token_by_token or step.cross is not None or \
+            step.held_state.shapes() or not any(_is_linear(layer) for layer in step._cache.layers):
+        return None
+    ids, mask = inputs["input_ids"], inputs.get("attention_mask")
+    if mask is not None and not bool((mask == 1).all()):
+        return None  # a padded prompt: the token-by-token loop refuses it by name
+    batch = int(ids.shape[0])
+    twin = StaticStep(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
+                      reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, embeds=step.embeds).eval()
+    twin.deepstack, twin.handed, twin.token_by_token = step.deepstack, step.handed, True
+    twin.prompt_inputs = getattr(step, "prompt_inputs", ())
+    components: dict[str, Any] = {"step": twin}
+    if step.embeds:
+        components["embed_tokens"] = TokenEmbeds(model, step.deepstack, step.handed).eval()
+        if embed is not None:
+            components["embed"] = embed
+    loop = StaticGenerator(components, batch=batch, max_cache_len=step.max_cache_len, state="inputs",
+                           cache_shapes=twin.cache_shapes(), takes_positions=twin.takes_positions and not twin.runner_form,
+                           takes_mask=twin.takes_mask, generation=generation, token_by_token=True, extras=twin.extras,
+                           embed_inputs=embed_inputs)
+    given = {k: inputs[k] for k in (*step.extras, *(embed_inputs or ())) if k not in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        eager = model.generate(**inputs, max_new_tokens=CHECKED_STEPS, min_new_tokens=CHECKED_STEPS, do_sample=False,
+                               return_dict_in_generate=True, output_logits=True)
+        want = {f"logits_{i}": t for i, t in enumerate(eager.logits)}
+        teacher = eager.sequences[:, -len(eager.logits):]
+
+        def logits_of(generator: StaticGenerator, given: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            out = generator.generate(ids, mask, max_new_tokens=len(eager.logits), teacher_tokens=teacher,
+                                     return_dict_in_generate=True, output_logits=True, **given)
+            return {f"logits_{i}": t for i, t in enumerate(out.logits)}
+
+        off = compare(want, logits_of(loop, given), backend)
+        if not off:
+            return None
+        prompt = PromptStep(model, twin, batch, inputs).eval()
+        whole = StaticGenerator({"prompt": prompt, "step": twin}, batch=batch, max_cache_len=step.max_cache_len,
+                                state="inputs", cache_shapes=twin.cache_shapes(), takes_positions=loop.takes_positions,
+                                takes_mask=twin.takes_mask, generation=generation, token_by_token=True, extras=twin.extras,
+                                prompt_inputs=list(prompt.passthrough))
+        twin.embeds = False  # after the prompt component, the step takes token ids
+        try:
+            better = not compare(want, logits_of(whole, {k: inputs[k] for k in (*step.extras, *prompt.passthrough)}), backend)
+        finally:
+            twin.embeds = step.embeds
+    if not better:
+        return None
+    return (f"fed one token a call through the model's one-token path, the prompt gives logits apart from eager "
+            f"generate's beyond {backend}'s tolerance over the first {len(eager.logits)} steps ({off[0]}); the model's "
+            "prompt path over the whole prompt does not")
+
+
+def export_with_prompt(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], config, generation: Mapping[str, Any],
+                       max_cache_len: int, why: str, export_step) -> StaticGenerator:
+    """A ``prompt`` component and the step over token ids after it, both with the cache as inputs and outputs.
+    ``export_step(step, example, config, retry_example)``: the step's export (generation/__init__.py)."""
+    name = type(model).__name__
+    ids = inputs["input_ids"]
+    step = static_step_for(model, inputs, max_cache_len, "inputs", whole_prompt=True)
+    if not isinstance(step, StaticStep):
+        raise GenerationError(f"{name}: a prompt component follows a step over a cache ({why})")
+    batch = int(ids.shape[0])
+    prompt = PromptStep(model, step, batch, inputs).eval()
+    missing = [k for k in (*prompt.passthrough, *step.extras) if not isinstance(inputs.get(k), torch.Tensor)]
+    if missing:
+        raise GenerationError(f"{name}: the prompt component takes {missing} as generate passes them; not given")
+    config = config if config is not None else exporter.config_class()
+    fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None, accept_size_one=False)
+    components = {"prompt": exporter.export(prompt, prompt_example(prompt, inputs), fixed)}
+    mask = inputs.get("attention_mask") if step.takes_mask else None
+
+    def example():
+        return step_example(step, ids, mask, {k: inputs[k] for k in step.extras})
+
+    first = example()
+    components["step"] = export_step(step, first, dataclasses.replace(fixed, dynamic_shapes=step_dynamic_shapes(step, first)),
+                                     example)
+    for label, artifact in components.items():
+        artifact.extra_metadata.update({"component": label, "cache": "static", "max_cache_len": max_cache_len,
+                                        "cache_state": "inputs", "cache_layout": step.cache_shapes()})
+    metadata = {"model_class": name, "cache": "static", "vocab_size": vocab_size(model),
+                "prompt_component": why, "prompt_length": int(ids.shape[1]),
+                "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
+    return StaticGenerator(components, batch=batch, max_cache_len=max_cache_len, state="inputs",
+                           cache_shapes=step.cache_shapes(), takes_positions=step.takes_positions and not step.runner_form,
+                           takes_mask=step.takes_mask, generation=generation, metadata=metadata,
+                           token_by_token=step.token_by_token, extras=step.extras, prompt_inputs=list(prompt.passthrough))
