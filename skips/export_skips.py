@@ -48,19 +48,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "the keys it attends over",
     ),
     ExportSkip(
-        classes=("MambaForCausalLM",),
-        backends=("dynamo",),
-        tests=("generate",),
-        variants=("static",),
-        stage="compare",
-        reason="the static step keeps Mamba's conv and recurrent states as linear-attention layers and runs the prompt "
-               "one token a call through the model's one-token recurrence, while eager's prefill runs the selective "
-               "scan over the whole prompt: the same sum, rounded in another order, 1.72e-05 apart at step 1 against "
-               "dynamo's 1e-05 (test_generate dynamo/static after 064033b; onnx and executorch, at 1e-04, pass). "
-               "Remove when the static form has a prefill that runs the prompt through the model's multi-token path "
-               "and writes the states the one-token step reads",
-    ),
-    ExportSkip(
         classes=("Swin2SRForImageSuperResolution",),
         backends=("executorch",),
         variants=("dynamic",),
@@ -684,49 +671,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "is set (as Mistral does)",
     ),
     ExportSkip(
-        classes=("ChameleonForConditionalGeneration", "Kosmos2_5ForConditionalGeneration"),
-        tests=("generate",),
-        variants=("static",),
-        stage="export",
-        reason="the decoder merges the prompt's image itself, so the prompt call hands it no inputs_embeds that a "
-               "static step over embeddings could take ('hands its decoder ... no inputs_embeds', "
-               "exporters/generation/static_embeds.py): ChameleonModel (Chameleon's get_decoder()) is handed input_ids "
-               "and pixel_values and replaces the image placeholders by VQ-VAE token ids (models/chameleon/"
-               "modeling_chameleon.py, get_image_tokens); Kosmos2_5TextForCausalLM is handed input_ids and "
-               "image_embeds and scatters them at image_embeds_position_mask, adding segment embeddings "
-               "(models/kosmos2_5/modeling_kosmos2_5.py:943-965). Remove when the embed component can stop inside "
-               "such a decoder, where its inputs_embeds are formed (or, for Chameleon, return the merged token ids "
-               "for the token step)",
-    ),
-    ExportSkip(
-        classes=("NemotronHForCausalLM", "NemotronH_Omni_Reasoning_V3", "Nemotron3_5TranscribeForConditionalGeneration"),
-        tests=("generate",),
-        variants=("static",),
-        stage="compare",
-        reason="NemotronH's Mamba2 mixer computes a prompt and a one-token step two ways that disagree: the chunked "
-               "scan clamps dt to time_step_limit (torch.clamp(dt, min=time_step_min), "
-               "models/nemotron_h/modeling_nemotron_h.py:295, limit set at :414) and the one-token state update "
-               "(mamba2_selective_state_update, :555) does not. The static step holds linear-attention states, so it "
-               "feeds the prompt one token a call through the unclamped path, where eager's prefill clamps: the last "
-               "prompt logits differ by 2.0e-3 (NemotronH; 9.5e-4 Omni_V3, 1.7e-4 Transcribe; 1.8e-6 with the clamp "
-               "off in both; test_generate dynamo/static at bb55dd9). Remove when the one-token update clamps dt as "
-               "the scan does (or the static form runs the prompt through the model's multi-token path)",
-    ),
-    ExportSkip(
-        classes=("Zamba2ForCausalLM",),
-        tests=("generate",),
-        variants=("static",),
-        stage="compare",
-        reason="Zamba2's Mamba2 mixer, like NemotronH's (the entry above), clamps dt to time_step_limit in the chunked "
-               "scan (models/zamba2/modeling_zamba2.py:551, limit set at :669) and not in the one-token state update "
-               "(mamba2_selective_state_update, called at :819). The static step holds linear-attention states and feeds "
-               "the prompt one token a call through the unclamped path, where eager's prefill clamps: the last prompt "
-               "logits differ by 3.9e-4 (test_generate dynamo/static at 868b47e); in eager alone, the prompt path "
-               "against the one-token path over the zoo's tiny model gives 4.4e-4 with the clamp and 2.6e-6 with "
-               "time_step_limit lifted in both mixers. Remove when the one-token update clamps dt as the scan does (or "
-               "the static form runs the prompt through the model's multi-token path)",
-    ),
-    ExportSkip(
         classes=("MoonshineStreamingForConditionalGeneration",),
         backends=("dynamo", "executorch"),
         tests=("generate",),
@@ -793,22 +737,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "dynamo/static and onnx/static at this entry's commit). Remove when the layer keeps prefill_length "
                "as a tensor over fixed-size buffers (every slot kept, the window left to the mask), or "
                "exporters/generation carries the prompt length as a step state for such a layer",
-    ),
-    ExportSkip(
-        classes=("Granite4VisionForConditionalGeneration",),
-        tests=("generate",),
-        variants=("static",),
-        stage="export",
-        reason="its forward hands the decoder the image positions as vision_mask and per-layer features as "
-               "deepstack_features at the prompt call only (models/granite4_vision/modeling_granite4_vision.py:"
-               "988-1011), and the decoder adds them inline in its forward, gathering hidden_states[mask] by the "
-               "boolean mask (lines 600-607): a data-dependent count, and no method of the decoder to swap for the "
-               "per-token form the static step over embeddings hands Qwen3-VL's decoder (static_embeds.py "
-               "decoder_receives replaces _deepstack_process) (GenerationError 'forward hands its decoder "
-               "[vision_mask] beside the embeddings', test_generate dynamo/static and onnx/static at this entry's "
-               "commit). Remove when Granite4VisionTextModel adds the features in a _deepstack_process(hidden_states, "
-               "vision_mask, features) method as Qwen3-VL's decoder does, so the step can hand it dense per-token "
-               "features",
     ),
     ExportSkip(
         classes=("MllamaForConditionalGeneration",),
