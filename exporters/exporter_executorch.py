@@ -15,13 +15,23 @@ import torch
 
 from .base import ExportConfig, Exporter, run_stage
 from .executorch.artifact import ExecutorchArtifact, PlannedShapeError
-from .executorch.lowering import LOWERING_RETRIES, Attempt, Lowered, RetryContext, halved_max_dim, lower_with_retries, lower_within_budget
+from .executorch.lowering import (
+    LOWERING_RETRIES,
+    Attempt,
+    Lowered,
+    RetryContext,
+    halved_max_dim,
+    large_dims_fixed,
+    lower_with_retries,
+    lower_within_budget,
+)
 from .generation import GenerationExport
 from .tracing import _finite, quantization_trace, shape_arithmetic_patches, trace
 from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, split_quantization_patches
 
 __all__ = ["LOWERING_RETRIES", "ExecutorchArtifact", "ExecutorchConfig", "ExecutorchExporter", "PlannedShapeError",
-           "_BACKEND_PREPARE", "_EXECUTORCH_INTERNALS", "bound_dynamic_shapes", "contiguous_inputs", "halved_max_dim", "prepare_for_cuda",
+           "_BACKEND_PREPARE", "_EXECUTORCH_INTERNALS", "bound_dynamic_shapes", "contiguous_inputs", "halved_max_dim",
+           "large_dims_fixed", "prepare_for_cuda",
            "prepare_for_xnnpack"]
 
 # "executorch" patches on these paths are ExecuTorch patches (stage 3, installed around lowering):

@@ -53,6 +53,32 @@ def halved_max_dim(config: ExportConfig, inputs: dict[str, Any]) -> int | None:
     return smaller if smaller < config.max_dim else None
 
 
+def large_dims_fixed(config: ExportConfig, inputs: dict[str, Any]) -> ExportConfig | None:
+    """Where ``halved_max_dim`` stops at a traced size (every traced shape must stay valid) and the plan is still
+    too large: the config with ``max_dim`` halved, the dims traced above the new bound (and within the old) fixed
+    at their traced size and every other dim bounded by it (explicit ``dynamic_shapes``, as ``auto_dynamic_shapes``
+    gives them); None when no dim is traced there, or none traced at 2 or more would stay dynamic. The artifact's
+    bounds say which dims stayed dynamic.
+
+    MllamaForConditionalGeneration's generate prefill: pixel_values [batch, images, tiles, 3, H, W] with every dim
+    bounded by 32, the height and width traced at 32, planned 1152 GiB (std::bad_alloc at load) where halving stopped."""
+    from exporters.specialize import specialized_inputs
+    from exporters.tracing import auto_dynamic_shapes
+
+    bound = config.max_dim // 2
+    baked = set(specialized_inputs(inputs, config.specialize))
+    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in baked}
+    sizes = [s for t in tensors.values() for s in t.shape]
+    if not config.dynamic or not any(bound < s <= config.max_dim for s in sizes) or not any(2 <= s <= bound for s in sizes):
+        return None  # nothing to fix, or nothing traced above 1 would stay dynamic (a static export is another artifact)
+    shapes = auto_dynamic_shapes(tensors, bound, 1 if config.accept_size_one else 2)
+    for name, t in tensors.items():
+        for d, size in enumerate(t.shape):
+            if size > bound:
+                shapes[name][d] = None
+    return dataclasses.replace(config, max_dim=bound, dynamic_shapes=shapes)
+
+
 def mutated_user_inputs(program: torch.export.ExportedProgram) -> tuple[int, ...]:
     """Positions of the user inputs forward mutates in place, in the order the lowered program returns
     their new values (ahead of its outputs). The traced program still has the in-place op; the edge
@@ -228,6 +254,12 @@ LOWERING_RETRIES: tuple[LoweringRetry, ...] = (
                "a plan past the memory budget is exported again with max_dim halved, never below a traced size"},
     ),
     LoweringRetry(
+        trigger="the memory plan passes ExecutorchConfig.memory_budget_mb where halving stopped at a traced size",
+        fixes={"fix:executorch:large_dims_fixed_to_fit_memory":
+               "an export that chose its own bounds is exported again with max_dim halved and the dims traced above "
+               "it fixed at their traced size, while a dim traced at 2 or more stays dynamic"},
+    ),
+    LoweringRetry(
         trigger="AssertionError: Invalid partition, found dependency cycles",
         error=AssertionError, message="found dependency cycles", change=_per_op_partitions,
         fixes={"fix:executorch:per_op_partitions_on_cycle":
@@ -272,10 +304,13 @@ def lower_within_budget(export_and_lower: Callable[[Any], tuple[Any, Lowered]], 
     """``export_and_lower(config) -> (traced, lowered)``, run again while the memory plan passes
     ``config.memory_budget_mb``: first planning every size at its true maximum where interval
     arithmetic overshot (exact_bounds_to_fit_memory), then with max_dim halved down to the largest
-    traced size (bounds_halved_to_fit_memory). Returns the last traced, lowered and config."""
+    traced size (bounds_halved_to_fit_memory), then on down with the dims traced above it fixed
+    (large_dims_fixed_to_fit_memory, where the export chose its own bounds). Returns the last traced, lowered and
+    config."""
     traced, lowered = export_and_lower(config)
     budget = config.memory_budget_mb << 20
     exact = False
+    automatic = config.dynamic and config.dynamic_shapes is None  # the export's own bounds, which may be fixed
     if lowered.planned_bytes > budget and exact_share(lowered.graph_module) < 0.5:
         # interval arithmetic planned some sizes far past their true maxima (Swin2SR's window
         # dims): plan every size at its true maximum, keeping the bounds
@@ -285,10 +320,15 @@ def lower_within_budget(export_and_lower: Callable[[Any], tuple[Any, Lowered]], 
             traced, lowered = export_and_lower(config)
     while lowered.planned_bytes > budget:
         smaller = halved_max_dim(config, inputs)
-        if smaller is None:
-            break  # the artifact reports what it plans; loading it may still fail for memory
-        fired.add("fix:executorch:bounds_halved_to_fit_memory")
-        config = dataclasses.replace(config, max_dim=smaller)
+        if smaller is not None:
+            fired.add("fix:executorch:bounds_halved_to_fit_memory")
+            config = dataclasses.replace(config, max_dim=smaller)
+        else:
+            fixed = large_dims_fixed(config, inputs) if automatic else None
+            if fixed is None:
+                break  # the artifact reports what it plans; loading it may still fail for memory
+            fired.add("fix:executorch:large_dims_fixed_to_fit_memory")
+            config = fixed
         with exact_planning_bounds() if exact else contextlib.nullcontext():
             traced, lowered = export_and_lower(config)
     return traced, lowered, config
