@@ -96,8 +96,10 @@ def run_runner_case(case, record: Callable[[str, Any], None]) -> None:
             if case.variant == "llm":
                 from exporters.generation.runners import run_executorch_llm
 
+                # one program, the form the runner loads: the prompt fed to the step as the runner feeds it
                 generator = exporter.export_for_generation(model, {"input_ids": prompt}, cache="static",
-                                                           max_cache_len=_static_length(prompt.shape[1] + NEW_TOKENS))
+                                                           max_cache_len=_static_length(prompt.shape[1] + NEW_TOKENS),
+                                                           prompt="step")
                 generator.save(folder, runner=True)
                 fired = generator.components["step"].workarounds_fired
                 stage = "run"

@@ -69,6 +69,12 @@ def test_a_state_space_prompt_path_unlike_its_one_token_path_gets_a_prompt_compo
                              return_dict_in_generate=True, output_logits=True)
     for want, got in zip(eager.logits, out.logits, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # prompt="step" keeps the one program ExecuTorch's LLM runner loads, its prompt fed one token a call
+    runner_form = get_exporter("dynamo").export_for_generation(model, inputs, cache="static", max_cache_len=24,
+                                                               prompt="step")
+    assert list(runner_form.components) == ["step"] and runner_form.token_by_token
+    with pytest.raises(GenerationError, match=r"prompt='whole'.*\('auto', 'step'\)"):
+        get_exporter("dynamo").export_for_generation(model, inputs, cache="static", prompt="whole")
 
 
 def test_a_hybrid_whose_one_token_path_agrees_keeps_its_one_program_step():

@@ -64,6 +64,9 @@ __all__ = ["DelegatedGenerator", "GenerateOutput", "GenerationError", "Generatio
            "StaticGenerator", "export_for_generation"]
 
 CACHE_FORMS = ("dynamic", "static")
+# how the static form runs the prompt: "auto", a prompt component where the step's own prompt would not compute what
+# eager generate does (static_prefill.py); "step", always the one-program step (the form ExecuTorch's LLM runner loads)
+PROMPT_FORMS = ("auto", "step")
 # where each backend keeps a static cache: ExecuTorch and dynamo as mutable buffers of the program,
 # ONNX as input/output pairs of one shape (an ONNX graph has no state)
 STATIC_STATE = {"dynamo": "buffers", "executorch": "buffers", "onnx": "inputs"}
@@ -73,9 +76,14 @@ CAPTURED_STEPS = 3  # prefill + 2 decode steps: two pairs to check each decode i
 
 def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str, Any], config=None,
                           cache: str = "dynamic", max_cache_len: int | None = None,
-                          quantization: Mapping[str, Any] | None = None) -> Generator | StaticGenerator | DelegatedGenerator:
+                          quantization: Mapping[str, Any] | None = None,
+                          prompt: str = "auto") -> Generator | StaticGenerator | DelegatedGenerator:
     if cache not in CACHE_FORMS:
         raise GenerationError(f"cache={cache!r} is not a cache form; choose one of {CACHE_FORMS}")
+    if prompt not in PROMPT_FORMS:
+        raise GenerationError(f"prompt={prompt!r}: the static form runs the prompt as one of {PROMPT_FORMS}")
+    if prompt != "auto" and cache != "static":
+        raise GenerationError(f"prompt={prompt!r} chooses how the static form runs the prompt; cache={cache!r} has a prefill")
     if max_cache_len is not None and cache != "static":
         raise GenerationError(f"max_cache_len={max_cache_len} sizes a static cache; cache={cache!r} grows as it goes")
     if getattr(config, "quantization", None) is not None:
@@ -89,12 +97,12 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     delegate = find_delegate(model, inputs)
     if delegate is not None:  # its generate hands a sub-model's generate what it computed (Blip-2, Kosmos-2)
         return export_delegated(exporter, model, inputs, config, delegate, lambda child, handed, recipes: export_for_generation(
-            exporter, child, handed, config, cache, max_cache_len, recipes), quantization)
+            exporter, child, handed, config, cache, max_cache_len, recipes, prompt), quantization)
     generation = _generation_dict(model)
     check_supported(generation, type(model).__name__)
     if cache == "static":
         return _export_static(exporter, model, inputs, config, generation,
-                              max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE_LEN)
+                              max_cache_len if max_cache_len is not None else DEFAULT_MAX_CACHE_LEN, prompt)
     captured_inputs = _padded(inputs)
     given = {k: v for k, v in captured_inputs.items() if isinstance(v, torch.Tensor)}
     try:
@@ -203,7 +211,7 @@ def _token_input(model, prefill, decode, given) -> tuple[str, int]:
     return token_input, 0 if ids is None else ids.shape[-1]
 
 
-def _export_static(exporter, model, inputs, config, generation, max_cache_len: int) -> StaticGenerator:
+def _export_static(exporter, model, inputs, config, generation, max_cache_len: int, prompt: str = "auto") -> StaticGenerator:
     state = STATIC_STATE.get(exporter.backend)
     if state is None:
         raise GenerationError(f"no static cache form for backend {exporter.backend!r}; known: {sorted(STATIC_STATE)}")
@@ -233,6 +241,8 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
             try:
                 embed, embedded = prefill_embeds(model, given)
             except GenerationError as refused:  # the decoder merges the prompt's inputs itself: the whole forward
+                if prompt == "step":
+                    raise
                 return export_with_prompt(exporter, model, inputs, config, generation, max_cache_len,
                                           f"no step over embeddings: {refused}", _step_exporter(exporter))
             step.deepstack = sum(1 for k in embedded if k.startswith(DEEPSTACK_PREFIX))
@@ -242,7 +252,8 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                     model, int(ids.shape[0]), int(ids.shape[1]) + CHECKED_TOKENS))
             embed_inputs = list(given)
     # a prompt component where the step's one-token prompt does not compute what eager generate does (static_prefill.py)
-    why = prompt_path_differs(model, inputs, step, exporter.backend, generation, embed, embed_inputs)
+    why = prompt_path_differs(model, inputs, step, exporter.backend, generation, embed, embed_inputs) \
+        if prompt == "auto" else None
     if why is not None:
         return export_with_prompt(exporter, model, inputs, config, generation, max_cache_len, why, _step_exporter(exporter))
     if step.embeds:
@@ -473,5 +484,5 @@ class GenerationExport:
 
     def export_for_generation(self, model: torch.nn.Module, inputs: Mapping[str, Any], config=None,
                               cache: str = "dynamic", max_cache_len: int | None = None,
-                              quantization: Mapping[str, Any] | None = None) -> Generator | StaticGenerator:
-        return export_for_generation(self, model, inputs, config, cache, max_cache_len, quantization)
+                              quantization: Mapping[str, Any] | None = None, prompt: str = "auto") -> Generator | StaticGenerator:
+        return export_for_generation(self, model, inputs, config, cache, max_cache_len, quantization, prompt)

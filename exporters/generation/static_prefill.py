@@ -21,8 +21,9 @@ logits and the written cache as ``present_*`` outputs in the layout of the step'
 on from there one token a call, over token ids. The cache passes between the two programs, so both keep it as
 inputs and outputs (``state="inputs"``) on every backend; the generator's metadata says why (``prompt_component``).
 ExecuTorch's LLM runner, which keeps the cache in one program's buffers, cannot load such a pair
-(``save(runner=True)`` refuses). The prompt component is exported at the prompt's shape: batch, length and the
-image or audio inputs are fixed, and the loop refuses another prompt length by name.
+(``save(runner=True)`` refuses); ``export_for_generation(..., prompt="step")`` keeps the one program. The prompt
+component is exported at the prompt's shape: batch, length and the image or audio inputs are fixed, and the loop
+refuses another prompt length by name.
 """
 
 from __future__ import annotations
