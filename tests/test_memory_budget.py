@@ -66,20 +66,22 @@ class Outer(torch.nn.Module):
 
 def test_where_halving_stops_at_a_traced_size_the_dims_above_the_bound_are_fixed():
     """Halving stops at 32, x's traced width (every traced shape stays valid); the plan is still over the budget,
-    so the width is fixed at 32 and the batch bounded by 16 (Mllama's generate prefill: 1152 GiB where halving
-    stopped). Nothing traced at 2 or more would stay dynamic past that: the loop ends there, not in a static export."""
+    so the width is fixed at 32 and the bound halves on while the batch, traced at 2, stays below it: 16, 8, 4
+    (Mllama's generate prefill: 1152 GiB where halving stopped). Not to 2: the loop ends there, not in a static
+    export."""
     art = et.ExecutorchExporter().export(Outer(), {"x": torch.randn(2, 32)},
                                          et.ExecutorchConfig(dynamic=True, memory_budget_mb=0))
     assert {HALVED, "fix:executorch:large_dims_fixed_to_fit_memory"} <= set(art.workarounds_fired)
-    assert art.metadata["max_dim"] == 16
-    assert list(art.dynamic_dims["x"]) == [0] and art.dynamic_dims["x"][0]["max"] == 16
-    x = torch.randn(5, 32)
+    assert art.metadata["max_dim"] == 4
+    assert list(art.dynamic_dims["x"]) == [0] and art.dynamic_dims["x"][0]["max"] == 4
+    x = torch.randn(3, 32)
     torch.testing.assert_close(art(x=x)["output"], Outer()(x))
     with pytest.raises(ValueError, match=r"x.*dim 1"):  # the fixed width: named, not a runtime code
-        art(x=torch.randn(5, 31))
-    explicit = et.ExecutorchConfig(dynamic=True, max_dim=32)
-    assert et.large_dims_fixed(explicit, {"x": torch.randn(2, 5)}) is None  # nothing traced above 16
-    assert et.large_dims_fixed(explicit, {"x": torch.randn(20, 32)}) is None  # nothing would stay dynamic
+        art(x=torch.randn(3, 31))
+    config = et.ExecutorchConfig(dynamic=True, max_dim=32)
+    halved = et.large_dims_fixed(config, {"x": torch.randn(2, 5)})  # (from its own explicit shapes) halves on
+    assert halved.max_dim == 16 and all(d is not None for d in halved.dynamic_shapes["x"].values())
+    assert et.large_dims_fixed(config, {"x": torch.randn(20, 32)}) is None  # nothing would stay dynamic
 
 
 def test_a_program_too_large_to_load_names_its_plan_and_the_bound(monkeypatch):
