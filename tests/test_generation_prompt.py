@@ -89,6 +89,24 @@ def test_a_hybrid_whose_one_token_path_agrees_keeps_its_one_program_step():
     assert generator.state == "buffers" and generator.token_by_token
 
 
+def test_a_padded_prompt_over_linear_attention_states_goes_through_the_prompt_component():
+    """One token a call, left padding would reach a hybrid's recurrent states (the loop refuses it by name); the
+    prompt component runs the model's prompt path, which zeroes the padded positions: tokens as eager's."""
+    from _tiny_hybrid import tiny_qwen3_next
+
+    model = tiny_qwen3_next()
+    ids = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    generator = get_exporter("dynamo").export_for_generation(model, {"input_ids": ids, "attention_mask": mask},
+                                                             cache="static", max_cache_len=24)
+    assert sorted(generator.components) == ["prompt", "step"]
+    assert generator.metadata["prompt_component"].startswith("a padded prompt")
+    with torch.no_grad():
+        expected = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+    assert torch.equal(generator.generate(ids, mask, max_new_tokens=8), expected)
+
+
 class _Program:
     backend = "executorch"
     input_names = ["input_ids", "cache_position", "past_0_key"]

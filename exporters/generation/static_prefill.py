@@ -3,7 +3,7 @@ step then reads.
 
 The static step (static.py) takes the prompt in one call over token ids, or one token a call where it keeps
 linear-attention states, or, where generate hands the prompt's call image or audio inputs, over the embeddings an
-embed component computes (static_embeds.py). Two kinds of model fit none of these:
+embed component computes (static_embeds.py). Three cases fit none of these:
 
 - a decoder that merges the prompt's other inputs itself: no ``inputs_embeds`` exist that a step over embeddings
   could take (``prefill_embeds`` refuses: Chameleon turns the image into VQ token ids inside its decoder,
@@ -13,9 +13,11 @@ embed component computes (static_embeds.py). Two kinds of model fit none of thes
   compute what eager ``generate`` computes. ``prompt_path_differs`` measures this in eager at export, over the
   caller's prompt: the one-token form's logits against eager generate's over ``CHECKED_STEPS`` steps, teacher-forced.
   Where they agree, or where the prompt component does no better, the step keeps its one-token prompt (and, on
-  ExecuTorch, its runner form).
+  ExecuTorch, its runner form);
+- a padded prompt over linear-attention states: fed one token a call, the padding would reach the states, which the
+  model's prompt path zeroes (the one-token loop refuses such a prompt by name).
 
-For both, a ``prompt`` component runs the model's forward over the whole prompt, the call ``generate`` makes with a
+For all three, a ``prompt`` component runs the model's forward over the whole prompt, the call ``generate`` makes with a
 static cache (its image or audio inputs included, ``prompt_inputs``), from a zero cache, and returns the first
 logits and the written cache as ``present_*`` outputs in the layout of the step's ``past_*`` inputs; the step goes
 on from there one token a call, over token ids. The cache passes between the two programs, so both keep it as
@@ -109,7 +111,8 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
         return None
     ids, mask = inputs["input_ids"], inputs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
-        return None  # a padded prompt: the token-by-token loop refuses it by name
+        # fed one token a call, padding would reach the states (a model zeroes padded positions in its prompt path)
+        return "a padded prompt: the model's prompt path zeroes the padded positions before its states take them"
     batch = int(ids.shape[0])
     twin = StaticStep(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
                       reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, embeds=step.embeds).eval()
