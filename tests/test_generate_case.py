@@ -36,13 +36,15 @@ def test_the_artifact_loop_is_called_with_what_generate_passed_to_its_calls():
     prefill's inputs, a mask, and a decoder prompt where the prefill starts the decoder."""
     from sweeps.generate import _loop_takes
 
-    plain = {"extras": {}, "embed_inputs": None, "encoder": None}
+    plain = {"extras": {}, "embed_inputs": None, "prompt_inputs": None, "encoder": None}
     static = SimpleNamespace(cache="static", **plain)
     assert _loop_takes(static) == {"input_ids", "attention_mask"}
     static = SimpleNamespace(cache="static", **{**plain, "extras": {"token_type_ids": "repeat_last"}})  # per-token extras
     assert _loop_takes(static) == {"input_ids", "attention_mask", "token_type_ids"}
     # the embed component's inputs (a multimodal prompt); an encoder-decoder's encoder inputs and decoder prompt
     static = SimpleNamespace(cache="static", **{**plain, "embed_inputs": ["input_ids", "pixel_values"]})
+    assert _loop_takes(static) == {"input_ids", "attention_mask", "pixel_values"}
+    static = SimpleNamespace(cache="static", **{**plain, "prompt_inputs": ["pixel_values"]})  # a prompt component's
     assert _loop_takes(static) == {"input_ids", "attention_mask", "pixel_values"}
     static = SimpleNamespace(cache="static", **{**plain, "encoder": {"inputs": ["input_features"], "same": {}}})
     assert _loop_takes(static) == {"input_ids", "attention_mask", "input_features", "decoder_input_ids"}

@@ -48,7 +48,7 @@ def test_a_decoder_that_merges_the_image_itself_gets_a_prompt_component(tmp_path
     assert torch.equal(generator.generate(**inputs, max_new_tokens=8), expected)
     generator.save(tmp_path)
     assert torch.equal(load_generator(tmp_path).generate(**inputs, max_new_tokens=8), expected)
-    with pytest.raises(GenerationError, match=r"takes \['pixel_values'\] with the prompt"):
+    with pytest.raises(GenerationError, match=r"takes \['pixel_values'\] with the prompt \(the prompt component's inputs"):
         generator.generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=2)
     shorter = {**inputs, "input_ids": inputs["input_ids"][:, 1:], "attention_mask": inputs["attention_mask"][:, 1:]}
     with pytest.raises(GenerationError, match=r"dim 1 \(prompt\) is \d+; this generator's prompt component was "

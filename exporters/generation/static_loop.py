@@ -78,8 +78,9 @@ class StaticGenerator:
                                   f"unexpected {unexpected}")
         missing = sorted(k for k in takes if other.get(k) is None and k not in ("input_ids", "attention_mask"))
         if missing:
-            what = "per-token inputs shaped like input_ids" if not self.embed_inputs else \
-                "the embed component's inputs, as at export, and per-token inputs shaped like input_ids"
+            what = "the embed component's inputs, as at export, and per-token inputs shaped like input_ids" \
+                if self.embed_inputs else "the prompt component's inputs, as at export, and per-token inputs shaped " \
+                "like input_ids" if self.prompt_inputs else "per-token inputs shaped like input_ids"
             raise GenerationError(f"the static step takes {missing} with the prompt ({what}); not given")
         if input_ids is None or input_ids.dim() != 2:
             raise GenerationError("input_ids must be a [batch, prompt] tensor")
