@@ -265,6 +265,8 @@ class StaticStep(torch.nn.Module):
         self.prompt_tokens: tuple[str, ...] = ()
         # the prompt's own inputs (pixel_values, ...) handed to the model as given (static_prefill.py's prompt component)
         self.passthrough: tuple[str, ...] = ()
+        # what the prompt's call takes besides the step's inputs (static_step_for reads it off generate's calls)
+        self.prompt_inputs: tuple[str, ...] = ()
         self.cross = cross
         self.runner_form = batch == 1 and not takes_mask and not self.extras and not embeds and cross is None
         # the model's generate passes a mask, which a runner does not give: the step builds it from the

@@ -79,7 +79,7 @@ def prompt_passthrough(step: StaticStep, given: Mapping[str, Any]) -> tuple[str,
     call as given. Where generate passes what it made from them (``mm_encoder_outputs``: the modality encoders it ran
     before the first forward), the model's forward is given the caller's inputs instead and runs the same encoders
     itself: every caller tensor but the tokens, the mask and the per-token extras."""
-    wanted = tuple(getattr(step, "prompt_inputs", ()))
+    wanted = tuple(step.prompt_inputs)
     tensors = [k for k, v in given.items() if isinstance(v, torch.Tensor)]
     if all(k in tensors for k in wanted):
         return wanted
@@ -93,6 +93,15 @@ def prompt_example(prompt: PromptStep, inputs: Mapping[str, Any]) -> dict[str, t
     if prompt.takes_mask:
         example["attention_mask"] = mask if mask is not None else torch.ones_like(ids)
     return {**example, **{k: inputs[k] for k in prompt.passthrough}}
+
+
+def _eager_loop(components: Mapping[str, Any], twin: StaticStep, batch: int, generation: Mapping[str, Any],
+                **kwargs: Any) -> StaticGenerator:
+    """The static loop over eager modules (``twin``'s cache as inputs and outputs), one token a call after the prompt."""
+    return StaticGenerator(components, batch=batch, max_cache_len=twin.max_cache_len, state="inputs",
+                           cache_shapes=twin.cache_shapes(), takes_positions=twin.takes_positions and not twin.runner_form,
+                           takes_mask=twin.takes_mask, generation=generation, token_by_token=True, extras=twin.extras,
+                           **kwargs)
 
 
 def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step: StaticStep, backend: str,
@@ -117,16 +126,13 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
     twin = StaticStep(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
                       reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, embeds=step.embeds).eval()
     twin.deepstack, twin.handed, twin.token_by_token = step.deepstack, step.handed, True
-    twin.prompt_inputs = getattr(step, "prompt_inputs", ())
+    twin.prompt_inputs = step.prompt_inputs
     components: dict[str, Any] = {"step": twin}
     if step.embeds:
         components["embed_tokens"] = TokenEmbeds(model, step.deepstack, step.handed).eval()
         if embed is not None:
             components["embed"] = embed
-    loop = StaticGenerator(components, batch=batch, max_cache_len=step.max_cache_len, state="inputs",
-                           cache_shapes=twin.cache_shapes(), takes_positions=twin.takes_positions and not twin.runner_form,
-                           takes_mask=twin.takes_mask, generation=generation, token_by_token=True, extras=twin.extras,
-                           embed_inputs=embed_inputs)
+    loop = _eager_loop(components, twin, batch, generation, embed_inputs=embed_inputs)
     given = {k: inputs[k] for k in (*step.extras, *(embed_inputs or ())) if k not in ("input_ids", "attention_mask")}
     with torch.no_grad():
         eager = model.generate(**inputs, max_new_tokens=CHECKED_STEPS, min_new_tokens=CHECKED_STEPS, do_sample=False,
@@ -143,10 +149,8 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
         if not off:
             return None
         prompt = PromptStep(model, twin, batch, inputs).eval()
-        whole = StaticGenerator({"prompt": prompt, "step": twin}, batch=batch, max_cache_len=step.max_cache_len,
-                                state="inputs", cache_shapes=twin.cache_shapes(), takes_positions=loop.takes_positions,
-                                takes_mask=twin.takes_mask, generation=generation, token_by_token=True, extras=twin.extras,
-                                prompt_inputs=list(prompt.passthrough))
+        whole = _eager_loop({"prompt": prompt, "step": twin}, twin, batch, generation,
+                            prompt_inputs=list(prompt.passthrough))
         twin.embeds = False  # after the prompt component, the step takes token ids
         try:
             better = not compare(want, logits_of(whole, {k: inputs[k] for k in (*step.extras, *prompt.passthrough)}), backend)
