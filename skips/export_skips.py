@@ -671,24 +671,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "is set (as Mistral does)",
     ),
     ExportSkip(
-        classes=("MoonshineStreamingForConditionalGeneration",),
-        backends=("dynamo", "executorch"),
-        tests=("generate",),
-        variants=("static",),
-        stage="compare",
-        reason="MoonshineStreamingDecoder adds its position embeddings to encoder_hidden_states in place "
-               "(models/moonshine_streaming/modeling_moonshine_streaming.py:816, 'encoder_hidden_states += "
-               "position_embeddings'), on the encoder output generate hands every decoder call: each call shifts it "
-               "again (eager generate, 4 new tokens: the tensor's sum 0.0, -0.67, -1.33, -2.00 at the four calls, read "
-               "by a forward pre-hook on the decoder), so a call's logits depend on how many calls came before. The "
-               "static step feeds the decoder prompt one token a call, and the torch.export and ExecuTorch programs "
-               "write that input mutation back into the loop's encoder outputs: five shifts before the first new token "
-               "where eager's one prefill call made one (logits 3.1e-3 apart at step 0, test_generate dynamo/static at "
-               "868b47e; executorch/static the same 3.09e-3 at 9e98c77). ONNX Runtime returns no input mutation, so "
-               "onnx's loop shifts once a call, within 1e-4 of eager (passes). Remove when the decoder adds the "
-               "embeddings out of place (encoder_hidden_states = encoder_hidden_states + ...)",
-    ),
-    ExportSkip(
         classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "ProphetNetForCausalLM", "ProphetNetForConditionalGeneration"),
         tests=("generate", "runner"),
         variants=("static",),

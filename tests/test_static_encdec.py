@@ -116,3 +116,33 @@ def test_florence2_encoder_component_is_its_own_encoder_hook(cache):
         generator = exporter.export_for_generation(tiny.model, inputs, exporter.config_class(dynamic=True))
     assert sorted(generator.components["encoder"].input_names) == ["attention_mask", "input_ids", "pixel_values"]
     assert torch.equal(generator.generate(**inputs, max_new_tokens=6), expected)
+
+
+def test_a_decoder_that_shifts_its_encoder_outputs_in_place_shifts_a_copy():
+    """MoonshineStreaming's decoder adds its position embeddings to ``encoder_hidden_states`` in place. Eager's cross
+    cache is written at generate's first decoder call, from the encoder outputs as they were then; the step computes
+    cross-attention afresh at every call, so each call must read them as that first call did. The step changes a copy
+    (``CrossAttention.model_kwargs``): the outputs the loop hands every call stay as the encoder gave them (exported,
+    the program wrote the shift back, five shifts after a five-token decoder prompt: logits 3.1e-3 off eager's), and
+    a second call over the same inputs gives the first call's logits."""
+    import types
+
+    from exporters.generation.capture import flatten_tree
+    from exporters.generation.static import CrossAttention, StaticStep
+    from sweeps.generate import build_for_generate
+
+    case = types.SimpleNamespace(entry=types.SimpleNamespace(class_name="MoonshineStreamingForConditionalGeneration"))
+    model, inputs, _ = build_for_generate(case, 0.2)
+    with torch.no_grad():
+        encoded = model.get_encoder()(input_values=inputs["input_values"], attention_mask=inputs["attention_mask"])
+    leaves, layout = flatten_tree("encoder_outputs", encoded)
+    given = {f"encoder_outputs__{i}": leaf for i, leaf in enumerate(leaves)}
+    step = StaticStep(model, int(leaves[0].shape[0]), 8, "inputs", takes_positions=False, takes_mask=False,
+                      cross=CrossAttention(layout, len(leaves), {}, {k: v.clone() for k, v in given.items()})).eval()
+    held = {k: v.clone() for k, v in given.items()}
+    feed = {"input_ids": inputs["decoder_input_ids"][:, :1], "cache_position": torch.tensor([0]), **given,
+            **step.initial_cache()}
+    with torch.no_grad():
+        first, again = step(**feed)["logits"], step(**feed)["logits"]
+    assert all(torch.equal(given[k], held[k]) for k in given)
+    assert torch.equal(first, again)

@@ -213,7 +213,10 @@ class CrossAttention:
     the inputs generate passes unchanged to every decoder call (``same``: step input name -> forward argument,
     the encoder's mask as ``encoder_attention_mask`` -> ``attention_mask``). The cross-attention keys and values
     are computed from the encoder outputs at each call into a fresh cache (``is_updated`` False): the step
-    keeps no cross-attention state, so the encoder's outputs are an input, not a buffer."""
+    keeps no cross-attention state, so the encoder's outputs are an input, not a buffer. Each call gets a copy of
+    them: eager's cross cache is written at generate's first decoder call, from the encoder outputs as they were
+    then, so a decoder that changes them in place (MoonshineStreaming: ``encoder_hidden_states +=`` its position
+    embeddings) changes the copy, and the program writes nothing back into the outputs the loop hands every call."""
 
     def __init__(self, layout, count: int, same: Mapping[str, str], example: Mapping[str, torch.Tensor]):
         self.layout, self.count, self.same = layout, count, dict(same)
@@ -227,7 +230,7 @@ class CrossAttention:
 
         from exporters.generation.capture import unflatten_tree
 
-        leaves = [given[f"encoder_outputs__{i}"] for i in range(self.count)]
+        leaves = [given[f"encoder_outputs__{i}"].clone() for i in range(self.count)]  # see the class docstring
         return {"decoder_input_ids": token, "encoder_outputs": unflatten_tree(leaves, self.layout),
                 **{arg: given[name] for name, arg in self.same.items()},
                 "past_key_values": EncoderDecoderCache(cache, DynamicCache())}
