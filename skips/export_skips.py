@@ -687,21 +687,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "static cache (transformers)",
     ),
     ExportSkip(
-        classes=("Pix2StructForConditionalGeneration",),
-        tests=("generate",),
-        variants=("static",),
-        stage="export",
-        reason="Pix2StructTextConfig defaults use_cache to False (models/pix2struct/configuration_pix2struct.py:76), "
-               "so generate(cache_implementation='static') builds no cache at all (generation/utils.py:2270 returns "
-               "before making one when generation_config.use_cache is False) and every decoder call re-reads the "
-               "whole decoder sequence with no past_key_values: there is no one-token decoder call over a cache to "
-               "read the static encoder-decoder step from (GenerationError 'generate passes its decoder no "
-               "past_key_values', test_generate dynamo/static and onnx/static at this entry's commit; the dynamic "
-               "variant replays that re-reading and passes). Remove when Pix2Struct's text config defaults to "
-               "use_cache=True (its decoder keeps an EncoderDecoderCache like T5's), or exporters/generation gains "
-               "a whole-sequence encoder-decoder step (static_whole.py is decoder-only)",
-    ),
-    ExportSkip(
         classes=("UnlimitedOcrForConditionalGeneration",),
         tests=("generate",),
         variants=("static",),

@@ -24,7 +24,14 @@ from typing import Any
 
 import torch
 
-from exporters.generation.capture import PREPARED, GenerationError, capture_generate, encoder_of, encoders_of
+from exporters.generation.capture import (
+    PREPARED,
+    GenerationError,
+    capture_generate,
+    encoder_of,
+    encoders_of,
+    static_cache_asked,
+)
 from exporters.generation.component import FlatComponent, flat_call_inputs
 from exporters.generation.delegated import DelegatedGenerator, export_delegated, find_delegate
 from exporters.generation.encoder_prep import encoder_module, prepared_encoder_call
@@ -229,7 +236,7 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
         raise GenerationError(f"{type(model).__name__}.generate passes {missing} to every forward call; give them "
                               "(shaped like input_ids) for the static step's first call")
     if isinstance(step, WholeSequenceStep):
-        return _export_whole_sequence(exporter, model, inputs, config, generation, step, state)
+        return _asked(_export_whole_sequence(exporter, model, inputs, config, generation, step, state), step)
     config = config if config is not None else exporter.config_class()
     components, embedded, embed_inputs, embed = {}, None, None, None
     fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None)
@@ -243,8 +250,8 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
             except GenerationError as refused:  # the decoder merges the prompt's inputs itself: the whole forward
                 if prompt == "step":
                     raise
-                return export_with_prompt(exporter, model, inputs, config, generation, max_cache_len,
-                                          f"no step over embeddings: {refused}", _step_exporter(exporter))
+                return _asked(export_with_prompt(exporter, model, inputs, config, generation, max_cache_len,
+                                                 f"no step over embeddings: {refused}", _step_exporter(exporter)), step)
             step.deepstack = sum(1 for k in embedded if k.startswith(DEEPSTACK_PREFIX))
             step.handed = tuple(handed_names(embedded))
             for name in read_beyond_embeddings(model, given, embedded, list(step.prompt_tokens)):  # Molmo2's mask
@@ -255,7 +262,8 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     why = prompt_path_differs(model, inputs, step, exporter.backend, generation, embed, embed_inputs) \
         if prompt == "auto" else None
     if why is not None:
-        return export_with_prompt(exporter, model, inputs, config, generation, max_cache_len, why, _step_exporter(exporter))
+        return _asked(export_with_prompt(exporter, model, inputs, config, generation, max_cache_len, why,
+                                         _step_exporter(exporter)), step)
     if step.embeds:
         if embed is not None:
             components["embed"] = exporter.export(embed, {k: inputs[k] for k in embed_inputs}, fixed)
@@ -281,12 +289,21 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                                     "cache_state": state, "cache_layout": step.cache_shapes()})
     components["step"] = artifact
     metadata = {"model_class": type(model).__name__, "cache": "static", "vocab_size": vocab_size(model),
-                "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
+                "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()},
+                **({"use_cache_asked": step.use_cache_asked} if getattr(step, "use_cache_asked", None) else {})}
     return StaticGenerator(components, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
                            cache_shapes=step.cache_shapes(), takes_positions=step.takes_positions and not step.runner_form,
                            takes_mask=step.takes_mask, generation=generation, metadata=metadata,
                            token_by_token=step.token_by_token, extras=step.extras,
                            embed_inputs=embed_inputs)
+
+
+def _asked(generator: StaticGenerator, step) -> StaticGenerator:
+    """``generator`` with ``use_cache_asked`` in its metadata where the step's capture asked generate for a cache
+    its generation config turns off (capture.static_cache_asked), or tried to and fell back."""
+    if getattr(step, "use_cache_asked", None):
+        generator.metadata["use_cache_asked"] = step.use_cache_asked
+    return generator
 
 
 def _export_whole_sequence(exporter, model, inputs, config, generation, step: WholeSequenceStep,
@@ -328,7 +345,8 @@ def _export_static_encoder_decoder(exporter, model, inputs, config, generation, 
     """An encoder-decoder's static form: the ``encoder`` component and a one-token decoder ``step``
     (exporters/generation/static_encdec.py)."""
     name = type(model).__name__
-    calls, encoder_calls, _ = capture_generate(model, inputs, CAPTURED_STEPS)
+    asked = static_cache_asked(model)  # a generation config that keeps no cache: generate asked for one
+    calls, encoder_calls, _ = capture_generate(model, inputs, CAPTURED_STEPS, **({"use_cache": True} if asked else {}))
     given = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     encoder_call = _encoder_calls(model, encoder_calls, given)
     prefill = calls[0]
@@ -359,7 +377,8 @@ def _export_static_encoder_decoder(exporter, model, inputs, config, generation, 
     artifact.extra_metadata.update({"max_cache_len": max_cache_len, "cache_state": state, "cache_layout": step.cache_shapes()})
     components = {"encoder": encoder, "step": artifact}
     metadata = {"model_class": name, "cache": "static", "vocab_size": vocab_size(model),
-                "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
+                "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()},
+                **({"use_cache_asked": asked} if asked else {})}
     return StaticGenerator(components, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
                            cache_shapes=step.cache_shapes(), takes_positions=False, takes_mask=False,
                            generation=generation, metadata=metadata, token_input="decoder_input_ids",

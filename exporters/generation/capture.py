@@ -258,13 +258,31 @@ def _recorded_preparation(model: torch.nn.Module, calls: list[Call]):
     return forward_wrapped(model, record, PREPARE_ENCODER)
 
 
-def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int, suppress: int | None = None
-                     ) -> tuple[list[Call], dict[str, list[Call]], torch.Tensor]:
+def static_cache_asked(model: torch.nn.Module) -> str | None:
+    """Why the static form's capture runs ``generate`` with ``use_cache=True``, or None where the model's own
+    generate keeps a cache. A model whose generation config says ``use_cache=False`` (Pix2Struct's text config
+    defaults to it) builds no cache at all under ``cache_implementation='static'`` (transformers'
+    ``_prepare_cache_for_generation`` returns first) and re-reads the whole sequence at every call: there is no
+    call over a cache to read a static step from. A static cache is what ``cache='static'`` asks for, so the
+    capture asks generate for one, as a generate keyword (generate updates a copy of the generation config;
+    the model's config and generation config are left as they are). The artifacts are checked against the
+    model's default, uncached generate, which computes the same logits."""
+    config = getattr(model, "generation_config", None)
+    if getattr(config, "use_cache", None) is not False:
+        return None
+    return (f"{type(model).__name__}.generation_config.use_cache is False: generate(cache_implementation='static') "
+            "would keep no cache; the static form's capture ran generate(use_cache=True), leaving the model's "
+            "configs unchanged")
+
+
+def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: int, suppress: int | None = None,
+                     **generate_kwargs: Any) -> tuple[list[Call], dict[str, list[Call]], torch.Tensor]:
     """``model.generate(**inputs, max_new_tokens=steps, do_sample=False)`` with every call of the model's
     forward recorded (the kwargs as they were when the call began), and of each of its encoders
     (``encoders_of``); returns the forward calls, the encoder calls by encoder and the sequences. ``suppress``:
     an id generate may not choose (besides the config's ``suppress_tokens``), where the calls cannot tell two
-    rules apart while it chooses that id (steps.AmbiguousTokenRule)."""
+    rules apart while it chooses that id (steps.AmbiguousTokenRule). ``generate_kwargs``: more keywords for
+    generate (``use_cache=True``: ``static_cache_asked``)."""
     calls: list[Call] = []
     encoders = encoders_of(model)
     encoder_calls: dict[str, list[Call]] = {label: [] for label in encoders}
@@ -282,7 +300,7 @@ def capture_generate(model: torch.nn.Module, inputs: Mapping[str, Any], steps: i
             config = getattr(model, "generation_config", None)
             extra["suppress_tokens"] = [*(getattr(config, "suppress_tokens", None) or []), suppress]
         out = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-                             return_dict_in_generate=True, **extra)
+                             return_dict_in_generate=True, **extra, **generate_kwargs)
     sequences = out.sequences if hasattr(out, "sequences") else out
     if not calls:
         raise GenerationError(f"{type(model).__name__}.generate never called forward")

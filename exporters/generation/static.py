@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped
+from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped, static_cache_asked
 from exporters.generation.module_state import StepState
 from exporters.generation.static_caches import has_adapter, step_cache_for
 from exporters.generation.static_calls import CACHE_ARGS, STEP_FLAGS, STEP_INPUTS, fixed_inputs, per_token_extras
@@ -403,10 +403,32 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     if encoder_of(model) is not None:
         raise GenerationError(f"{name} is an encoder-decoder; the static cache form is built for decoder-only "
                               "models (use cache='dynamic')")
-    # no cache, each call over the sequence and a column of one id (XLM's mask token): static_whole.py
-    carried: dict[str, torch.Tensor] = {}  # state in module attributes, which the cache step carries (module_state.py)
-    calls, appended = read_appended(name, _forward_arguments(model, inputs, carried=carried), inputs,
-                                    lambda token: _forward_arguments(model, inputs, suppress=token, carried=carried))
+    # a generation config that keeps no cache (Mpt's, Evolla's, Blt's): generate is asked for one
+    # (capture.static_cache_asked); where that generate, or the step over its calls, fails (Blt's cache path), the
+    # step is read off the model's own generate, as it is
+    asked = static_cache_asked(model)
+
+    def read(use_cache: bool):
+        # no cache, each call over the sequence and a column of one id (XLM's mask token): static_whole.py
+        carried: dict[str, torch.Tensor] = {}  # state in module attributes, which the cache step carries (module_state.py)
+        calls, appended = read_appended(name, _forward_arguments(model, inputs, carried=carried, use_cache=use_cache),
+                                        inputs, lambda token: _forward_arguments(model, inputs, suppress=token,
+                                                                                 carried=carried, use_cache=use_cache))
+        return _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_len, state, batch, whole_prompt)
+
+    try:
+        step = read(bool(asked))
+    except GenerationError as refused:
+        if not asked:
+            raise
+        step = read(False)
+        asked = f"{asked}; with it, {str(refused)[:300]}: the step was read off the model's own, uncached generate"
+    step.use_cache_asked = asked  # the export's metadata says so (exporters/generation/__init__.py)
+    return step
+
+
+def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_len, state, batch, whole_prompt):
+    """``static_step_for`` from the calls read off generate (``appended``: the column each call appends, if any)."""
     if carried and (appended is not None or rereads_sequence(calls) or own_state_argument(model, calls)):
         raise GenerationError(f"{name} keeps state in module attributes {sorted(carried)[:2]}: only the cache step carries it")
     if appended is not None:
@@ -455,10 +477,11 @@ def fresh_step_cache(model: torch.nn.Module, batch: int, max_cache_len: int):
 
 
 def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppress: int | None = None,
-                       carried: dict[str, torch.Tensor] | None = None) -> list[dict[str, Any]]:
+                       carried: dict[str, torch.Tensor] | None = None, use_cache: bool = False) -> list[dict[str, Any]]:
     """The arguments (not None) of each forward call ``generate`` makes with a static cache, by name: the
     value where it is a tensor, else True. The step builds its own cache and mask, so what generate
-    passes there (a per-layer-type mask dict, say) is not traced. ``suppress``: an id generate may not choose."""
+    passes there (a per-layer-type mask dict, say) is not traced. ``suppress``: an id generate may not choose;
+    ``use_cache``: generate is called with ``use_cache=True`` (capture.static_cache_asked)."""
     name = type(model).__name__
     calls: list[dict[str, Any]] = []
 
@@ -476,10 +499,12 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
         calls.clear()
         returned.clear()
         with record_returns(model, returned), forward_wrapped(model, names), torch.no_grad():
-            model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False, **cache, **banned)
+            model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False, **cache, **settings)
 
     config = getattr(model, "generation_config", None)
-    banned = {} if suppress is None else {"suppress_tokens": [*(getattr(config, "suppress_tokens", None) or []), suppress]}
+    settings = {} if suppress is None else {"suppress_tokens": [*(getattr(config, "suppress_tokens", None) or []), suppress]}
+    if use_cache:
+        settings["use_cache"] = True
 
     try:
         run(cache_implementation="static")
