@@ -726,24 +726,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "cross-attention states and a step input for them",
     ),
     ExportSkip(
-        classes=("IdeficsForVisionText2Text",),
-        tests=("generate",),
-        variants=("static",),
-        stage="export",
-        reason="its generate passes pixel_values to the prompt call and, at every later call, the prompt call's "
-               "own output image_hidden_states back as image_encoder_embeddings (perceiver_embeddings with the "
-               "resampler; models/idefics/modeling_idefics.py:1218-1223, 1262), with an image_attention_mask "
-               "[batch, S, images] sliced per call (lines 1227-1235, 1253-1259) and interpolate_pos_encoding "
-               "(line 1225): the vision tower runs inside IdeficsModel.forward (lines 987-1014), not in a "
-               "get_image_features that generate runs before the first forward, so a static step, one program "
-               "for the prompt and the decode calls, would take pixels at the prompt and image embeddings after "
-               "(GenerationError 'generate with a static cache passes [image_attention_mask, "
-               "interpolate_pos_encoding] to forward', test_generate dynamo/static and onnx/static at this entry's "
-               "commit). Remove when Idefics encodes its images in a get_image_features that generate calls before "
-               "the first forward (mm_encoder_outputs, as LLaVA-style models do: the image_encoder component), or "
-               "exporters/generation gives the step the prompt call's image_hidden_states at every call",
-    ),
-    ExportSkip(
         classes=("GitForCausalLM",),
         tests=("generate",),
         variants=("static",),

@@ -237,6 +237,13 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                               "(shaped like input_ids) for the static step's first call")
     if isinstance(step, WholeSequenceStep):
         return _asked(_export_whole_sequence(exporter, model, inputs, config, generation, step, state), step)
+    if isinstance(step, StaticStep) and step.from_prompt:  # generate hands later calls the prompt call's outputs
+        if prompt == "step":
+            raise GenerationError(f"{type(model).__name__}.generate hands its calls after the prompt's the prompt call's "
+                                  f"outputs ({step.from_prompt}): only a prompt component returns them (prompt='auto')")
+        return _asked(export_with_prompt(exporter, model, inputs, config, generation, max_cache_len, "generate hands its "
+                                         f"later calls the prompt call's outputs (input: output {step.from_prompt})",
+                                         _step_exporter(exporter)), step)
     config = config if config is not None else exporter.config_class()
     components, embedded, embed_inputs, embed = {}, None, None, None
     fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None)

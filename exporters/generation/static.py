@@ -40,7 +40,7 @@ import torch
 from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped, static_cache_asked
 from exporters.generation.module_state import StepState
 from exporters.generation.static_caches import has_adapter, step_cache_for
-from exporters.generation.static_calls import CACHE_ARGS, STEP_FLAGS, STEP_INPUTS, fixed_inputs, per_token_extras
+from exporters.generation.static_calls import CACHE_ARGS, STEP_FLAGS, STEP_INPUTS, Seen, fixed_inputs, per_token_extras, prompt_handoff
 from exporters.generation.static_embeds import (
     HANDED_PREFIX,
     decoder_path,
@@ -110,7 +110,7 @@ def _is_linear(layer) -> bool:
 
 
 def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype,
-                  cache_arg: str = "past_key_values", cross: CrossAttention | None = None):
+                  cache_arg: str = "past_key_values", cross: CrossAttention | None = None, sizing: Mapping | None = None):
     from transformers.cache_utils import (
         DummyLayer,
         LinearAttentionAndStaticFullAttentionLayer,
@@ -146,7 +146,7 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
             token = torch.zeros(batch, 1, dtype=torch.long)
             if cross is None:
                 model(input_ids=token, cache_position=torch.tensor([0]), **{cache_arg: cache}, use_cache=True,
-                      logits_to_keep=1)
+                      logits_to_keep=1, **(sizing or {}))  # ``sizing``: what a later call of generate passes
             else:
                 model(**cross.model_kwargs(token, cross.example, cache), cache_position=torch.tensor([0]), use_cache=True)
     except Exception as exc:  # noqa: BLE001 - the model refuses a one-token call over its static cache
@@ -242,7 +242,8 @@ class StaticStep(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, batch: int, max_cache_len: int, state: str = "buffers",
                  takes_positions: bool = True, takes_mask: bool = True, reads_mask: bool = False,
                  extras: Mapping[str, str] | None = None, cache_arg: str = "past_key_values", embeds: bool = False,
-                 cross: CrossAttention | None = None, module_state: Mapping[str, torch.Tensor] | None = None):
+                 cross: CrossAttention | None = None, module_state: Mapping[str, torch.Tensor] | None = None,
+                 sizing: Mapping[str, Any] | None = None):
         """``takes_positions``: the model reads ``position_ids``; ``takes_mask``: it reads an attention
         mask; ``extras``: the other per-token inputs generate passes (``token_type_ids``), each ``[batch, S]``
         like ``input_ids``, by the rule the loop derives its next value with (``per_token_extras``). A step
@@ -277,7 +278,10 @@ class StaticStep(torch.nn.Module):
         self.inner_mask = self.runner_form and reads_mask
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.cache_arg = cache_arg
-        self._cache = _static_cache(model, batch, max_cache_len, dtype, cache_arg, cross)
+        self._cache = _static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing)
+        # plain values generate passes every call (baked), the model outputs a prompt component returns, and the
+        # step's inputs that are the prompt call's outputs (input -> output: static_calls.py's from_prompt)
+        self.constants, self.returns, self.from_prompt, self.sizing = {}, (), {}, sizing
         self.layer_count = len(self._cache.layers)
         # linear-attention states run one token a call: the model's state update is its one-token path
         self.token_by_token = cross is not None or any(_is_linear(layer) for layer in self._cache.layers) or bool(module_state)
@@ -353,7 +357,7 @@ class StaticStep(torch.nn.Module):
             self._cache.layers[i].indexer_position_ids = held[..., :seen].long()
         kwargs: dict[str, Any] = {"inputs_embeds": given["inputs_embeds"]} if self.embeds else {"input_ids": input_ids}
         kwargs.update({name: given[f"{HANDED_PREFIX}{name}"] for name in self.handed})
-        kwargs.update({k: given[k] for k in (*self.extras, *self.passthrough)})
+        kwargs.update({**{k: given[k] for k in (*self.extras, *self.passthrough)}, **self.constants})
         if self.runner_form and self.takes_positions:
             position_ids = cache_position.unsqueeze(0)
         if self.takes_positions and position_ids is not None:
@@ -373,7 +377,7 @@ class StaticStep(torch.nn.Module):
                                      return_dict=True)
             else:
                 out = self.model(**kwargs, **{self.cache_arg: self._cache}, use_cache=True, logits_to_keep=1, return_dict=True)
-            outputs = {"logits": out.logits[:, -1, :], **finish()}
+            outputs = {"logits": out.logits[:, -1, :], **finish(), **{k: getattr(out, k) for k in self.returns}}
         for i, layer in enumerate(self._cache.layers):
             for part, tensor in _layer_tensors(layer).items():
                 if self.state == "inputs":
@@ -411,10 +415,11 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     def read(use_cache: bool):
         # no cache, each call over the sequence and a column of one id (XLM's mask token): static_whole.py
         carried: dict[str, torch.Tensor] = {}  # state in module attributes, which the cache step carries (module_state.py)
-        calls, appended = read_appended(name, _forward_arguments(model, inputs, carried=carried, use_cache=use_cache),
-                                        inputs, lambda token: _forward_arguments(model, inputs, suppress=token,
-                                                                                 carried=carried, use_cache=use_cache))
-        return _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_len, state, batch, whole_prompt)
+        seen = Seen()
+        calls, appended = read_appended(name, _forward_arguments(model, inputs, carried=carried, use_cache=use_cache, seen=seen),
+                                        inputs, lambda token: _forward_arguments(model, inputs, suppress=token, carried=carried,
+                                                                                 use_cache=use_cache, seen=seen))
+        return _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_len, state, batch, whole_prompt, seen)
 
     try:
         step = read(bool(asked))
@@ -427,7 +432,7 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     return step
 
 
-def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_len, state, batch, whole_prompt):
+def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_len, state, batch, whole_prompt, seen=None):
     """``static_step_for`` from the calls read off generate (``appended``: the column each call appends, if any)."""
     if carried and (appended is not None or rereads_sequence(calls) or own_state_argument(model, calls)):
         raise GenerationError(f"{name} keeps state in module attributes {sorted(carried)[:2]}: only the cache step carries it")
@@ -449,9 +454,10 @@ def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_le
     # with those, the features' layout generate passes unchanged to every call (feature_attention_mask,
     # image_num_crops): the embed component reads it with the prompt; the step over embeddings is not given it
     layout = fixed_inputs(calls) if prompt_only else []
+    handed, constants, sizing = prompt_handoff(name, calls, seen, extras)  # static_calls.py
     for call in calls:
         other = sorted(k for k in call if k not in STEP_INPUTS and k not in STEP_FLAGS and k not in extras
-                       and k not in prompt_only and k not in layout)
+                       and k not in prompt_only and k not in layout and k not in handed and k not in constants)
         if other:
             raise GenerationError(f"{name}.generate with a static cache passes {other} to forward; the static "
                                   f"step takes only {STEP_INPUTS}, past_key_values and per-token inputs "
@@ -464,7 +470,8 @@ def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_le
     reads_mask = any("attention_mask" in c for c in calls)
     takes_mask = reads_mask and not (batch == 1 and unpadded)  # as an input
     step = StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras,
-                      cache_arg, embeds=bool(prompt_only) and not whole_prompt, module_state=carried).eval()
+                      cache_arg, embeds=bool(prompt_only) and not whole_prompt, module_state=carried, sizing=sizing).eval()
+    step.constants, step.from_prompt = constants, handed
     step.prompt_inputs = tuple(prompt_only + layout)  # what a prompt component takes besides the step's inputs
     step.prompt_tokens = () if whole_prompt else tuple(prompt_token_candidates(model, calls[0], prompt_only))
     return step
@@ -477,7 +484,8 @@ def fresh_step_cache(model: torch.nn.Module, batch: int, max_cache_len: int):
 
 
 def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppress: int | None = None,
-                       carried: dict[str, torch.Tensor] | None = None, use_cache: bool = False) -> list[dict[str, Any]]:
+                       carried: dict[str, torch.Tensor] | None = None, use_cache: bool = False,
+                       seen: Seen | None = None) -> list[dict[str, Any]]:
     """The arguments (not None) of each forward call ``generate`` makes with a static cache, by name: the
     value where it is a tensor, else True. The step builds its own cache and mask, so what generate
     passes there (a per-layer-type mask dict, say) is not traced. ``suppress``: an id generate may not choose;
@@ -491,13 +499,16 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
         call = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else True) for k, v in kwargs.items()
                 if v is not None and not (isinstance(v, (dict, list, tuple)) and len(v) == 0)}
         calls.append({**call, **({"<positional>": True} if args else {})})
+        seen.note(kwargs)
         return forward(*args, **kwargs)
 
     returned: list = []
+    seen = seen if seen is not None else Seen()
 
     def run(**cache: Any) -> None:
         calls.clear()
         returned.clear()
+        seen.plain.clear()
         with record_returns(model, returned), forward_wrapped(model, names), torch.no_grad():
             model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False, **cache, **settings)
 
@@ -525,6 +536,7 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
                                   f"{str(again).splitlines()[0] if str(again) else ''})") from exc
     if not calls:
         raise GenerationError(f"{name}.generate never called forward")
+    seen.outputs = [r.outputs for r in returned]
     ids = inputs.get("input_ids")
     if isinstance(ids, torch.Tensor):  # state in module attributes: carried by a step that takes it (``carried``, filled
         # with each path and its value after the prompt's call), else it would be baked into the step: refused

@@ -1,10 +1,13 @@
 """What the model's own ``generate`` passes to its forward calls over a static cache, beyond the step's own
 inputs (exporters/generation/static.py reads the calls off ``generate(cache_implementation='static')``):
 per-token inputs shaped like ``input_ids`` whose next value a step rule gives (``per_token_extras``), and
-inputs passed unchanged to every call (``fixed_inputs``)."""
+inputs passed unchanged to every call (``fixed_inputs``), plain values passed unchanged to every call, which the
+step bakes (``fixed_constants``), and inputs of the calls after the prompt's that are one of the prompt call's
+outputs (``from_prompt``: Idefics' image_hidden_states, handed back as image_encoder_embeddings)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -30,19 +33,20 @@ def fixed_inputs(calls: list[dict[str, Any]]) -> list[str]:
 
 
 # how a per-token extra's next value follows from the last one (exporters/generation/steps.py's rules)
-EXTRA_RULES = ("repeat_last", "ones_column", "same")
+# (``repeat_last_row``: a [batch, S, k] input whose next value is its last row, Idefics' image_attention_mask)
+EXTRA_RULES = ("repeat_last", "ones_column", "same", "repeat_last_row")
 
 
 def per_token_extras(calls: list[dict[str, Any]]) -> dict[str, str]:
     """The inputs besides the step's own that ``generate`` passes to every forward call as ``[batch, S]``
-    tensors shaped like that call's ``input_ids`` (``token_type_ids``), each with the first rule of
+    tensors shaped like that call's ``input_ids`` (``token_type_ids``), or ``[batch, S, ...]``, each with the first rule of
     ``EXTRA_RULES`` that gives every call's value from the call before (checked on every pair)."""
     ids = [c.get("input_ids") for c in calls]
     names = {k for c in calls for k in c if k not in STEP_INPUTS and k not in STEP_FLAGS}
     extras = {}
     for key in sorted(names):
         values = [c.get(key) for c in calls]
-        if not all(isinstance(v, torch.Tensor) and isinstance(i, torch.Tensor) and v.shape == i.shape
+        if not all(isinstance(v, torch.Tensor) and isinstance(i, torch.Tensor) and v.shape[:2] == i.shape
                    for v, i in zip(values, ids)):
             continue
         for rule in EXTRA_RULES:
@@ -58,3 +62,60 @@ def _rule_gives(rule: str, previous: torch.Tensor, current: torch.Tensor) -> boo
     except (GenerationError, IndexError, RuntimeError):
         return False
     return got.shape == current.shape and torch.equal(got, current)
+
+
+@dataclasses.dataclass
+class Seen:
+    """What ``_forward_arguments`` (static.py) keeps beside the calls, which record a plain value as True: each
+    call's plain values (bool, int, float, str) and the tensors it returned, by leaf name."""
+
+    plain: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    outputs: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
+
+    def note(self, kwargs: dict[str, Any]) -> None:
+        self.plain.append({k: v for k, v in kwargs.items() if isinstance(v, (bool, int, float, str))})
+
+
+def prompt_handoff(name: str, calls: list[dict[str, Any]], seen: Seen | None,
+                   extras: dict[str, str]) -> tuple[dict[str, str], dict[str, Any], dict[str, Any] | None]:
+    """``from_prompt`` and ``fixed_constants``, and where the later calls take the prompt's outputs, what the step's
+    one-token sizing call (static.py's ``_static_cache``) is given: a later call's values of those, its extras' first
+    column and the constants (a model that refuses a token without them: Idefics without image features); else None."""
+    handed, constants = from_prompt(name, calls, seen), fixed_constants(calls, seen)
+    if not handed:
+        return handed, constants, None
+    return handed, constants, {**{k: calls[1][k] for k in handed}, **{k: calls[1][k][:, :1] for k in extras}, **constants}
+
+
+def fixed_constants(calls: list[dict[str, Any]], seen: Seen | None) -> dict[str, Any]:
+    """The plain values besides the step's own flags that ``generate`` passes to every forward call, the same at
+    each (Idefics' interpolate_pos_encoding): the step passes them to the model as constants its trace bakes."""
+    if seen is None or len(seen.plain) != len(calls):
+        return {}
+    first = seen.plain[0]
+    return {k: v for k, v in sorted(first.items()) if k not in STEP_INPUTS and k not in STEP_FLAGS
+            and all(k in p and type(p[k]) is type(v) and p[k] == v for p in seen.plain[1:])}
+
+
+def from_prompt(name: str, calls: list[dict[str, Any]], seen: Seen | None) -> dict[str, str]:
+    """The inputs ``generate`` passes to every call after the prompt's and not to the prompt's, each equal at every
+    such call to one of the prompt call's outputs (Idefics: image_encoder_embeddings, the prompt's
+    image_hidden_states): input -> output name. The prompt component returns that output, and the step takes it
+    at every call (static_prefill.py). An input of later calls that is none of them is refused by name."""
+    if len(calls) < 2:
+        return {}
+    later = sorted(k for k in calls[1] if k not in calls[0] and k not in STEP_INPUTS and k not in STEP_FLAGS)
+    outputs = seen.outputs[0] if seen is not None and len(seen.outputs) == len(calls) else {}
+    handed = {}
+    for key in later:
+        values = [c.get(key) for c in calls[1:]]
+        found = next((out for out, t in outputs.items() if out.isidentifier() and out not in ("logits", "past_key_values")
+                      and all(isinstance(v, torch.Tensor) and v.shape == t.shape and torch.equal(v, t) for v in values)),
+                     None)
+        if found is None:
+            raise GenerationError(f"{name}.generate passes {key!r} to its forward calls after the prompt's and not to "
+                                  "the prompt's, and it is not one of the prompt call's outputs "
+                                  f"({sorted(outputs)[:8]}) at every such call: the static form hands later calls "
+                                  "only what the prompt call returned")
+        handed[key] = found
+    return handed

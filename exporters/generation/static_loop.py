@@ -84,8 +84,8 @@ class StaticGenerator:
             raise GenerationError(f"the static step takes {missing} with the prompt ({what}); not given")
         if input_ids is None or input_ids.dim() != 2:
             raise GenerationError("input_ids must be a [batch, prompt] tensor")
-        for k in self.extras:
-            if tuple(other[k].shape) != tuple(input_ids.shape):
+        for k in self.extras:  # [batch, S], or [batch, S, ...] (Idefics' image_attention_mask)
+            if tuple(other[k].shape[:2]) != tuple(input_ids.shape):
                 raise GenerationError(f"input {k!r} has shape {tuple(other[k].shape)}; the static step takes it "
                                       f"shaped like input_ids, {tuple(input_ids.shape)}")
         batch, prompt = input_ids.shape
@@ -166,10 +166,12 @@ class StaticGenerator:
             feed["position_ids"] = positions
         cache = {k: torch.zeros(s) for k, s in self.cache_shapes.items()} if self.state == "inputs" else {}
         pending = None  # the prompt component's outputs: the first logits and the cache it wrote
+        handed: dict[str, torch.Tensor] = {}  # the prompt's outputs every step call takes (``prompt_outputs``)
         if self.prompt_inputs is not None:
             pending, cache = self._call(self.components["prompt"], {
                 **feed, **({"attention_mask": mask} if self.takes_mask else {}),  # the prompt's own, as generate's
                 **{k: other[k] for k in self.prompt_inputs}}, cache)
+            handed = {k: pending[out] for k, out in (self.metadata.get("prompt_outputs") or {}).items()}
         elif self.token_by_token and prompt > 1:  # all but the prompt's last token, one a call
             for t in range(prompt - 1):
                 part = {**{k: v[:, t:t + 1] for k, v in tokens.items()}, "cache_position": torch.tensor([t]),
@@ -207,7 +209,7 @@ class StaticGenerator:
             tokens = {"input_ids": token[:, None]}
             if self.embed_inputs is not None:
                 tokens = dict(self.components["embed_tokens"](input_ids=token[:, None]))  # embeddings, DeepStack zeros
-            feed = {**tokens, "cache_position": torch.tensor([slot]), **extras}
+            feed = {**tokens, "cache_position": torch.tensor([slot]), **extras, **handed}
             if self.takes_positions:
                 positions = positions[..., -1:] + 1
                 feed["position_ids"] = positions

@@ -15,7 +15,12 @@ embed component computes (static_embeds.py). Three cases fit none of these:
   Where they agree, or where the prompt component does no better, the step keeps its one-token prompt (and, on
   ExecuTorch, its runner form);
 - a padded prompt over linear-attention states: fed one token a call, the padding would reach the states, which the
-  model's prompt path zeroes (the one-token loop refuses such a prompt by name).
+  model's prompt path zeroes (the one-token loop refuses such a prompt by name);
+- a generate that hands its later calls what the prompt call returned (static_calls.py's ``from_prompt``: Idefics'
+  image_hidden_states, given back as image_encoder_embeddings, its vision tower inside the forward): the prompt
+  component returns those outputs beside the logits, and the step takes them as inputs at every call, fixed in shape
+  for the sequence (generator metadata ``prompt_outputs``: step input -> prompt output); plain values generate passes
+  every call (interpolate_pos_encoding) are constants both programs bake.
 
 For all three, a ``prompt`` component runs the model's forward over the whole prompt, the call ``generate`` makes with a
 static cache (its image or audio inputs included, ``prompt_inputs``), from a zero cache, and returns the first
@@ -57,13 +62,14 @@ class PromptStep(StaticStep):
             raise GenerationError(f"{type(model).__name__}: a prompt component is built for a decoder's step over "
                                   "its own cache (no cross-attention inputs, no state in module attributes)")
         super().__init__(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
-                         reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg)
+                         reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, sizing=step.sizing)
         self.token_by_token = False  # the whole prompt, through the model's multi-token path
         # the prompt's own mask [batch, prompt], as generate passes it (a state-space layer zeroes the positions it
         # marks among the call's last S: a mask over every slot would mark the unwritten ones); none for one
         # unpadded row
         self.inner_mask = False
         self.passthrough = prompt_passthrough(step, given)
+        self.constants, self.returns = dict(step.constants), tuple(dict.fromkeys(step.from_prompt.values()))
 
     def forward(self, input_ids: torch.Tensor | None = None, cache_position: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -181,9 +187,15 @@ def export_with_prompt(exporter, model: torch.nn.Module, inputs: Mapping[str, An
     fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None, accept_size_one=False)
     components = {"prompt": exporter.export(prompt, prompt_example(prompt, inputs), fixed)}
     mask = inputs.get("attention_mask") if step.takes_mask else None
+    handed = {}
+    if step.from_prompt:  # the prompt's outputs the step takes at every call: the eager prompt's, for its example
+        step.passthrough = tuple(step.from_prompt)
+        with torch.no_grad():
+            returned = prompt(**prompt_example(prompt, inputs))
+        handed = {k: returned[out].detach().clone() for k, out in step.from_prompt.items()}
 
     def example():
-        return step_example(step, ids, mask, {k: inputs[k] for k in step.extras})
+        return {**step_example(step, ids, mask, {k: inputs[k] for k in step.extras}), **handed}
 
     first = example()
     components["step"] = export_step(step, first, dataclasses.replace(fixed, dynamic_shapes=step_dynamic_shapes(step, first)),
@@ -193,6 +205,8 @@ def export_with_prompt(exporter, model: torch.nn.Module, inputs: Mapping[str, An
                                         "cache_state": "inputs", "cache_layout": step.cache_shapes()})
     metadata = {"model_class": name, "cache": "static", "vocab_size": vocab_size(model),
                 "prompt_component": why, "prompt_length": int(ids.shape[1]),
+                **({"prompt_outputs": dict(step.from_prompt)} if step.from_prompt else {}),
+                **({"baked_constants": dict(step.constants)} if step.constants else {}),
                 "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
     return StaticGenerator(components, batch=batch, max_cache_len=max_cache_len, state="inputs",
                            cache_shapes=step.cache_shapes(), takes_positions=step.takes_positions and not step.runner_form,
