@@ -296,13 +296,13 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                                     "cache_state": state, "cache_layout": step.cache_shapes()})
     components["step"] = artifact
     metadata = {"model_class": type(model).__name__, "cache": "static", "vocab_size": vocab_size(model),
-                "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()},
-                **({"use_cache_asked": step.use_cache_asked} if getattr(step, "use_cache_asked", None) else {})}
-    return StaticGenerator(components, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
-                           cache_shapes=step.cache_shapes(), takes_positions=step.takes_positions and not step.runner_form,
-                           takes_mask=step.takes_mask, generation=generation, metadata=metadata,
-                           token_by_token=step.token_by_token, extras=step.extras,
-                           embed_inputs=embed_inputs)
+                "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
+    return _asked(StaticGenerator(components, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
+                                  cache_shapes=step.cache_shapes(),
+                                  takes_positions=step.takes_positions and not step.runner_form,
+                                  takes_mask=step.takes_mask, generation=generation, metadata=metadata,
+                                  token_by_token=step.token_by_token, extras=step.extras,
+                                  embed_inputs=embed_inputs), step)
 
 
 def _asked(generator: StaticGenerator, step) -> StaticGenerator:
