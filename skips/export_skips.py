@@ -706,26 +706,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "exporters/generation carries the prompt length as a step state for such a layer",
     ),
     ExportSkip(
-        classes=("MllamaForConditionalGeneration",),
-        tests=("generate",),
-        variants=("static",),
-        stage="export",
-        reason="its cross-attention layers write the image's keys and values into the same cache as the "
-               "self-attention ones, at the prompt call only (MllamaTextCrossAttention.forward, "
-               "models/mllama/modeling_mllama.py:435-445; generate drops pixel_values after the first call, lines "
-               "1560-1565), and read them back from it at later calls (lines 446-452, the layer skipped while "
-               "empty: 1126-1129), in a layer of the image's length (68 slots in the tiny model, against the "
-               "step's max_cache_len). So a static step, one program for the prompt and the decode calls, would "
-               "have to take cross_attention_states at the prompt and not after; besides, generate passes "
-               "cross_attention_mask [batch, S, images, tiles] to every call (GenerationError 'generate with a "
-               "static cache passes [cross_attention_mask] to forward', test_generate dynamo/static and "
-               "onnx/static at this entry's commit). Remove when Mllama keeps the cross-attention states apart "
-               "from the self-attention cache (an EncoderDecoderCache-like cross cache, so the step can take "
-               "cross_attention_states at every call into a fresh one, as exporters/generation/static.py's "
-               "CrossAttention does for encoder-decoders), or exporters/generation gains a component for the "
-               "cross-attention states and a step input for them",
-    ),
-    ExportSkip(
         classes=("GitForCausalLM",),
         tests=("generate",),
         variants=("static",),

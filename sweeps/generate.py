@@ -171,8 +171,9 @@ def _static_length(needed: int) -> int:
 def _static_cache_pair(eager_cache, static_cache: dict[str, torch.Tensor], written: int):
     """Eager's cache and the static step's returned one (``present_<i>_key``...), named alike and cut to
     the ``written`` slots, or to their last ones where eager keeps fewer (a sliding-window layer keeps
-    its window; the static step keeps every slot and masks to the window); ({}, {}) when the static
-    cache lives inside the program."""
+    its window; the static step keeps every slot and masks to the window), whole where eager keeps more than
+    the text wrote (a layer of its own length, written with something else: Mllama's cross-attention
+    layers, the image's keys and values); ({}, {}) when the static cache lives inside the program."""
     from exporters.pytrees import flatten_outputs
 
     if not static_cache or eager_cache is None:
@@ -186,7 +187,8 @@ def _static_cache_pair(eager_cache, static_cache: dict[str, torch.Tensor], writt
             continue
         key = f"past_key_values.{index}.{part}"
         if key in want:
-            got[key] = tensor[..., written - want[key].shape[-2]: written, :]
+            start = written - want[key].shape[-2]
+            got[key] = tensor[..., start: written, :] if start >= 0 else tensor
     return {k: want[k] for k in got}, got
 
 

@@ -263,7 +263,7 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
             step.handed = tuple(handed_names(embedded))
             for name in read_beyond_embeddings(model, given, embedded, list(step.prompt_tokens)):  # Molmo2's mask
                 step.extras[name] = decode_rule(model, inputs, name, lambda: fresh_step_cache(
-                    model, int(ids.shape[0]), int(ids.shape[1]) + CHECKED_TOKENS))
+                    model, int(ids.shape[0]), int(ids.shape[1]) + CHECKED_TOKENS, step.fixed))
             embed_inputs = list(given)
     # a prompt component where the step's one-token prompt does not compute what eager generate does (static_prefill.py)
     why = prompt_path_differs(model, inputs, step, exporter.backend, generation, embed, embed_inputs) \

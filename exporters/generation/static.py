@@ -17,17 +17,19 @@ The write position comes from ``cache_position``, not from a counter kept in the
 (or a runner) that starts again at position 0 reuses the same slots: a stale slot past the current
 position is never read (the causal mask stops at the query's position).
 
-Each layer is sized by the model's own first write (per-layer heads and sizes; keys and values of
-different sizes). A hybrid's linear-attention layers add their conv and recurrent states
-(``past_<i>_conv_<j>`` / ``past_<i>_recurrent_<j>``, or buffers): such a step is ``token_by_token``, one
-token a call through the model's one-token path, its states zeroed at position 0 (a running state is
-not masked by position as stale slots are). An indexer that keeps the positions it has seen (Qwen4Exp) has them
-in slots too (``past_<i>_positions`` [dims, batch, max_cache_len]). A model that accepts only a Cache class of its
-own gets the step's cache as that class (exporters/generation/static_caches.py: MiniMax); one that keeps a state
-outside any Cache gets an ``OwnStateStep`` (static_state.py: Rwkv, xLSTM); one that keeps it in module attributes
-its forward sets (RecurrentGemma) carries them beside the cache, one token a call (module_state.py). A batch of
-one without padding is the runner form (tokens and cache positions only); where the model's generate passes a mask,
-the step builds it from the cache position.
+Each layer is sized by the model's own first write (per-layer heads and sizes; keys and values of different sizes); a
+layer the model's own static-cache generate sizes apart from the text (not written with its tokens: Mllama's
+cross-attention layers, the image's keys and values written at the prompt's call only) keeps that layer's length and
+shapes (static_layers.py; read off generate by static_calls.py's ``fixed_layers``). A hybrid's linear-attention layers
+add their conv and recurrent states (``past_<i>_conv_<j>`` / ``past_<i>_recurrent_<j>``, or buffers): such a step is
+``token_by_token``, one token a call through the model's one-token path, its states zeroed at position 0 (a running
+state is not masked by position as stale slots are). An indexer that keeps the positions it has seen (Qwen4Exp) has
+them in slots too (``past_<i>_positions`` [dims, batch, max_cache_len]). A model that accepts only a Cache class of
+its own gets the step's cache as that class (exporters/generation/static_caches.py: MiniMax); one that keeps a state
+outside any Cache gets an ``OwnStateStep`` (static_state.py: Rwkv, xLSTM); one that keeps it in module attributes its
+forward sets (RecurrentGemma) carries them beside the cache, one token a call (module_state.py). A batch of one
+without padding is the runner form (tokens and cache positions only); where the model's generate passes a mask, the
+step builds it from the cache position.
 """
 
 from __future__ import annotations
@@ -39,8 +41,17 @@ import torch
 
 from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped, static_cache_asked
 from exporters.generation.module_state import StepState
-from exporters.generation.static_caches import has_adapter, step_cache_for
-from exporters.generation.static_calls import CACHE_ARGS, STEP_FLAGS, STEP_INPUTS, Seen, fixed_inputs, per_token_extras, prompt_handoff
+from exporters.generation.static_caches import has_adapter
+from exporters.generation.static_calls import (
+    CACHE_ARGS,
+    STEP_FLAGS,
+    STEP_INPUTS,
+    Seen,
+    fixed_inputs,
+    fixed_layers,
+    per_token_extras,
+    prompt_handoff,
+)
 from exporters.generation.static_embeds import (
     HANDED_PREFIX,
     decoder_path,
@@ -48,163 +59,13 @@ from exporters.generation.static_embeds import (
     deepstack_names,
     per_token_embedding,
 )
+from exporters.generation.static_layers import LINEAR_PARTS, _is_linear, _layer_tensors, _set_layer_tensor, _static_cache
 from exporters.generation.static_prompt import prompt_token_candidates
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, read_appended, rereads_sequence, whole_sequence_step_for
 from exporters.generation.steps import carried_module_state, record_returns
 
 STATE_FORMS = ("buffers", "inputs")
-# the cache parts (``_layer_tensors``) of a linear-attention state, which a new sequence starts from zero
-LINEAR_PARTS = ("conv_", "recurrent_")
-
-
-def _step_cache_class():
-    from transformers.cache_utils import StaticCache
-
-    class StepCache(StaticCache):
-        """A StaticCache that says it is not compileable while torch.export traces it.
-
-        ``is_compileable`` is read in one place: masking_utils' ``create_causal_mask`` (and its sliding
-        and chunked siblings) computes ``allow_is_causal_skip = ... and not (cache.is_compileable and
-        q_length == 1)``. With a dynamic sequence, ``q_length == 1`` puts the guard ``S != 1`` on the
-        export, and the step would refuse the one-token call it exists for. Under export the answer
-        cannot matter: ``_ignore_causal_mask_sdpa`` returns False whenever torch is exporting, so the
-        mask is always built. In eager calls the cache stays compileable (there the test keeps a
-        one-token query from dropping the mask over unwritten slots)."""
-
-        # the step's past length as an int while it is traced (StaticStep.forward sets it)
-        traced_past = None
-
-        @property
-        def is_compileable(self) -> bool:
-            return not torch.compiler.is_exporting() and all(layer.is_compileable for layer in self.layers)
-
-        @property
-        def is_initialized(self) -> bool:
-            """False, as for the lazily sized cache eager generate starts from. Models that build a prefix-LM
-            (bidirectional) mask on their first call only tell that call by the cache
-            (``is_first_iteration = past_key_values is None or not past_key_values.is_initialized``:
-            PaliGemma, HrmText, Molmo2), and the step's cache is always sized, so its prompt call got a
-            causal mask. At a later call the prefix's block ids, padded with -1 past the prompt, add
-            nothing for the new token. The layers' own ``is_initialized`` is unchanged."""
-            return False
-
-        def get_seq_length(self, layer_idx: int = 0):
-            """A StaticLayer answers with its 0-d ``cumulative_length`` tensor. Models that build positions
-            from it (``torch.arange(past, past + S)``: RoFormer, TrOCR, Mvp) then read the tensor twice, as
-            two unbacked ints whose difference has no bound, and ExecuTorch's memory planning refuses the
-            ``u1 - u0`` size. While traced the step answers with one int, read once and bounded by the
-            cache (``traced_past``), so the size is ``S``."""
-            length = super().get_seq_length(layer_idx)
-            if self.traced_past is not None and isinstance(length, torch.Tensor):
-                return self.traced_past
-            return length
-
-    return StepCache
-
-
-def _is_linear(layer) -> bool:
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin
-
-    return isinstance(layer, LinearAttentionCacheLayerMixin)
-
-
-def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype,
-                  cache_arg: str = "past_key_values", cross: CrossAttention | None = None, sizing: Mapping | None = None):
-    from transformers.cache_utils import (
-        DummyLayer,
-        LinearAttentionAndStaticFullAttentionLayer,
-        LinearAttentionAndStaticSlidingWindowAttentionLayer,
-        LinearAttentionLayer,
-        StaticIndexedLayer,
-        StaticLayer,
-        StaticSlidingWindowLayer,
-    )
-
-    config = model.config.get_text_config(decoder=True) if cross is not None else model.config
-    cache = step_cache_for(model, _step_cache_class())(config=config, max_cache_len=max_cache_len)
-    for i, layer in enumerate(cache.layers):
-        if type(layer) is StaticSlidingWindowLayer:
-            # a full-length layer: the model's sliding-window mask (from its config's layer types, over
-            # positions) still limits attention to the window, so the step computes what eager's rolling
-            # window layer computes, keeping max_cache_len slots instead of the window's. The rolling
-            # update itself branches on a Python count, which a traced step cannot carry.
-            cache.layers[i] = StaticLayer(max_cache_len=max_cache_len)
-        elif type(layer) is LinearAttentionAndStaticSlidingWindowAttentionLayer:  # the same, beside its states
-            cache.layers[i] = LinearAttentionAndStaticFullAttentionLayer(max_cache_len=max_cache_len,
-                                                                         number_of_states=layer.number_of_states)
-        elif type(layer) not in (StaticLayer, StaticIndexedLayer, LinearAttentionLayer,
-                                 LinearAttentionAndStaticFullAttentionLayer, DummyLayer):
-            raise GenerationError(f"{type(model).__name__}: static cache layer {i} is a {type(layer).__name__}; the "
-                                  "static step builds key/value (StaticLayer, with an indexer's keys: "
-                                  "StaticIndexedLayer), linear-attention state and empty (DummyLayer) layers only")
-    # each layer's shapes as the model writes them (per-layer head counts and sizes; keys and values of
-    # different sizes under multi-head latent attention; conv and recurrent states): one eager token into
-    # the lazily sized cache, then every slot zeroed again
-    try:
-        with torch.no_grad():
-            token = torch.zeros(batch, 1, dtype=torch.long)
-            if cross is None:
-                model(input_ids=token, cache_position=torch.tensor([0]), **{cache_arg: cache}, use_cache=True,
-                      logits_to_keep=1, **(sizing or {}))  # ``sizing``: what a later call of generate passes
-            else:
-                model(**cross.model_kwargs(token, cross.example, cache), cache_position=torch.tensor([0]), use_cache=True)
-    except Exception as exc:  # noqa: BLE001 - the model refuses a one-token call over its static cache
-        raise GenerationError(f"{type(model).__name__}: one token over a static cache fails ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}), so its layers cannot be sized") from exc
-    for layer in cache.layers:
-        if isinstance(layer, StaticLayer) and not layer.is_initialized:
-            # not written by a text token (Mllama's cross-attention): the config's sizes
-            text = model.config.get_text_config(decoder=True)
-            heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-            head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-            empty = torch.zeros(batch, heads, 0, head_dim, dtype=dtype)
-            StaticLayer.lazy_initialization(layer, empty, empty)
-    # an indexer that keeps the positions it has seen as a growing history (Qwen4Exp: [dims, batch, past] ids on
-    # its layer): the step keeps them in slots, as keys (StaticStep.forward)
-    cache.position_histories = {i: int(layer.indexer_position_ids.shape[0]) for i, layer in enumerate(cache.layers)
-                                if getattr(layer, "indexer_position_ids", None) is not None}
-    cache.reset()
-    for layer in cache.layers:
-        if _is_linear(layer):
-            # zero state, read as a previous one: the step runs the model's one-token path, which from zero
-            # state computes what its prompt path computes for the first token (a convolution over zero
-            # padding, the recurrence from a zero state)
-            for j in range(layer.number_of_states):
-                layer.has_previous_state[j] = bool(layer.is_conv_states_initialized[j]
-                                                   or layer.is_recurrent_states_initialized[j])
-    return cache
-
-
-def _layer_tensors(layer) -> dict[str, torch.Tensor]:
-    """A step cache layer's tensors by part: ``key`` / ``value`` for its attention, ``indexer_key`` for a
-    sparse-attention indexer's keys (StaticIndexedLayer, DeepSeek-V3.2 DSA: ``[batch, max_cache_len,
-    index_head_dim]``, written at the same positions), ``conv_<j>`` / ``recurrent_<j>`` for its
-    linear-attention states."""
-    from transformers.cache_utils import StaticIndexedLayer, StaticLayer
-
-    parts = {"key": layer.keys, "value": layer.values} if isinstance(layer, StaticLayer) else {}
-    if isinstance(layer, StaticIndexedLayer) and layer.is_indexer_initialized:
-        parts["indexer_key"] = layer.indexer_keys
-    if _is_linear(layer):
-        for j in range(layer.number_of_states):
-            if layer.is_conv_states_initialized[j]:
-                parts[f"conv_{j}"] = layer.conv_states[j]
-            if layer.is_recurrent_states_initialized[j]:
-                parts[f"recurrent_{j}"] = layer.recurrent_states[j]
-    return parts
-
-
-def _set_layer_tensor(layer, part: str, tensor: torch.Tensor) -> None:
-    if part == "key":
-        layer.keys = tensor
-    elif part == "value":
-        layer.values = tensor
-    elif part == "indexer_key":
-        layer.indexer_keys = tensor
-    else:
-        kind, j = part.rsplit("_", 1)
-        getattr(layer, f"{kind}_states")[int(j)] = tensor
 
 
 class CrossAttention:
@@ -243,7 +104,7 @@ class StaticStep(torch.nn.Module):
                  takes_positions: bool = True, takes_mask: bool = True, reads_mask: bool = False,
                  extras: Mapping[str, str] | None = None, cache_arg: str = "past_key_values", embeds: bool = False,
                  cross: CrossAttention | None = None, module_state: Mapping[str, torch.Tensor] | None = None,
-                 sizing: Mapping[str, Any] | None = None):
+                 sizing: Mapping[str, Any] | None = None, fixed: Mapping[int, tuple] | None = None):
         """``takes_positions``: the model reads ``position_ids``; ``takes_mask``: it reads an attention
         mask; ``extras``: the other per-token inputs generate passes (``token_type_ids``), each ``[batch, S]``
         like ``input_ids``, by the rule the loop derives its next value with (``per_token_extras``). A step
@@ -252,7 +113,8 @@ class StaticStep(torch.nn.Module):
         that order, that ExecuTorch's LLM runner passes. ``cache_arg``: the forward argument the cache goes
         in by (``CACHE_ARGS``). ``embeds``: the step takes ``inputs_embeds`` ``[batch, S, hidden]`` instead of
         ``input_ids`` (exporters/generation/static_embeds.py). ``cross``: an encoder-decoder's step
-        (``CrossAttention``), one decoder token a call."""
+        (``CrossAttention``), one decoder token a call. ``fixed``: the cache layers of a length of their own
+        (static_layers.py), read off generate (static_calls.py's ``fixed_layers``)."""
         super().__init__()
         if state not in STATE_FORMS:
             raise GenerationError(f"state={state!r}: the static step keeps its cache as one of {STATE_FORMS}")
@@ -278,7 +140,8 @@ class StaticStep(torch.nn.Module):
         self.inner_mask = self.runner_form and reads_mask
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.cache_arg = cache_arg
-        self._cache = _static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing)
+        self.fixed = dict(fixed or {})
+        self._cache = _static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing, self.fixed)
         # plain values generate passes every call (baked), the model outputs a prompt component returns, and the
         # step's inputs that are the prompt call's outputs (input -> output: static_calls.py's from_prompt)
         self.constants, self.returns, self.from_prompt, self.sizing = {}, (), {}, sizing
@@ -470,17 +333,18 @@ def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_le
     reads_mask = any("attention_mask" in c for c in calls)
     takes_mask = reads_mask and not (batch == 1 and unpadded)  # as an input
     step = StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras,
-                      cache_arg, embeds=bool(prompt_only) and not whole_prompt, module_state=carried, sizing=sizing).eval()
+                      cache_arg, embeds=bool(prompt_only) and not whole_prompt, module_state=carried, sizing=sizing,
+                      fixed=seen.fixed if seen is not None else None).eval()
     step.constants, step.from_prompt = constants, handed
     step.prompt_inputs = tuple(prompt_only + layout)  # what a prompt component takes besides the step's inputs
     step.prompt_tokens = () if whole_prompt else tuple(prompt_token_candidates(model, calls[0], prompt_only))
     return step
 
 
-def fresh_step_cache(model: torch.nn.Module, batch: int, max_cache_len: int):
-    """A cache of the step's own form (every layer full length, StepCache), empty, for an eager generate."""
+def fresh_step_cache(model: torch.nn.Module, batch: int, max_cache_len: int, fixed: Mapping[int, tuple] | None = None):
+    """A cache of the step's own form (every layer full length but ``fixed``'s, StepCache), empty, for an eager generate."""
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    return _static_cache(model, batch, max_cache_len, dtype)
+    return _static_cache(model, batch, max_cache_len, dtype, fixed=fixed)
 
 
 def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppress: int | None = None,
@@ -509,8 +373,10 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
         calls.clear()
         returned.clear()
         seen.plain.clear()
+        seen.cache = None
         with record_returns(model, returned), forward_wrapped(model, names), torch.no_grad():
             model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False, **cache, **settings)
+        seen.fixed, seen.cache = fixed_layers(seen.cache, calls), None  # its layers not of the text's length
 
     config = getattr(model, "generation_config", None)
     settings = {} if suppress is None else {"suppress_tokens": [*(getattr(config, "suppress_tokens", None) or []), suppress]}

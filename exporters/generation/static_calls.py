@@ -71,9 +71,35 @@ class Seen:
 
     plain: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     outputs: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
+    cache: Any = None  # the cache generate passes (the first call's)
+    # its layers of a length of their own: layer -> (key shape, value shape), ``fixed_layers``
+    fixed: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = dataclasses.field(default_factory=dict)
 
     def note(self, kwargs: dict[str, Any]) -> None:
         self.plain.append({k: v for k, v in kwargs.items() if isinstance(v, (bool, int, float, str))})
+        if self.cache is None:
+            self.cache = next((kwargs[a] for a in CACHE_ARGS if kwargs.get(a) is not None), None)
+
+
+def fixed_layers(cache: Any, calls: list[dict[str, Any]]) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The layers of the model's own static cache, as its ``generate`` left it after ``calls``, that its text did not
+    write: layer -> (key shape, value shape). A text layer has had every token the calls fed written (its
+    ``cumulative_length``), one slot each, in a layer of generate's ``max_cache_len``; a layer written with another
+    count, and of another length than the text's layers, holds something else, sized apart from the text (Mllama's
+    ``_prepare_static_cache`` gives its cross-attention layers the image's length: one slot a vision position, written at
+    the prompt's call only). The step keeps such a layer at that length (static_layers.py), not ``max_cache_len``. Empty
+    where no layer counts the text's tokens (nothing to tell the text's layers by)."""
+    from transformers.cache_utils import StaticLayer
+
+    tokens = [c["input_ids"] if "input_ids" in c else c.get("inputs_embeds") for c in calls]
+    fed = sum(int(t.shape[1]) for t in tokens if isinstance(t, torch.Tensor) and t.dim() > 1)
+    layers = [(i, layer) for i, layer in enumerate(getattr(cache, "layers", ()))
+              if type(layer) is StaticLayer and layer.is_initialized]
+    text = {layer.max_cache_len for _, layer in layers if int(layer.cumulative_length) == fed}
+    if not text:
+        return {}
+    return {i: (tuple(layer.keys.shape), tuple(layer.values.shape)) for i, layer in layers
+            if int(layer.cumulative_length) != fed and layer.max_cache_len not in text}
 
 
 def prompt_handoff(name: str, calls: list[dict[str, Any]], seen: Seen | None,

@@ -62,7 +62,8 @@ class PromptStep(StaticStep):
             raise GenerationError(f"{type(model).__name__}: a prompt component is built for a decoder's step over "
                                   "its own cache (no cross-attention inputs, no state in module attributes)")
         super().__init__(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
-                         reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, sizing=step.sizing)
+                         reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, sizing=step.sizing,
+                         fixed=step.fixed)
         self.token_by_token = False  # the whole prompt, through the model's multi-token path
         # the prompt's own mask [batch, prompt], as generate passes it (a state-space layer zeroes the positions it
         # marks among the call's last S: a mask over every slot would mark the unwritten ones); none for one
@@ -130,7 +131,8 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
         return "a padded prompt: the model's prompt path zeroes the padded positions before its states take them"
     batch = int(ids.shape[0])
     twin = StaticStep(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
-                      reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, embeds=step.embeds).eval()
+                      reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, embeds=step.embeds,
+                      fixed=step.fixed).eval()
     twin.deepstack, twin.handed, twin.token_by_token = step.deepstack, step.handed, True
     twin.prompt_inputs = step.prompt_inputs
     components: dict[str, Any] = {"step": twin}

@@ -1,0 +1,179 @@
+"""The static step's cache (static.py): a transformers ``StaticCache`` whose every layer the step can carry, sized by
+the model's own first write, and its layers' tensors by part.
+
+Every layer has ``max_cache_len`` slots, but a layer the model's own static-cache ``generate`` sizes apart from the
+text's length (``fixed``: layer -> its key and value shapes there, read off generate by static_calls.py's
+``fixed_layers``; Mllama's cross-attention layers hold the image's keys and values, one slot a vision position, written
+at the prompt's call only) keeps that length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from exporters.generation.capture import GenerationError
+from exporters.generation.static_caches import step_cache_for
+
+# the cache parts (``_layer_tensors``) of a linear-attention state, which a new sequence starts from zero
+LINEAR_PARTS = ("conv_", "recurrent_")
+
+
+def _step_cache_class():
+    from transformers.cache_utils import StaticCache
+
+    class StepCache(StaticCache):
+        """A StaticCache that says it is not compileable while torch.export traces it.
+
+        ``is_compileable`` is read in one place: masking_utils' ``create_causal_mask`` (and its sliding
+        and chunked siblings) computes ``allow_is_causal_skip = ... and not (cache.is_compileable and
+        q_length == 1)``. With a dynamic sequence, ``q_length == 1`` puts the guard ``S != 1`` on the
+        export, and the step would refuse the one-token call it exists for. Under export the answer
+        cannot matter: ``_ignore_causal_mask_sdpa`` returns False whenever torch is exporting, so the
+        mask is always built. In eager calls the cache stays compileable (there the test keeps a
+        one-token query from dropping the mask over unwritten slots)."""
+
+        # the step's past length as an int while it is traced (StaticStep.forward sets it)
+        traced_past = None
+
+        @property
+        def is_compileable(self) -> bool:
+            return not torch.compiler.is_exporting() and all(layer.is_compileable for layer in self.layers)
+
+        @property
+        def is_initialized(self) -> bool:
+            """False, as for the lazily sized cache eager generate starts from. Models that build a prefix-LM
+            (bidirectional) mask on their first call only tell that call by the cache
+            (``is_first_iteration = past_key_values is None or not past_key_values.is_initialized``:
+            PaliGemma, HrmText, Molmo2), and the step's cache is always sized, so its prompt call got a
+            causal mask. At a later call the prefix's block ids, padded with -1 past the prompt, add
+            nothing for the new token. The layers' own ``is_initialized`` is unchanged."""
+            return False
+
+        def get_seq_length(self, layer_idx: int = 0):
+            """A StaticLayer answers with its 0-d ``cumulative_length`` tensor. Models that build positions
+            from it (``torch.arange(past, past + S)``: RoFormer, TrOCR, Mvp) then read the tensor twice, as
+            two unbacked ints whose difference has no bound, and ExecuTorch's memory planning refuses the
+            ``u1 - u0`` size. While traced the step answers with one int, read once and bounded by the
+            cache (``traced_past``), so the size is ``S``."""
+            length = super().get_seq_length(layer_idx)
+            if self.traced_past is not None and isinstance(length, torch.Tensor):
+                return self.traced_past
+            return length
+
+    return StepCache
+
+
+def _is_linear(layer) -> bool:
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    return isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
+def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype,
+                  cache_arg: str = "past_key_values", cross=None, sizing: Mapping | None = None,
+                  fixed: Mapping[int, tuple[tuple[int, ...], tuple[int, ...]]] | None = None):
+    """``cross``: an encoder-decoder's ``CrossAttention`` (static.py); ``sizing``: what a later call of generate passes
+    beside a token; ``fixed``: the layers of a length of their own (the module docstring)."""
+    from transformers.cache_utils import (
+        DummyLayer,
+        LinearAttentionAndStaticFullAttentionLayer,
+        LinearAttentionAndStaticSlidingWindowAttentionLayer,
+        LinearAttentionLayer,
+        StaticIndexedLayer,
+        StaticLayer,
+        StaticSlidingWindowLayer,
+    )
+
+    config = model.config.get_text_config(decoder=True) if cross is not None else model.config
+    cache = step_cache_for(model, _step_cache_class())(config=config, max_cache_len=max_cache_len)
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is StaticSlidingWindowLayer:
+            # a full-length layer: the model's sliding-window mask (from its config's layer types, over
+            # positions) still limits attention to the window, so the step computes what eager's rolling
+            # window layer computes, keeping max_cache_len slots instead of the window's. The rolling
+            # update itself branches on a Python count, which a traced step cannot carry.
+            cache.layers[i] = StaticLayer(max_cache_len=max_cache_len)
+        elif type(layer) is StaticLayer and i in (fixed or {}):  # its own length, as the model's generate sizes it
+            cache.layers[i] = StaticLayer(max_cache_len=fixed[i][0][-2])
+        elif type(layer) is LinearAttentionAndStaticSlidingWindowAttentionLayer:  # the same, beside its states
+            cache.layers[i] = LinearAttentionAndStaticFullAttentionLayer(max_cache_len=max_cache_len,
+                                                                         number_of_states=layer.number_of_states)
+        elif type(layer) not in (StaticLayer, StaticIndexedLayer, LinearAttentionLayer,
+                                 LinearAttentionAndStaticFullAttentionLayer, DummyLayer):
+            raise GenerationError(f"{type(model).__name__}: static cache layer {i} is a {type(layer).__name__}; the "
+                                  "static step builds key/value (StaticLayer, with an indexer's keys: "
+                                  "StaticIndexedLayer), linear-attention state and empty (DummyLayer) layers only")
+    # each layer's shapes as the model writes them (per-layer head counts and sizes; keys and values of
+    # different sizes under multi-head latent attention; conv and recurrent states): one eager token into
+    # the lazily sized cache, then every slot zeroed again
+    try:
+        with torch.no_grad():
+            token = torch.zeros(batch, 1, dtype=torch.long)
+            if cross is None:
+                model(input_ids=token, cache_position=torch.tensor([0]), **{cache_arg: cache}, use_cache=True,
+                      logits_to_keep=1, **(sizing or {}))  # ``sizing``: what a later call of generate passes
+            else:
+                model(**cross.model_kwargs(token, cross.example, cache), cache_position=torch.tensor([0]), use_cache=True)
+    except Exception as exc:  # noqa: BLE001 - the model refuses a one-token call over its static cache
+        raise GenerationError(f"{type(model).__name__}: one token over a static cache fails ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}), so its layers cannot be sized") from exc
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, StaticLayer) and not layer.is_initialized and i in (fixed or {}):
+            # not written by a text token (Mllama's cross-attention): the heads and sizes generate's cache has
+            keys, values = fixed[i]
+            StaticLayer.lazy_initialization(layer, torch.zeros(batch, keys[1], 0, keys[-1], dtype=dtype),
+                                            torch.zeros(batch, values[1], 0, values[-1], dtype=dtype))
+        elif isinstance(layer, StaticLayer) and not layer.is_initialized:
+            # not written by a text token, and no size read off generate: the config's sizes
+            text = model.config.get_text_config(decoder=True)
+            heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+            head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+            empty = torch.zeros(batch, heads, 0, head_dim, dtype=dtype)
+            StaticLayer.lazy_initialization(layer, empty, empty)
+    # an indexer that keeps the positions it has seen as a growing history (Qwen4Exp: [dims, batch, past] ids on
+    # its layer): the step keeps them in slots, as keys (StaticStep.forward)
+    cache.position_histories = {i: int(layer.indexer_position_ids.shape[0]) for i, layer in enumerate(cache.layers)
+                                if getattr(layer, "indexer_position_ids", None) is not None}
+    cache.reset()
+    for layer in cache.layers:
+        if _is_linear(layer):
+            # zero state, read as a previous one: the step runs the model's one-token path, which from zero
+            # state computes what its prompt path computes for the first token (a convolution over zero
+            # padding, the recurrence from a zero state)
+            for j in range(layer.number_of_states):
+                layer.has_previous_state[j] = bool(layer.is_conv_states_initialized[j]
+                                                   or layer.is_recurrent_states_initialized[j])
+    return cache
+
+
+def _layer_tensors(layer) -> dict[str, torch.Tensor]:
+    """A step cache layer's tensors by part: ``key`` / ``value`` for its attention, ``indexer_key`` for a
+    sparse-attention indexer's keys (StaticIndexedLayer, DeepSeek-V3.2 DSA: ``[batch, max_cache_len,
+    index_head_dim]``, written at the same positions), ``conv_<j>`` / ``recurrent_<j>`` for its
+    linear-attention states."""
+    from transformers.cache_utils import StaticIndexedLayer, StaticLayer
+
+    parts = {"key": layer.keys, "value": layer.values} if isinstance(layer, StaticLayer) else {}
+    if isinstance(layer, StaticIndexedLayer) and layer.is_indexer_initialized:
+        parts["indexer_key"] = layer.indexer_keys
+    if _is_linear(layer):
+        for j in range(layer.number_of_states):
+            if layer.is_conv_states_initialized[j]:
+                parts[f"conv_{j}"] = layer.conv_states[j]
+            if layer.is_recurrent_states_initialized[j]:
+                parts[f"recurrent_{j}"] = layer.recurrent_states[j]
+    return parts
+
+
+def _set_layer_tensor(layer, part: str, tensor: torch.Tensor) -> None:
+    if part == "key":
+        layer.keys = tensor
+    elif part == "value":
+        layer.values = tensor
+    elif part == "indexer_key":
+        layer.indexer_keys = tensor
+    else:
+        kind, j = part.rsplit("_", 1)
+        getattr(layer, f"{kind}_states")[int(j)] = tensor
