@@ -514,3 +514,43 @@ def test_a_refused_gemm_leaves_its_quantizes_explicit():
     mm, weight, out = graph()
     assert get_deps(True)(None, mm, None)[0] is True
     assert is_tagged_as_implicit_q_dq(out) and is_tagged_as_implicit_q_dq(weight)
+
+
+class _SharedBias(torch.nn.Module):
+    """One linear applied to two inputs on other quantization grids, as Videomt's per-frame heads: one bias
+    parameter read by two GEMMs of one XNNPACK partition."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+        with torch.no_grad():
+            self.fc.bias.uniform_(2.0, 3.0)  # large against the outputs' step
+
+    def forward(self, x, y):
+        return self.fc(x), self.fc(y)
+
+
+def test_int8_bias_shared_by_gemms_on_other_grids_is_defined_per_grid():
+    """XNNPACK defined the shared bias once, as int32 on the first linear's (weight scale x input scale), and the
+    second linear read it on its own grid: its output 199 steps off the quantized reference, and int8 Videomt's
+    masks 17 (bound 12). Patched, the bias is defined again for the second grid and the program computes the
+    reference."""
+    from exporters.parity import assert_close_quantized
+    from exporters.pytrees import flatten_outputs
+    from exporters.quantization import int8
+
+    torch.manual_seed(0)
+    model = _SharedBias().eval()
+    inputs = {"x": torch.randn(4, 16), "y": 4 * torch.randn(4, 16)}
+    config = et.ExecutorchConfig(quantization=int8(calibration=[inputs]))
+    name = "patch:executorch:executorch.backends.xnnpack.operators.node_visitor.NodeVisitor.define_tensor"
+
+    def check(art):
+        got = {k: torch.as_tensor(v) for k, v in flatten_outputs(art(**inputs)).items()}
+        assert_close_quantized(art.reference(**inputs), got, "executorch", art.reference_spread(**inputs))
+
+    with pytest.raises(AssertionError):
+        check(et.ExecutorchExporter(registry=DEFAULT_REGISTRY.without(name)).export(model, inputs, config))
+    art = et.ExecutorchExporter().export(model, inputs, config)
+    assert name in art.workarounds_fired
+    check(art)  # the sweep's rule

@@ -397,3 +397,52 @@ def _patch_rejected_gemm_leaves_its_quantizes_explicit(original):
 
     get_deps.acted = acted  # fired when a refused GEMM's tags were taken back
     return get_deps
+
+
+def _static_bias_grid(tensor: torch.fx.Node, quant_params: Any) -> tuple | None:
+    """The int32 grid XNNPACK quantizes a static GEMM's bias to (its scale, weight scale x input scale, per
+    channel or not); None for any other tensor."""
+    if quant_params is None or quant_params.is_dynamic or quant_params.dtype != torch.int32:
+        return None
+    if quant_params.q_input is not tensor:
+        return None
+    scale = quant_params.scale
+    return tuple(scale.flatten().tolist()) if isinstance(scale, torch.Tensor) else (float(scale),)
+
+
+_BIAS_GRID = "exporters_xnnpack_bias_grid"  # node.meta: (id of the vals_to_ids it was defined in, its grid)
+
+
+@register_patch("executorch", "executorch.backends.xnnpack.operators.node_visitor.NodeVisitor.define_tensor")
+def _patch_shared_bias_defined_per_grid(original):
+    """XNNPACK's node visitors define each graph value once per delegate (``if tensor in vals_to_ids: return``).
+    A static quantized GEMM's bias is defined as int32 on the grid of weight scale x input scale, so where one
+    bias parameter is read by several GEMMs of one partition whose inputs (or weights) are quantized on other
+    grids, every GEMM after the first gets the first one's int32 values, read on its own grid: its bias is scaled by
+    the ratio of the input scales. int8 VideomtForUniversalSegmentation runs its upscale block and mask head once per
+    frame with the same parameters, and one partition takes the four frames' transposed convolutions (input scales
+    0.0278, 0.0241, 0.0251, 0.0266): masks_queries_logits was 17 quantization steps off its reference, frame 1's
+    masks +3.5 steps on average. Standalone, two linears sharing a bias on inputs about 4x apart: the second 199
+    steps off in one partition, 0 in per-op partitions (tests/test_executorch_patches.py). Define the bias again,
+    as its own tensor, for each grid it is asked for; a bias asked for on the grid it was defined on is still shared.
+
+    before: linear(dq(x, s1), w, b), linear(dq(y, s2), w, b) in one partition -> both read int32 b / (w_s * s1)
+    after:  the second reads its own int32 b / (w_s * s2)
+    """
+    acted = ActedFlag()
+
+    def define_tensor(self, tensor, xnn_graph, vals_to_ids, *args, **kwargs):
+        quant_params = kwargs["quant_params"] if "quant_params" in kwargs else (args[2] if len(args) > 2 else None)
+        grid = _static_bias_grid(tensor, quant_params)
+        if grid is None:
+            return original(self, tensor, xnn_graph, vals_to_ids, *args, **kwargs)
+        defined = tensor.meta.get(_BIAS_GRID)
+        if tensor in vals_to_ids and defined is not None and defined[0] == id(vals_to_ids) and defined[1] != grid:
+            del vals_to_ids[tensor]  # the GEMM that asks next reads vals_to_ids[bias]: this grid's tensor
+            acted.set()
+        result = original(self, tensor, xnn_graph, vals_to_ids, *args, **kwargs)
+        tensor.meta[_BIAS_GRID] = (id(vals_to_ids), grid)
+        return result
+
+    define_tensor.acted = acted  # fired only when a bias was defined again for another grid
+    return define_tensor
