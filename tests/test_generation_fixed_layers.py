@@ -7,6 +7,7 @@ static-cache generate (exporters/generation/static_calls.py ``fixed_layers``) an
 from __future__ import annotations
 
 import torch
+from _generation_check import assert_teacher_forced_match, tiny_for_generate
 
 from exporters import get_exporter
 from exporters.generation.static_calls import fixed_layers
@@ -43,22 +44,11 @@ def test_mllama_static_generate_keeps_the_images_keys_and_values_in_layers_of_th
     broadcastable to [2, 4, 7, 16]' (every step layer had max_cache_len slots; skips/export_skips.py's strict xfail).
     Now the cross-attention layer has the image's 68 slots, written by the prompt component and read by the step;
     tokens and teacher-forced logits equal eager's."""
-    from sweeps.generate import generate_inputs
-    from sweeps.runner import reference
-
-    tiny = reference("MllamaForConditionalGeneration", init_range=0.2).tiny
-    model, inputs = tiny.model, generate_inputs(tiny.inputs)
+    model, inputs = tiny_for_generate("MllamaForConditionalGeneration")
     generator = get_exporter("dynamo").export_for_generation(model, inputs, cache="static", max_cache_len=16)
     assert sorted(generator.components) == ["prompt", "step"]
     layout = generator.components["step"].extra_metadata["cache_layout"]
     cross = model.config.text_config.cross_attention_layers
     for i in range(model.config.text_config.num_hidden_layers):
         assert layout[f"past_{i}_key"][-2] == (68 if i in cross else 16), (i, layout)
-    with torch.no_grad():
-        eager = model.generate(**inputs, max_new_tokens=6, min_new_tokens=6, do_sample=False,
-                               return_dict_in_generate=True, output_logits=True)
-    out = generator.generate(**inputs, max_new_tokens=6, teacher_tokens=eager.sequences[:, -6:],
-                             return_dict_in_generate=True, output_logits=True)
-    for want, got in zip(eager.logits, out.logits, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert torch.equal(out.sequences, eager.sequences)
+    assert_teacher_forced_match(generator, model, inputs, 6)

@@ -6,23 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _generation_check import eager_generate as _eager
+from _generation_check import tiny_for_generate as _tiny
 
 from exporters import get_exporter, load_generator
 from exporters.generation import GenerationError, StaticGenerator
-
-
-def _tiny(name: str):
-    from sweeps.generate import generate_inputs
-    from sweeps.runner import reference
-
-    tiny = reference(name, init_range=0.2).tiny
-    return tiny.model, generate_inputs(tiny.inputs)
-
-
-def _eager(model, inputs, new: int):
-    with torch.no_grad():
-        return model.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                              return_dict_in_generate=True, output_logits=True)
 
 
 def test_a_decoder_that_merges_the_image_itself_gets_a_prompt_component(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _generation_check import assert_teacher_forced_match, tiny_for_generate
 
 from exporters import get_exporter, load_generator
 from exporters.generation import GenerationError
@@ -45,11 +46,7 @@ def test_idefics_static_generate_hands_the_prompts_image_hidden_states_to_every_
     to forward' (skips/export_skips.py's strict xfail). Now the prompt component returns image_hidden_states, the
     step takes it as image_encoder_embeddings; tokens and teacher-forced logits equal eager's, also after a save
     and load, and the metadata records the handoff and the baked constant."""
-    from sweeps.generate import generate_inputs
-    from sweeps.runner import reference
-
-    tiny = reference("IdeficsForVisionText2Text", init_range=0.2).tiny
-    model, inputs = tiny.model, generate_inputs(tiny.inputs)
+    model, inputs = tiny_for_generate("IdeficsForVisionText2Text")
     generator = get_exporter("dynamo").export_for_generation(model, inputs, cache="static", max_cache_len=16)
     assert sorted(generator.components) == ["prompt", "step"]
     assert generator.metadata["prompt_outputs"] == {"image_encoder_embeddings": "image_hidden_states"}
@@ -58,13 +55,6 @@ def test_idefics_static_generate_hands_the_prompts_image_hidden_states_to_every_
     assert "image_hidden_states" in generator.components["prompt"].output_names
     assert "image_encoder_embeddings" in generator.components["step"].input_names
     assert "pixel_values" not in generator.components["step"].input_names
-    with torch.no_grad():
-        eager = model.generate(**inputs, max_new_tokens=6, min_new_tokens=6, do_sample=False,
-                               return_dict_in_generate=True, output_logits=True)
-    out = generator.generate(**inputs, max_new_tokens=6, teacher_tokens=eager.sequences[:, -6:],
-                             return_dict_in_generate=True, output_logits=True)
-    for want, got in zip(eager.logits, out.logits, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert torch.equal(out.sequences, eager.sequences)
+    eager = assert_teacher_forced_match(generator, model, inputs, 6)
     generator.save(tmp_path)
     assert torch.equal(load_generator(tmp_path).generate(**inputs, max_new_tokens=6), eager.sequences)
