@@ -308,7 +308,7 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
 def _asked(generator: StaticGenerator, step) -> StaticGenerator:
     """``generator`` with ``use_cache_asked`` in its metadata where the step's capture asked generate for a cache
     its generation config turns off (capture.static_cache_asked), or tried to and fell back."""
-    if getattr(step, "use_cache_asked", None):
+    if step.use_cache_asked:
         generator.metadata["use_cache_asked"] = step.use_cache_asked
     return generator
 

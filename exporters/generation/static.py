@@ -100,6 +100,8 @@ class CrossAttention:
 class StaticStep(torch.nn.Module):
     """``model`` over a static cache held by this module: see the module docstring."""
 
+    use_cache_asked: str | None = None  # why generate was asked for a cache its config turns off (static_step_for)
+
     def __init__(self, model: torch.nn.Module, batch: int, max_cache_len: int, state: str = "buffers",
                  takes_positions: bool = True, takes_mask: bool = True, reads_mask: bool = False,
                  extras: Mapping[str, str] | None = None, cache_arg: str = "past_key_values", embeds: bool = False,

@@ -145,6 +145,8 @@ class OwnStateStep(torch.nn.Module):
     deepstack = 0
     cross = None
 
+    use_cache_asked: str | None = None  # why generate was asked for a cache its config turns off (static_step_for)
+
     def __init__(self, model: torch.nn.Module, arg: str, batch: int, max_cache_len: int, state: str):
         super().__init__()
         self.model, self.arg, self.state, self.max_cache_len = model, arg, state, max_cache_len

@@ -110,6 +110,8 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
 class WholeSequenceStep(torch.nn.Module):
     """``model`` over the whole sequence so far: the last position's logits (module docstring)."""
 
+    use_cache_asked: str | None = None  # why generate was asked for a cache its config turns off (static_step_for)
+
     def __init__(self, model: torch.nn.Module, batch: int, max_len: int, takes_positions: bool, takes_mask: bool,
                  reads_mask: bool, extras: Mapping[str, str] | None = None, appended: int | None = None,
                  filled: Mapping[str, int | float] | None = None):
