@@ -59,7 +59,7 @@ from exporters.generation.static_embeds import (
     deepstack_names,
     per_token_embedding,
 )
-from exporters.generation.static_layers import LINEAR_PARTS, _is_linear, _layer_tensors, _set_layer_tensor, _static_cache
+from exporters.generation.static_layers import LINEAR_PARTS, is_linear, layer_tensors, set_layer_tensor, static_cache
 from exporters.generation.static_prompt import prompt_token_candidates
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, read_appended, rereads_sequence, whole_sequence_step_for
@@ -143,21 +143,21 @@ class StaticStep(torch.nn.Module):
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.cache_arg = cache_arg
         self.fixed = dict(fixed or {})
-        self._cache = _static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing, self.fixed)
+        self._cache = static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing, self.fixed)
         # plain values generate passes every call (baked), the model outputs a prompt component returns, and the
         # step's inputs that are the prompt call's outputs (input -> output: static_calls.py's from_prompt)
         self.constants, self.returns, self.from_prompt, self.sizing = {}, (), {}, sizing
         self.layer_count = len(self._cache.layers)
         # linear-attention states run one token a call: the model's state update is its one-token path
-        self.token_by_token = cross is not None or any(_is_linear(layer) for layer in self._cache.layers) or bool(module_state)
+        self.token_by_token = cross is not None or any(is_linear(layer) for layer in self._cache.layers) or bool(module_state)
         # state the model keeps in module attributes (``module_state``: path -> its value after the prompt's call), a
         # running state as a linear-attention layer's: one token a call, zero at position 0 (module_state.py)
         self.held_state = StepState(model, module_state or {}, state)
         self.held_state.register(self)
-        self._parts = [list(_layer_tensors(layer)) for layer in self._cache.layers]
+        self._parts = [list(layer_tensors(layer)) for layer in self._cache.layers]
         for i, layer in enumerate(self._cache.layers):
             if state == "buffers":
-                for part, tensor in _layer_tensors(layer).items():
+                for part, tensor in layer_tensors(layer).items():
                     self.register_buffer(f"cache_{i}_{part}", tensor)
         # each indexer's position history in slots, [dims, batch, max_cache_len], as floats (the loop's zeros are)
         self._histories = {i: (dims, batch, max_cache_len) for i, dims in self._cache.position_histories.items()}
@@ -172,13 +172,13 @@ class StaticStep(torch.nn.Module):
         """The cache inputs, ``past_<i>_key`` / ``past_<i>_value``, and their fixed shapes (the outputs are
         named ``present_<i>_key`` / ``present_<i>_value``)."""
         shapes = {f"past_{i}_{part}": tuple(tensor.shape)
-                  for i, layer in enumerate(self._cache.layers) for part, tensor in _layer_tensors(layer).items()}
+                  for i, layer in enumerate(self._cache.layers) for part, tensor in layer_tensors(layer).items()}
         return {**shapes, **{f"past_{i}_positions": shape for i, shape in self._histories.items()}, **self.held_state.shapes()}
 
     def initial_cache(self) -> dict[str, torch.Tensor]:
         """Zeros for every cache input (the ``"inputs"`` form's first call)."""
         zeros = {f"past_{i}_{part}": torch.zeros_like(tensor)
-                 for i, layer in enumerate(self._cache.layers) for part, tensor in _layer_tensors(layer).items()}
+                 for i, layer in enumerate(self._cache.layers) for part, tensor in layer_tensors(layer).items()}
         return {**zeros, **{f"past_{i}_positions": torch.zeros(shape) for i, shape in self._histories.items()},
                 **self.held_state.zeros()}
 
@@ -203,7 +203,7 @@ class StaticStep(torch.nn.Module):
                     tensor = getattr(self, f"cache_{i}_{part}")
                     if fresh is not None and part.startswith(LINEAR_PARTS):
                         tensor = tensor * fresh.to(tensor.dtype)
-                _set_layer_tensor(layer, part, tensor)
+                set_layer_tensor(layer, part, tensor)
             if isinstance(layer, StaticLayer):
                 layer.cumulative_length = start.clone()  # the mask's offset; a clone: the layer adds to it in place
             if isinstance(layer, StaticIndexedLayer) and layer.is_indexer_initialized:
@@ -244,7 +244,7 @@ class StaticStep(torch.nn.Module):
                 out = self.model(**kwargs, **{self.cache_arg: self._cache}, use_cache=True, logits_to_keep=1, return_dict=True)
             outputs = {"logits": out.logits[:, -1, :], **finish(), **{k: getattr(out, k) for k in self.returns}}
         for i, layer in enumerate(self._cache.layers):
-            for part, tensor in _layer_tensors(layer).items():
+            for part, tensor in layer_tensors(layer).items():
                 if self.state == "inputs":
                     outputs[f"present_{i}_{part}"] = tensor
                 elif tensor is not getattr(self, f"cache_{i}_{part}"):  # a state the model replaced, not updated
@@ -346,7 +346,7 @@ def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_le
 def fresh_step_cache(model: torch.nn.Module, batch: int, max_cache_len: int, fixed: Mapping[int, tuple] | None = None):
     """A cache of the step's own form (every layer full length but ``fixed``'s, StepCache), empty, for an eager generate."""
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    return _static_cache(model, batch, max_cache_len, dtype, fixed=fixed)
+    return static_cache(model, batch, max_cache_len, dtype, fixed=fixed)
 
 
 def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppress: int | None = None,
@@ -398,7 +398,7 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
             raise GenerationError(failed) from exc
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         try:
-            run(past_key_values=_static_cache(model, int(ids.shape[0]), int(ids.shape[1]) + 3, dtype))
+            run(past_key_values=static_cache(model, int(ids.shape[0]), int(ids.shape[1]) + 3, dtype))
         except Exception as again:  # noqa: BLE001 - the step's own cache fails too: the first failure says why
             raise GenerationError(f"{failed}; over the step's own static cache too ({type(again).__name__}: "
                                   f"{str(again).splitlines()[0] if str(again) else ''})") from exc

@@ -105,7 +105,7 @@ def fixed_layers(cache: Any, calls: list[dict[str, Any]]) -> dict[int, tuple[tup
 def prompt_handoff(name: str, calls: list[dict[str, Any]], seen: Seen | None,
                    extras: dict[str, str]) -> tuple[dict[str, str], dict[str, Any], dict[str, Any] | None]:
     """``from_prompt`` and ``fixed_constants``, and where the later calls take the prompt's outputs, what the step's
-    one-token sizing call (static.py's ``_static_cache``) is given: a later call's values of those, its extras' first
+    one-token sizing call (static_layers.py's ``static_cache``) is given: a later call's values of those, its extras' first
     column and the constants (a model that refuses a token without them: Idefics without image features); else None."""
     handed, constants = from_prompt(name, calls, seen), fixed_constants(calls, seen)
     if not handed:

@@ -16,7 +16,7 @@ import torch
 from exporters.generation.capture import GenerationError
 from exporters.generation.static_caches import step_cache_for
 
-# the cache parts (``_layer_tensors``) of a linear-attention state, which a new sequence starts from zero
+# the cache parts (``layer_tensors``) of a linear-attention state, which a new sequence starts from zero
 LINEAR_PARTS = ("conv_", "recurrent_")
 
 
@@ -65,13 +65,13 @@ def _step_cache_class():
     return StepCache
 
 
-def _is_linear(layer) -> bool:
+def is_linear(layer) -> bool:
     from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
     return isinstance(layer, LinearAttentionCacheLayerMixin)
 
 
-def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype,
+def static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype,
                   cache_arg: str = "past_key_values", cross=None, sizing: Mapping | None = None,
                   fixed: Mapping[int, tuple[tuple[int, ...], tuple[int, ...]]] | None = None):
     """``cross``: an encoder-decoder's ``CrossAttention`` (static.py); ``sizing``: what a later call of generate passes
@@ -86,6 +86,7 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
         StaticSlidingWindowLayer,
     )
 
+    fixed = fixed or {}
     config = model.config.get_text_config(decoder=True) if cross is not None else model.config
     cache = step_cache_for(model, _step_cache_class())(config=config, max_cache_len=max_cache_len)
     for i, layer in enumerate(cache.layers):
@@ -95,7 +96,7 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
             # window layer computes, keeping max_cache_len slots instead of the window's. The rolling
             # update itself branches on a Python count, which a traced step cannot carry.
             cache.layers[i] = StaticLayer(max_cache_len=max_cache_len)
-        elif type(layer) is StaticLayer and i in (fixed or {}):  # its own length, as the model's generate sizes it
+        elif type(layer) is StaticLayer and i in fixed:  # its own length, as the model's generate sizes it
             cache.layers[i] = StaticLayer(max_cache_len=fixed[i][0][-2])
         elif type(layer) is LinearAttentionAndStaticSlidingWindowAttentionLayer:  # the same, beside its states
             cache.layers[i] = LinearAttentionAndStaticFullAttentionLayer(max_cache_len=max_cache_len,
@@ -120,7 +121,7 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
         raise GenerationError(f"{type(model).__name__}: one token over a static cache fails ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}), so its layers cannot be sized") from exc
     for i, layer in enumerate(cache.layers):
-        if isinstance(layer, StaticLayer) and not layer.is_initialized and i in (fixed or {}):
+        if isinstance(layer, StaticLayer) and not layer.is_initialized and i in fixed:
             # not written by a text token (Mllama's cross-attention): the heads and sizes generate's cache has
             keys, values = fixed[i]
             StaticLayer.lazy_initialization(layer, torch.zeros(batch, keys[1], 0, keys[-1], dtype=dtype),
@@ -138,7 +139,7 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
                                 if getattr(layer, "indexer_position_ids", None) is not None}
     cache.reset()
     for layer in cache.layers:
-        if _is_linear(layer):
+        if is_linear(layer):
             # zero state, read as a previous one: the step runs the model's one-token path, which from zero
             # state computes what its prompt path computes for the first token (a convolution over zero
             # padding, the recurrence from a zero state)
@@ -148,7 +149,7 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
     return cache
 
 
-def _layer_tensors(layer) -> dict[str, torch.Tensor]:
+def layer_tensors(layer) -> dict[str, torch.Tensor]:
     """A step cache layer's tensors by part: ``key`` / ``value`` for its attention, ``indexer_key`` for a
     sparse-attention indexer's keys (StaticIndexedLayer, DeepSeek-V3.2 DSA: ``[batch, max_cache_len,
     index_head_dim]``, written at the same positions), ``conv_<j>`` / ``recurrent_<j>`` for its
@@ -158,7 +159,7 @@ def _layer_tensors(layer) -> dict[str, torch.Tensor]:
     parts = {"key": layer.keys, "value": layer.values} if isinstance(layer, StaticLayer) else {}
     if isinstance(layer, StaticIndexedLayer) and layer.is_indexer_initialized:
         parts["indexer_key"] = layer.indexer_keys
-    if _is_linear(layer):
+    if is_linear(layer):
         for j in range(layer.number_of_states):
             if layer.is_conv_states_initialized[j]:
                 parts[f"conv_{j}"] = layer.conv_states[j]
@@ -167,7 +168,7 @@ def _layer_tensors(layer) -> dict[str, torch.Tensor]:
     return parts
 
 
-def _set_layer_tensor(layer, part: str, tensor: torch.Tensor) -> None:
+def set_layer_tensor(layer, part: str, tensor: torch.Tensor) -> None:
     if part == "key":
         layer.keys = tensor
     elif part == "value":

@@ -43,8 +43,9 @@ import torch
 
 from exporters.generation.capture import GenerationError
 from exporters.generation.runners import vocab_size
-from exporters.generation.static import StaticStep, _is_linear, static_step_for, step_dynamic_shapes, step_example
+from exporters.generation.static import StaticStep, static_step_for, step_dynamic_shapes, step_example
 from exporters.generation.static_embeds import TokenEmbeds
+from exporters.generation.static_layers import is_linear
 from exporters.generation.static_loop import StaticGenerator
 
 # the steps the one-token prompt is measured over (``prompt_path_differs``): the prompt's logits and the steps on from
@@ -76,7 +77,7 @@ class PromptStep(StaticStep):
                 position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 **given: torch.Tensor) -> dict[str, torch.Tensor]:
         for layer in self._cache.layers:  # a new sequence: the model's prefill branch for every state
-            if _is_linear(layer):
+            if is_linear(layer):
                 layer.has_previous_state = dict.fromkeys(layer.has_previous_state, False)
         return super().forward(input_ids, cache_position, position_ids, attention_mask, **given)
 
@@ -123,7 +124,7 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
     from exporters.parity import compare
 
     if not isinstance(step, StaticStep) or not step.token_by_token or step.cross is not None or \
-            step.held_state.shapes() or not any(_is_linear(layer) for layer in step._cache.layers):
+            step.held_state.shapes() or not any(is_linear(layer) for layer in step._cache.layers):
         return None
     ids, mask = inputs["input_ids"], inputs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):

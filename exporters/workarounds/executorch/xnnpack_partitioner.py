@@ -431,17 +431,17 @@ def _patch_shared_bias_defined_per_grid(original):
     """
     acted = ActedFlag()
 
-    def define_tensor(self, tensor, xnn_graph, vals_to_ids, *args, **kwargs):
-        quant_params = kwargs["quant_params"] if "quant_params" in kwargs else (args[2] if len(args) > 2 else None)
+    def define_tensor(self, tensor, xnn_graph, vals_to_ids, convert_to_nhwc=False, swap_in_out_for_weights=False,
+                      quant_params=None, **kwargs):
         grid = _static_bias_grid(tensor, quant_params)
-        if grid is None:
-            return original(self, tensor, xnn_graph, vals_to_ids, *args, **kwargs)
-        defined = tensor.meta.get(_BIAS_GRID)
+        defined = tensor.meta.get(_BIAS_GRID) if grid is not None else None
         if tensor in vals_to_ids and defined is not None and defined[0] == id(vals_to_ids) and defined[1] != grid:
             del vals_to_ids[tensor]  # the GEMM that asks next reads vals_to_ids[bias]: this grid's tensor
             acted.set()
-        result = original(self, tensor, xnn_graph, vals_to_ids, *args, **kwargs)
-        tensor.meta[_BIAS_GRID] = (id(vals_to_ids), grid)
+        result = original(self, tensor, xnn_graph, vals_to_ids, convert_to_nhwc, swap_in_out_for_weights,
+                          quant_params, **kwargs)
+        if grid is not None:
+            tensor.meta[_BIAS_GRID] = (id(vals_to_ids), grid)
         return result
 
     define_tensor.acted = acted  # fired only when a bias was defined again for another grid

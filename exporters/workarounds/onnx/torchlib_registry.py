@@ -44,12 +44,9 @@ def torchlib_contents() -> tuple:
 def _patch_torchlib_read_once(original):
     @functools.wraps(original)
     def get_torchlib_ops():
-        if "ops" not in _READ:
+        if "ops" not in _READ or _READ["key"] != torchlib_contents():  # first, or a function registered since
             ops = original()  # imports torchlib's ops first: the registry is full after it
             _READ.update(key=torchlib_contents(), ops=ops)
-        elif _READ["key"] != torchlib_contents():  # a function registered since: read again
-            _READ.clear()
-            return get_torchlib_ops()
         return list(_READ["ops"])
 
     return get_torchlib_ops
