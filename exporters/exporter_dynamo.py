@@ -17,6 +17,7 @@ from .base import Artifact, ExportConfig, Exporter, run_stage
 from .generation import GenerationExport
 from .model_state import _STATEFUL_CACHE_ATTRS
 from .pytrees import _flatten_to_context, _unflatten_from_context, flatten_outputs
+from .specialize import with_layout_inputs
 from .tracing import parameter_names, quantization_trace, trace
 from .utils import FiredLog, split_quantization_patches
 
@@ -123,7 +124,7 @@ class DynamoExporter(GenerationExport, Exporter):
     config_class = DynamoConfig
 
     def export(self, model, inputs, config=None):
-        config = config or DynamoConfig()
+        config = with_layout_inputs(config or DynamoConfig(), model, inputs)  # exporters/specialize.py
         fired = FiredLog()
         patches, stage0 = split_quantization_patches(self.registry.patches("dynamo"))
         model, quantized = self._quantize(model, inputs, config, quantization_trace(config, patches, fired), fired, stage0)

@@ -26,6 +26,7 @@ from .executorch.lowering import (
     lower_within_budget,
 )
 from .generation import GenerationExport
+from .specialize import with_layout_inputs
 from .tracing import _finite, quantization_trace, shape_arithmetic_patches, trace
 from .utils import FiredLog, apply_fx_node_fixes, apply_fx_program_fixes, split_quantization_patches
 
@@ -179,7 +180,7 @@ class ExecutorchExporter(GenerationExport, Exporter):
     config_class = ExecutorchConfig
 
     def export(self, model, inputs, config=None):
-        config = config or ExecutorchConfig()
+        config = with_layout_inputs(config or ExecutorchConfig(), model, inputs)  # exporters/specialize.py
         if config.backend not in _BACKEND_PREPARE:
             raise ValueError(f"unknown ExecuTorch backend {config.backend!r}; registered: {sorted(_BACKEND_PREPARE)}")
         fired = FiredLog()

@@ -14,6 +14,7 @@ import torch
 
 from .base import Artifact, ExportConfig, Exporter, run_stage
 from .generation import GenerationExport
+from .specialize import with_layout_inputs
 from .tracing import quantization_trace, shape_arithmetic_patches, trace
 from .utils import FiredLog, apply_fx_node_fixes, apply_patches, split_quantization_patches
 from .workarounds.onnx.ir_fixes import _IR_FIXES
@@ -131,7 +132,7 @@ class OnnxExporter(GenerationExport, Exporter):
     config_class = OnnxConfig
 
     def export(self, model, inputs, config=None):
-        config = config or OnnxConfig()
+        config = with_layout_inputs(config or OnnxConfig(), model, inputs)  # exporters/specialize.py
         fired = FiredLog()
         every, stage0 = split_quantization_patches(self.registry.patches("dynamo", "onnx"))
         torch_patches = [p for p in every if not p.path.startswith(_ONNX_INTERNALS)]

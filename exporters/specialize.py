@@ -11,7 +11,17 @@ while a baked tensor that meets a traced one enters the graph as an ordinary con
 refuses others, naming the input (``Artifact.check_inputs``).
 
 ``ExportConfig.specialize`` chooses the inputs: ``None`` (default) bakes every integer input whose
-name matches ``SPECIALIZED_INPUTS``; a tuple names them; ``()`` bakes none.
+name matches ``SPECIALIZED_INPUTS``, and the inputs ``LAYOUT_INPUTS_OF_MODULES`` names for a module the
+model holds; a tuple names them; ``()`` bakes none.
+
+A baked boolean mask that indexes a traced tensor (``features[mask]``) is replaced by the integer
+indices of its True elements, computed on the real values (``ConcreteValues``): the same selection
+(a boolean index is its ``nonzero()`` in place, as torch's own indexing expands it), but of a size
+the trace knows, where the mask itself would select a data-dependent number of rows (an unbacked
+size). Qwen2.5-Omni's and Qwen3-Omni's audio encoders select the valid frames that way
+(``input_features.permute(0, 2, 1)[feature_attention_mask.bool()]``) and then split them by lengths
+summed from the same mask (``chunk_and_pad_features``: ``.split(chunk_lengths.tolist())``); with the
+mask baked both are static.
 
 Scalar integer buffers are baked the same way (``constant_buffers_baked``): a 0-dim integer
 buffer that is not saved with the weights (``persistent=False``) is a constant of the architecture
@@ -30,6 +40,7 @@ buffer's value either way; baked, the branches are decided by it while tracing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import weakref
 from collections.abc import Iterable, Mapping
@@ -42,18 +53,49 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 SPECIALIZED_INPUTS = re.compile(r"(^|_)(grid_thws?|grid_hws?|sizes)$")
 CONSTANT_BUFFERS = re.compile(r"^attn_mask_probs$")
+# Inputs a module of these config types turns into Python sizes (module docstring), baked by default for
+# a model that holds one. Qwen2AudioEncoder reads feature_attention_mask as an attention mask only, so
+# its artifacts keep the audio length dynamic.
+LAYOUT_INPUTS_OF_MODULES = {
+    "qwen2_5_omni_audio_encoder": ("feature_attention_mask",),
+    "qwen3_omni_moe_audio_encoder": ("feature_attention_mask",),
+}
 
 
-def specialized_inputs(inputs: Mapping[str, Any], specialize: tuple[str, ...] | None) -> list[str]:
-    """The tensor inputs an export bakes in (see the module docstring)."""
+def module_layout_inputs(model: torch.nn.Module | None) -> list[str]:
+    """The inputs ``LAYOUT_INPUTS_OF_MODULES`` names for the modules ``model`` holds."""
+    if model is None:
+        return []
+    found: list[str] = []
+    for module in model.modules():
+        for name in LAYOUT_INPUTS_OF_MODULES.get(getattr(getattr(module, "config", None), "model_type", None), ()):
+            if name not in found:
+                found.append(name)
+    return found
+
+
+def specialized_inputs(inputs: Mapping[str, Any], specialize: tuple[str, ...] | None,
+                       model: torch.nn.Module | None = None) -> list[str]:
+    """The tensor inputs an export of ``model`` bakes in (see the module docstring); without ``model``,
+    the name rule only (``with_layout_inputs`` resolves a model's at the export's start)."""
     if specialize is not None:
         unknown = [n for n in specialize if not isinstance(inputs.get(n), torch.Tensor)]
         if unknown:
             tensors = sorted(k for k, v in inputs.items() if isinstance(v, torch.Tensor))
             raise ValueError(f"ExportConfig.specialize names {unknown}, which are not tensor inputs; tensor inputs: {tensors}")
         return list(specialize)
-    return [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and SPECIALIZED_INPUTS.search(k)
-            and not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)]
+    layout = module_layout_inputs(model)
+    return [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and (k in layout or (
+        SPECIALIZED_INPUTS.search(k) and not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)))]
+
+
+def with_layout_inputs(config: Any, model: torch.nn.Module, inputs: Mapping[str, Any]) -> Any:
+    """``config`` with ``specialize`` spelled out when ``model`` holds a module whose inputs
+    ``LAYOUT_INPUTS_OF_MODULES`` names, so that every trace of the export (stage 0's, the wrapped quantized
+    model's, a lowering's retry) bakes the same inputs; ``config`` itself otherwise."""
+    if config.specialize is not None or not any(isinstance(inputs.get(n), torch.Tensor) for n in module_layout_inputs(model)):
+        return config
+    return dataclasses.replace(config, specialize=tuple(specialized_inputs(inputs, None, model)))
 
 
 _FROM_PYTHON_DATA = (torch.arange, torch.tensor, torch.as_tensor)
@@ -67,6 +109,7 @@ class ConcreteValues(TorchFunctionMode):
     def __init__(self, baked: Iterable[torch.Tensor]):
         super().__init__()
         self._known: dict[int, weakref.ref] = {}
+        self.masks_as_indices = 0  # baked boolean masks replaced by their indices (module docstring)
         for tensor in baked:
             self._add(tensor)
 
@@ -76,6 +119,28 @@ class ConcreteValues(TorchFunctionMode):
     def is_concrete(self, value: Any) -> bool:
         ref = self._known.get(id(value))
         return ref is not None and ref() is value
+
+    def _masks_as_indices(self, index: Any) -> tuple | None:
+        """``index`` with each baked boolean mask of one or more dims replaced by the integer indices of
+        its True elements (``mask.nonzero(as_tuple=True)``, computed on the real values); None when it
+        holds no such mask."""
+        items = index if isinstance(index, tuple) else (index,)
+        masks = [isinstance(i, torch.Tensor) and i.dtype == torch.bool and i.dim() > 0 and self.is_concrete(i)
+                 for i in items]
+        if not any(masks):
+            return None
+        expanded: list[Any] = []
+        for item, is_mask in zip(items, masks, strict=True):
+            if not is_mask:
+                expanded.append(item)
+                continue
+            with untraced():
+                positions = item.nonzero(as_tuple=True)
+            self.masks_as_indices += 1
+            for p in positions:
+                self._add(p)
+            expanded.extend(positions)
+        return tuple(expanded)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -88,6 +153,10 @@ class ConcreteValues(TorchFunctionMode):
         # .expand(n).tolist() (get_vision_position_ids), which traced is an unbacked symbol that
         # ExecuTorch's memory planning cannot bound
         fresh = func in _FROM_PYTHON_DATA and not tensors
+        if func is torch.Tensor.__getitem__ and len(args) == 2 and not self.is_concrete(args[0]):
+            index = self._masks_as_indices(args[1])
+            if index is not None:  # a baked boolean mask selecting from a traced tensor (module docstring)
+                return func(args[0], index)
         if (fresh or (tensors and all(self.is_concrete(t) for t in tensors))) and not symbolic:
             with untraced():
                 out = func(*args, **kwargs)

@@ -47,7 +47,7 @@ class Traced:
 
 @contextlib.contextmanager
 def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], constants: Mapping[str, Any],
-                           baked_buffers: list[torch.Tensor] = ()):
+                           baked_buffers: list[torch.Tensor] = (), marks: FiredLog | None = None):
     original = model.__dict__.get("forward")
     given_name = dict(zip(parameter_names(tensor_names), tensor_names))
 
@@ -60,8 +60,12 @@ def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], cons
         # the class's forward looked up now, not when the wrapper was made: a patch on the model's own
         # class (ReformerModel.forward) is installed after this wrapper and must apply to the top call too
         bound_forward = original if original is not None else type(model).forward.__get__(model, type(model))
-        with ConcreteValues(tensors) if tensors else contextlib.nullcontext():
-            return in_field_order(bound_forward(**kwargs, **baked))
+        mode = ConcreteValues(tensors) if tensors else None
+        with mode if mode is not None else contextlib.nullcontext():
+            result = in_field_order(bound_forward(**kwargs, **baked))
+        if mode is not None and mode.masks_as_indices and marks is not None:
+            marks.add("fix:dynamo:baked_mask_as_indices")  # exporters/specialize.py
+        return result
 
     forward.__signature__ = inspect.Signature(
         [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in parameter_names(tensor_names)]
@@ -292,7 +296,7 @@ def trace(
     try:
         bound = dict(zip(names, parameter_names(names)))  # torch.export binds by identifiers
         with constant_buffers_baked(model) as baked_buffers, \
-                flat_forward_signature(model, names, constants, baked_buffers), apply_patches(patches, marks), \
+                flat_forward_signature(model, names, constants, baked_buffers, marks), apply_patches(patches, marks), \
                 probing(store, patches) if keeping else contextlib.nullcontext() as probes, \
                 size_one_mode(config):
             program = torch.export.export(

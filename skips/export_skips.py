@@ -295,19 +295,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "the quantizer keeps the duration predictor in float",
     ),
     ExportSkip(
-        classes=("Qwen2_5OmniThinkerForConditionalGeneration", "Qwen2_5OmniThinkerModel",
-                 "Qwen3OmniMoeThinkerForConditionalGeneration", "Qwen3OmniMoeThinkerModel"),
-        tests=("export", "quantized"),  # the quantized items stop in stage 0's trace, the same trace (quantize)
-        stage="export",
-        reason="the audio encoder packs variable-length audio by data-derived sizes before any attention (the "
-               "segmented-attention patch never fires): chunk_and_pad_features splits "
-               "input_features.T.split(chunk_lengths.tolist()) with chunk lengths computed from "
-               "feature_attention_mask.sum() (models/qwen2_5_omni/modeling_qwen2_5_omni.py:746, "
-               "models/qwen3_omni_moe/modeling_qwen3_omni_moe.py:682), after a boolean-mask selection of the frames "
-               "(qwen2_5_omni:1733, qwen3_omni_moe:1832). Remove when the audio towers chunk with static shapes and a validity mask "
-               "(fixed chunk grid over the padded features)",
-    ),
-    ExportSkip(
         classes=("ViltForQuestionAnswering", "ViltModel"),
         tests=("export", "quantized"),  # the quantized items stop in stage 0's trace, the same trace (quantize)
         stage="export",
@@ -614,18 +601,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "generate by 2.6e-3 in the logits at step 0, and the static artifact by the same 3.0e-3 "
                "(GenerateMismatch, test_generate dynamo/static). Remove when FSMT masks its decoder's attention to "
                "the positions written. (Its config's num_beams=5 is set to greedy by the sweep, sweeps/generate.py)",
-    ),
-    ExportSkip(
-        classes=("Qwen2_5OmniThinkerForConditionalGeneration", "Qwen3OmniMoeThinkerForConditionalGeneration"),
-        tests=("generate",),
-        stage="export",
-        reason="the prefill (dynamic form) and the embed component (static form: the forward up to the decoder) run "
-               "the audio encoder, which packs variable-length audio by data-derived sizes: "
-               "chunk_and_pad_features splits input_features.T.split(chunk_lengths.tolist()) with a chunk count from "
-               "feature_attention_mask.sum() (models/qwen2_5_omni/modeling_qwen2_5_omni.py:746, "
-               "models/qwen3_omni_moe/modeling_qwen3_omni_moe.py:682): GuardOnDataDependentSymNode Eq(u0, 1) in "
-               "unbind (test_generate dynamo/dynamic at 8f88f7d; dynamo/static at 28021bf). Remove when the audio towers chunk with static "
-               "shapes and a validity mask (a fixed chunk grid over the padded features), as for the forward skip",
     ),
     ExportSkip(
         classes=("VoxtralRealtimeForConditionalGeneration",),

@@ -13,6 +13,7 @@ from _backend_params import _backends
 import exporters
 from exporters import BACKENDS, ExportStageError, InputError, get_exporter
 from exporters.parity import assert_close
+from exporters.specialize import specialized_inputs
 from exporters.utils import Registry, find_leaked_patches, flatten_outputs, patch_targets_snapshot, register_patch
 
 # ── export errors ─────────────────────────────────────────────────────────────
@@ -314,6 +315,65 @@ def test_index_ranges_built_from_baked_sizes_stay_concrete():
     inputs = {"x": torch.randn(8, 3), "image_grid_thw": torch.tensor([[1, 2, 4]])}
     art = exporters.DynamoExporter(registry=Registry()).export(_WindowIndex(), inputs)
     assert_close(flatten_outputs(_WindowIndex()(**inputs)), art(**inputs), "dynamo")
+
+
+class _SelectByMask(torch.nn.Module):
+    """Selects the valid frames with a baked mask, then splits them by lengths summed from it, as
+    Qwen2.5-Omni's audio encoder does with feature_attention_mask (chunk_and_pad_features)."""
+
+    def forward(self, features, image_sizes):
+        mask = image_sizes.bool()  # stands for feature_attention_mask: a baked integer input
+        frames = features.permute(0, 2, 1)[mask]  # [valid frames, channels]
+        columns = features[:, :, mask[0]]  # a mask inside a tuple index
+        parts = frames.split(image_sizes.sum(-1).tolist())
+        return torch.stack([p.sum(0) for p in parts]), columns * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_baked_mask_selecting_from_a_traced_tensor_selects_a_static_size(backend):
+    # selecting with the mask is a data-dependent number of rows unless it becomes the indices of its True elements
+    inputs = {"features": torch.randn(2, 3, 6), "image_sizes": torch.tensor([[1, 1, 0, 1, 0, 0], [1, 1, 1, 1, 1, 0]])}
+    art = get_exporter(backend, registry=Registry()).export(_SelectByMask(), inputs)
+    assert_close(flatten_outputs(_SelectByMask()(**inputs)), art(**inputs), backend)
+    if backend == "dynamo":  # every size static: no unbacked size and no runtime assert on one left in the program
+        output = next(n for n in art.program.graph.nodes if n.op == "output")
+        assert [tuple(a.meta["val"].shape) for a in output.args[0]] == [(2, 3), (2, 3, 3)]
+        assert all(isinstance(d, int) for a in output.args[0] for d in a.meta["val"].shape)
+        assert not [n for n in art.program.graph.nodes if n.target is torch.ops.aten._assert_scalar.default]
+
+
+class _AudioTower(torch.nn.Module):
+    """Reads its mask's sums as split sizes, and is known by its config type (LAYOUT_INPUTS_OF_MODULES)."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = type("Config", (), {"model_type": "qwen2_5_omni_audio_encoder"})()
+
+    def forward(self, features, feature_attention_mask):
+        frames = features.permute(0, 2, 1)[feature_attention_mask.bool()]
+        return torch.stack([p.mean(0) for p in frames.split(feature_attention_mask.sum(-1).tolist())])
+
+
+class _Thinker(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.audio_tower = _AudioTower()
+
+    def forward(self, features, feature_attention_mask):
+        return self.audio_tower(features, feature_attention_mask) + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_module_layout_input_is_baked_for_a_model_holding_the_module(backend):
+    inputs = {"features": torch.randn(2, 3, 5), "feature_attention_mask": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])}
+    art = get_exporter(backend, registry=Registry()).export(_Thinker(), inputs)
+    assert art.input_names == ["features"] and "feature_attention_mask" in art.metadata["constant_inputs"]
+    assert_close(flatten_outputs(_Thinker()(**inputs)), art(**inputs), backend)
+    with pytest.raises(InputError, match="input 'feature_attention_mask' was specialized"):
+        art(features=inputs["features"], feature_attention_mask=torch.ones(2, 5, dtype=torch.long))
+    # the same input of a model without such a module is a traced input (an attention mask, as Qwen2-Audio's)
+    assert specialized_inputs(inputs, None, torch.nn.Linear(2, 2)) == []
+    assert specialized_inputs(inputs, None, _Thinker()) == ["feature_attention_mask"]
 
 
 class _MergeBlocks(torch.nn.Module):

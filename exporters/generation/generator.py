@@ -94,7 +94,9 @@ class Generator:
         for name, rule in self.prefill_trees.items():  # rule "encoder": the encoders' outputs, in order
             if rule == "encoder":
                 trees[name] = encoded
-        tensors = {k: v for k, v in given.items() if k in self.prefill_inputs and k in prefill.input_specs}
+        # a baked input (exporters/specialize.py) too: the artifact checks its value, and a decode step may take it again
+        tensors = {k: v for k, v in given.items() if k in self.prefill_inputs and (k in prefill.input_specs
+                                                                                  or isinstance(prefill.constants.get(k), torch.Tensor))}
         derived: dict[str, torch.Tensor] = {}
         for name, rule in self.prefill_rules.items():  # in order: filled_like reads an input derived before it
             derived[name] = derive_prefill_input(rule, given, self.generation, derived)
