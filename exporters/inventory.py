@@ -31,9 +31,10 @@ def _doc(obj) -> str:
 
 def list_workarounds(registry: Registry | None = None) -> list[dict[str, str]]:
     """``[{"name", "backend", "stage", "doc"}]`` for patches, fixes, ONNX translations, IR fixes and
-    the ExecuTorch export loop's retries (``LOWERING_RETRIES``)."""
+    the ExecuTorch export loop's retries (``LOWERING_RETRIES``), and stage 1's baked-mask rule (exporters/specialize.py)."""
     from . import exporter_onnx
     from .executorch.lowering import retry_fixes
+    from .specialize import BAKED_MASK_DOC, BAKED_MASK_FIX
 
     reg = registry if registry is not None else DEFAULT_REGISTRY
     rows = []
@@ -47,6 +48,7 @@ def list_workarounds(registry: Registry | None = None) -> list[dict[str, str]]:
     for fn in exporter_onnx._IR_FIXES:
         rows.append({"name": f"fix:onnx:{fn.__name__}", "backend": "onnx", "stage": "5: ONNX IR fixes",
                      "doc": _doc(fn)})
+    rows.append({"name": BAKED_MASK_FIX, "backend": "dynamo", "stage": "1: Forward-signature patch", "doc": BAKED_MASK_DOC})
     for name, doc in retry_fixes().items():
         rows.append({"name": name, "backend": "executorch", "stage": "export loop: retries", "doc": doc})
     return rows

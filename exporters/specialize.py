@@ -62,6 +62,13 @@ LAYOUT_INPUTS_OF_MODULES = {
 }
 
 
+# the mark an export records when ConcreteValues replaced a baked boolean mask by its indices (module docstring)
+BAKED_MASK_FIX = "fix:dynamo:baked_mask_as_indices"
+BAKED_MASK_RULE = [True]  # switched off by sweeps.recheck (``switched_off``) to re-run an item without the rule
+BAKED_MASK_DOC = ("A baked boolean mask indexing a traced tensor is replaced by the indices of its True elements "
+                  "(computed on the real values): the same selection, of a static size")
+
+
 def module_layout_inputs(model: torch.nn.Module | None) -> list[str]:
     """The inputs ``LAYOUT_INPUTS_OF_MODULES`` names for the modules ``model`` holds."""
     if model is None:
@@ -153,7 +160,7 @@ class ConcreteValues(TorchFunctionMode):
         # .expand(n).tolist() (get_vision_position_ids), which traced is an unbacked symbol that
         # ExecuTorch's memory planning cannot bound
         fresh = func in _FROM_PYTHON_DATA and not tensors
-        if func is torch.Tensor.__getitem__ and len(args) == 2 and not self.is_concrete(args[0]):
+        if func is torch.Tensor.__getitem__ and len(args) == 2 and BAKED_MASK_RULE[0] and not self.is_concrete(args[0]):
             index = self._masks_as_indices(args[1])
             if index is not None:  # a baked boolean mask selecting from a traced tensor (module docstring)
                 return func(args[0], index)

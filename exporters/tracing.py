@@ -18,7 +18,7 @@ from torch.utils import _pytree as pytree
 from exporters.base import ExportConfig
 from exporters.model_state import _dim_markings, _snapshot_state, reset_model_state, restore_dim_markings
 from exporters.pytrees import leaf_names_and_values, register_pytree_nodes
-from exporters.specialize import ConcreteValues, concrete, constant_buffers_baked, specialized_inputs
+from exporters.specialize import BAKED_MASK_FIX, ConcreteValues, concrete, constant_buffers_baked, specialized_inputs
 from exporters.trace_reuse import Kept, active_store, copied, probing, reuse, trace_key
 from exporters.utils import FiredLog, PatchEntry, apply_patches
 
@@ -64,7 +64,7 @@ def flat_forward_signature(model: torch.nn.Module, tensor_names: list[str], cons
         with mode if mode is not None else contextlib.nullcontext():
             result = in_field_order(bound_forward(**kwargs, **baked))
         if mode is not None and mode.masks_as_indices and marks is not None:
-            marks.add("fix:dynamo:baked_mask_as_indices")  # exporters/specialize.py
+            marks.add(BAKED_MASK_FIX)
         return result
 
     forward.__signature__ = inspect.Signature(

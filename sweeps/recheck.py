@@ -106,8 +106,10 @@ class _Entry:
 
 
 def workaround_kind(name: str, registry=None) -> str:
-    """``registry`` (a patch or fix in the Registry), ``translation`` or ``ir_fix``; raises if unknown."""
+    """``registry`` (a patch or fix in the Registry), ``translation``, ``ir_fix`` or ``stage_1`` (the baked-mask
+    rule, exporters/specialize.py); raises if unknown."""
     from exporters import exporter_onnx
+    from exporters.specialize import BAKED_MASK_FIX
     from exporters.utils import DEFAULT_REGISTRY, WorkaroundError
 
     reg = registry if registry is not None else DEFAULT_REGISTRY
@@ -119,6 +121,8 @@ def workaround_kind(name: str, registry=None) -> str:
         return "translation"
     if name.startswith("fix:onnx:") and any(fn.__name__ == fn_name for fn in exporter_onnx._IR_FIXES):
         return "ir_fix"
+    if name == BAKED_MASK_FIX:
+        return "stage_1"
     raise WorkaroundError(f"no registered workaround named {name!r} (see exporters.inventory.list_workarounds())")
 
 
@@ -127,7 +131,8 @@ def switched_off(name: str, registry=None) -> Iterator[Any]:
     """Yield the registry to export with while ``name`` is off; tables are restored on exit.
 
     Patches and fixes: ``registry.without(name)``. ONNX translations and IR fixes are not in the
-    Registry: their entry is taken out of ``_ONNX_TRANSLATION_TABLE`` / ``_IR_FIXES`` meanwhile.
+    Registry: their entry is taken out of ``_ONNX_TRANSLATION_TABLE`` / ``_IR_FIXES`` meanwhile; the baked-mask
+    rule (exporters/specialize.py) is switched off by its flag.
     """
     from exporters import exporter_onnx
     from exporters.utils import DEFAULT_REGISTRY
@@ -136,6 +141,15 @@ def switched_off(name: str, registry=None) -> Iterator[Any]:
     kind = workaround_kind(name, reg)
     if kind == "registry":
         yield reg.without(name)
+        return
+    if kind == "stage_1":
+        from exporters.specialize import BAKED_MASK_RULE
+
+        BAKED_MASK_RULE[0] = False
+        try:
+            yield reg
+        finally:
+            BAKED_MASK_RULE[0] = True
         return
     fn_name = name.rsplit(":", 1)[-1]
     if kind == "translation":

@@ -462,3 +462,18 @@ def test_a_recorded_guard_that_divides_by_zero_is_a_refusal():
     art.guards = divides_by_zero
     with pytest.raises(exporters.InputError, match=r"divides by zero at these sizes \(inputs: a\(2, 3\), b\(2, 3\)\)"):
         art(**inputs)
+
+
+def test_the_baked_mask_rule_is_recorded_and_recheck_switches_it_off():
+    from exporters.specialize import BAKED_MASK_FIX
+    from sweeps.recheck import switched_off
+
+    inputs = {"features": torch.randn(2, 3, 6), "image_sizes": torch.tensor([[1, 1, 0, 1, 0, 0], [1, 1, 1, 1, 1, 0]])}
+    exporter = exporters.DynamoExporter(registry=Registry())
+    assert BAKED_MASK_FIX in exporter.export(_SelectByMask(), inputs).workarounds_fired
+    with switched_off(BAKED_MASK_FIX, Registry()):
+        art = exporter.export(_SelectByMask(), inputs)
+    assert BAKED_MASK_FIX not in art.workarounds_fired
+    output = next(n for n in art.program.graph.nodes if n.op == "output")
+    assert not all(isinstance(d, int) for a in output.args[0] for d in a.meta["val"].shape)  # an unbacked size again
+    assert BAKED_MASK_FIX in exporter.export(_SelectByMask(), inputs).workarounds_fired  # and back on
