@@ -91,7 +91,11 @@ def specialized_inputs(inputs: Mapping[str, Any], specialize: tuple[str, ...] | 
             tensors = sorted(k for k, v in inputs.items() if isinstance(v, torch.Tensor))
             raise ValueError(f"ExportConfig.specialize names {unknown}, which are not tensor inputs; tensor inputs: {tensors}")
         return list(specialize)
-    layout = module_layout_inputs(model)
+    return _baked_by_default(inputs, module_layout_inputs(model))
+
+
+def _baked_by_default(inputs: Mapping[str, Any], layout: list[str]) -> list[str]:
+    """The inputs ``specialize=None`` bakes: those ``layout`` names and the integer ones ``SPECIALIZED_INPUTS`` matches."""
     return [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and (k in layout or (
         SPECIALIZED_INPUTS.search(k) and not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)))]
 
@@ -100,9 +104,12 @@ def with_layout_inputs(config: Any, model: torch.nn.Module, inputs: Mapping[str,
     """``config`` with ``specialize`` spelled out when ``model`` holds a module whose inputs
     ``LAYOUT_INPUTS_OF_MODULES`` names, so that every trace of the export (stage 0's, the wrapped quantized
     model's, a lowering's retry) bakes the same inputs; ``config`` itself otherwise."""
-    if config.specialize is not None or not any(isinstance(inputs.get(n), torch.Tensor) for n in module_layout_inputs(model)):
+    if config.specialize is not None:
         return config
-    return dataclasses.replace(config, specialize=tuple(specialized_inputs(inputs, None, model)))
+    layout = module_layout_inputs(model)  # one walk over the model's modules
+    if not any(isinstance(inputs.get(n), torch.Tensor) for n in layout):
+        return config
+    return dataclasses.replace(config, specialize=tuple(_baked_by_default(inputs, layout)))
 
 
 _FROM_PYTHON_DATA = (torch.arange, torch.tensor, torch.as_tensor)

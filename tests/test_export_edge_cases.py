@@ -329,10 +329,14 @@ class _SelectByMask(torch.nn.Module):
         return torch.stack([p.sum(0) for p in parts]), columns * 2
 
 
+def _masked_inputs() -> dict[str, torch.Tensor]:
+    return {"features": torch.randn(2, 3, 6), "image_sizes": torch.tensor([[1, 1, 0, 1, 0, 0], [1, 1, 1, 1, 1, 0]])}
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_baked_mask_selecting_from_a_traced_tensor_selects_a_static_size(backend):
     # selecting with the mask is a data-dependent number of rows unless it becomes the indices of its True elements
-    inputs = {"features": torch.randn(2, 3, 6), "image_sizes": torch.tensor([[1, 1, 0, 1, 0, 0], [1, 1, 1, 1, 1, 0]])}
+    inputs = _masked_inputs()
     art = get_exporter(backend, registry=Registry()).export(_SelectByMask(), inputs)
     assert_close(flatten_outputs(_SelectByMask()(**inputs)), art(**inputs), backend)
     if backend == "dynamo":  # every size static: no unbacked size and no runtime assert on one left in the program
@@ -468,7 +472,7 @@ def test_the_baked_mask_rule_is_recorded_and_recheck_switches_it_off():
     from exporters.specialize import BAKED_MASK_FIX
     from sweeps.recheck import switched_off
 
-    inputs = {"features": torch.randn(2, 3, 6), "image_sizes": torch.tensor([[1, 1, 0, 1, 0, 0], [1, 1, 1, 1, 1, 0]])}
+    inputs = _masked_inputs()
     exporter = exporters.DynamoExporter(registry=Registry())
     assert BAKED_MASK_FIX in exporter.export(_SelectByMask(), inputs).workarounds_fired
     with switched_off(BAKED_MASK_FIX, Registry()):
