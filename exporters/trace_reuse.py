@@ -13,8 +13,14 @@ would have given:
   installs a probe, a pass-through wrapper that only records the call, on the target of every other patch
   of the registry. A probe changes nothing the program computes.
 
-Anything else traces again. So does an export whose model, inputs (tensor identity and version) or shape
-config differ, and stage 0's trace (the model PT2E prepares). Each export gets its own deep copy of the
+Anything else traces again. So does an export whose model, inputs or shape config differ, and stage 0's
+trace (the model PT2E prepares). Inputs are told apart by value (metadata, aliasing and the bytes: equal
+inputs trace alike whichever objects hold them), a model by identity and the version of each parameter and
+buffer. A module made anew for each export of one model (a generation component: ``FlatComponent`` over the
+model and one captured call) says so with ``trace_identity()``: the model it wraps and a form that fixes
+what the wrapper adds (the call's structure, its constants, its own buffers by value). Two backends'
+generate items build their own components from their own captures of the same eager generate, so onnx's
+prefill and decode take the traces dynamo's kept. Each export gets its own deep copy of the
 kept program, since the backends' fixes and lowerings edit the program in place; a copy of a tiny model's
 program costs about 10 ms against a 0.15-0.9 s trace.
 
@@ -28,8 +34,9 @@ trace, and the first lowering export that takes it also removes it from the stor
 in benchmarks/README.md, "One trace for several backends".
 
 Off unless asked for: nothing is kept outside the block, and the block keeps the traces of the last model
-only. The sweep turns it on for a whole session (items of one class arrive together, in one process) and
-records per item how many of its traces were taken from the store (``trace_reused``).
+only (with those of modules it holds or is held by: an encoder component's). The sweep turns it on for a
+whole session (items of one class arrive together, in one process), for the forward and the generate
+items, and records per item how many of its traces were taken from the store (``trace_reused``).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import hashlib
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -51,7 +59,7 @@ _ACTIVE: list[TraceStore] = []
 
 @dataclasses.dataclass
 class Kept:
-    model: torch.nn.Module
+    model: torch.nn.Module  # the model traced: the module given, or the one a wrapper's trace_identity() names
     key: tuple
     traced: Any  # exporters.tracing.Traced, with the pristine program and no module
     installed: frozenset[str]  # names of the patches installed for the trace
@@ -72,6 +80,7 @@ class TraceStore:
     def lookup(self, model: torch.nn.Module, key: tuple, patches: list[PatchEntry], lowers: bool) -> Kept | None:
         """The kept trace this export may take, if any; an export that ``lowers`` its program takes it away."""
         names = {p.name for p in patches}
+        model = traced_model(model)
         for kept in self._kept:
             if kept.model is not model or kept.key != key:
                 continue
@@ -86,7 +95,14 @@ class TraceStore:
         return None
 
     def keep(self, kept: Kept) -> None:
-        self._kept = [k for k in self._kept if k.model is kept.model and k.key != kept.key] + [kept]
+        """Keep ``kept``, and the traces of its model (or of a module holding it or held by it: a generation
+        component traces the model's encoder alone) but for the one it replaces."""
+        kept.model = traced_model(kept.model)
+        self._kept = [k for k in self._kept if _related(k.model, kept.model) and k.key != kept.key] + [kept]
+
+
+def _related(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return a is b or any(m is b for m in a.modules()) or any(m is a for m in b.modules())
 
 
 def _probe(original):
@@ -122,20 +138,59 @@ def shared_traces(registry: Registry | None = None) -> Iterator[TraceStore]:
         _ACTIVE.remove(store)
 
 
+def traced_model(module: torch.nn.Module) -> torch.nn.Module:
+    """The model a trace of ``module`` is of: ``module``, or the model a wrapper's ``trace_identity()`` names."""
+    identity = getattr(module, "trace_identity", None)
+    return identity()[0] if callable(identity) else module
+
+
 def trace_key(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor], constants: Mapping[str, Any],
               dynamic_shapes: Any, config) -> tuple | None:
-    """What a trace depends on besides the patches: the model's parameters and buffers and the inputs (by
-    identity and version: an in-place change is a new key), the baked constants and the shape config.
-    None where a constant has no stable repr (then nothing is shared)."""
-    state = tuple((id(t), t._version) for t in (*model.parameters(), *model.buffers()))
-    feed = tuple((k, id(t), t._version, tuple(t.shape), t.dtype) for k, t in tensors.items())
+    """What a trace depends on besides the patches: the model (its identity, and each parameter's and
+    buffer's identity and version: an in-place change is a new key; for a wrapper with ``trace_identity()``,
+    the wrapped model's and the wrapper's form), the inputs and baked constants by value (``fingerprint``),
+    and the shape config. None where a constant or form has no stable repr (then nothing is shared)."""
+    feed = fingerprints(tensors)
     try:
-        baked = tuple((k, (id(v), v._version) if isinstance(v, torch.Tensor) else repr(v))
-                      for k, v in constants.items())
+        identity = getattr(model, "trace_identity", None)
+        owner, form = identity() if callable(identity) else (model, ())
+        baked = tuple((k, value_key(v)) for k, v in constants.items())
         shapes = repr(dynamic_shapes)
     except Exception:  # noqa: BLE001 - an object whose repr fails: no key
         return None
-    return (state, feed, baked, shapes, config.strict, config.accept_size_one)
+    state = (id(owner), tuple((id(t), t._version) for t in (*owner.parameters(), *owner.buffers())))
+    return (state, form, feed, baked, shapes, config.strict, config.accept_size_one)
+
+
+def fingerprint(t: torch.Tensor) -> tuple:
+    """What a trace sees of a tensor: its metadata and, for a plain dense CPU tensor, a digest of its bytes
+    (equal values trace alike whichever object holds them); for any other tensor, its identity and version."""
+    meta = (tuple(t.shape), tuple(t.stride()), t.dtype, t.requires_grad, t.device.type)
+    if type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided and t.device.type == "cpu" \
+            and not t.is_quantized:
+        data = t.detach().contiguous().reshape(-1)
+        raw = data.view(torch.uint8) if data.numel() else data.new_empty(0, dtype=torch.uint8)
+        return (*meta, hashlib.blake2b(raw.numpy().tobytes(), digest_size=16).hexdigest())
+    return (*meta, id(t), t._version)
+
+
+def value_key(value: Any) -> Any:
+    """A constant as a trace sees it: a tensor's ``fingerprint`` (its repr elides large tensors), else its repr."""
+    return fingerprint(value) if isinstance(value, torch.Tensor) else repr(value)
+
+
+def fingerprints(tensors: Mapping[str, torch.Tensor]) -> tuple:
+    """Each input's name and ``fingerprint``, and which earlier input it shares storage with (-1: none)."""
+    ptrs: list[int] = []
+    out = []
+    for k, t in tensors.items():
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except Exception:  # noqa: BLE001 - a tensor without storage (a subclass): no aliasing to tell
+            ptr = -id(t)
+        out.append((k, fingerprint(t), ptrs.index(ptr) if ptr in ptrs else -1))
+        ptrs.append(ptr)
+    return tuple(out)
 
 
 def reuse(kept: Kept, fired: FiredLog):

@@ -26,8 +26,9 @@ def export_patches(sweep_case, trace_store):
 
 
 @pytest.fixture
-def generate_patches(generate_case):
-    """The same guard around a generate item (two exports: prefill and decode)."""
+def generate_patches(generate_case, trace_store):
+    """The same guard around a generate item (two exports: prefill and decode). Its components' traces are
+    shared with the class's generate items on the other backends like a forward's (trace_reuse)."""
     yield from _guarded(generate_case)
 
 

@@ -329,6 +329,7 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
     from exporters import get_exporter
     from exporters.generation.steps import WHOLE_SEQUENCE_RULES, carried_tree
     from exporters.parity import compare
+    from exporters.trace_reuse import active_store
     from sweeps.runner import StageFailure, export_config, passes_through
 
     stage = "build"
@@ -361,6 +362,8 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
             # sequence the item generates (Kosmos-2's prompt holds 64 image positions) must fit under it
             config = dataclasses.replace(config, max_dim=longest)
             record("max_dim_raised", longest)
+        store = active_store()
+        hits = store.hits if store is not None else 0
         if case.variant == "static":
             max_cache_len = _static_length(longest)
             record("max_cache_len", max_cache_len)
@@ -369,6 +372,8 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
             record("cache_state", generator.state)
         else:
             generator = exporter.export_for_generation(model, inputs, config)
+        if store is not None:  # component traces taken from the class's other items (exporters/trace_reuse.py)
+            record("trace_reused", store.hits - hits)
         ignored = sorted(set(inputs) - _loop_takes(generator))
         if ignored:  # eager generate passed them to no forward call: the artifact loop is called as eager was
             record("inputs_generate_ignores", ignored)

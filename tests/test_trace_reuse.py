@@ -133,3 +133,56 @@ def test_a_kept_trace_serves_one_lowering_export_and_only_a_non_lowering_export_
         trace(model, inputs, ExportConfig(), [], FiredLog())  # takes it, and it leaves the store
         trace(model, inputs, ExportConfig(), [], FiredLog())  # traces again
     assert (store.misses, store.hits) == (3, 1)
+
+
+def test_inputs_are_told_apart_by_value_not_by_the_object_holding_them():
+    model, inputs = _Net().eval(), _inputs()
+    with shared_traces(registry=Registry()) as store:
+        DynamoExporter(registry=Registry()).export(model, inputs)
+        DynamoExporter(registry=Registry()).export(model, {"x": inputs["x"].clone()})  # equal values: shared
+        DynamoExporter(registry=Registry()).export(model, {"x": inputs["x"] + 1})  # other values: traced
+        DynamoExporter(registry=Registry()).export(model, {"x": inputs["x"].t().contiguous().t()})  # other strides
+    assert (store.misses, store.hits) == (3, 1)
+
+
+def test_a_fresh_generation_component_over_the_same_model_and_call_takes_the_kept_trace():
+    """Each backend's generate export builds its own FlatComponent from its own capture of one eager generate."""
+    from _tiny_llama import tiny_llama
+
+    from exporters import OnnxExporter
+    from exporters.generation.capture import Call
+    from exporters.generation.component import FlatComponent
+    from exporters.trace_reuse import trace_key, traced_model
+
+    model = tiny_llama()
+    ids = torch.tensor([[3, 5, 7, 9]])
+
+    def component(ids):
+        return FlatComponent(model, Call(tensors={"input_ids": ids.clone()}, trees={},
+                                         constants={"use_cache": False})).eval()
+
+    first, second = component(ids), component(ids)
+    assert traced_model(first) is model
+    key = trace_key(first, {"input_ids": ids}, {}, None, OnnxExporter().config_class())
+    assert key == trace_key(second, {"input_ids": ids.clone()}, {}, None, OnnxExporter().config_class())
+    other = FlatComponent(model, Call(tensors={"input_ids": ids}, trees={}, constants={"use_cache": True}))
+    assert key != trace_key(other, {"input_ids": ids}, {}, None, OnnxExporter().config_class())
+    with shared_traces() as store:
+        kept = DynamoExporter().export(first, {"input_ids": ids})
+        taken = OnnxExporter().export(second, {"input_ids": ids.clone()})
+    assert (store.misses, store.hits) == (1, 1)
+    expected = model(input_ids=ids, use_cache=False).logits
+    assert torch.allclose(kept(input_ids=ids)["logits"], expected, atol=1e-5)
+    assert torch.allclose(taken(input_ids=ids)["logits"], expected, atol=1e-4)
+
+
+def test_the_store_keeps_the_traces_of_modules_the_model_holds_and_drops_another_models():
+    from exporters.trace_reuse import Kept, TraceStore
+
+    model, other = _Net(), _Net()
+    store = TraceStore(Registry())
+    for module, key in ((model.lin, "encoder"), (model, "prefill"), (model, "decode")):
+        store.keep(Kept(module, (key,), None, frozenset(), (), frozenset(), frozenset()))
+    assert [k.key for k in store._kept] == [("encoder",), ("prefill",), ("decode",)]
+    store.keep(Kept(other, ("forward",), None, frozenset(), (), frozenset(), frozenset()))
+    assert [k.key for k in store._kept] == [("forward",)]

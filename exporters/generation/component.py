@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import Call, unflatten_tree
+from exporters.trace_reuse import fingerprint, value_key
 
 
 def leaf_input_name(tree: str, index: int) -> str:
@@ -39,6 +40,15 @@ class FlatComponent(torch.nn.Module):
                 self.register_buffer(f"_baked_{name}_{i}", leaf.clone(), persistent=False)
         self.constants = dict(call.constants)
 
+    def trace_identity(self) -> tuple[torch.nn.Module, tuple]:
+        """The model this component wraps and what the wrapper adds to it (exporters/trace_reuse.py): each
+        backend's export of one captured call builds its own FlatComponent, and they trace alike."""
+        owner, inner = module_identity(self.model)
+        own = tuple((name, fingerprint(b)) for name, b in self.named_buffers(recurse=False))
+        return owner, ("FlatComponent", inner, tuple(self.tensor_names), repr(self.tree_specs),
+                       tuple(self.tree_sizes.items()), self.baked, self.returned,
+                       tuple((k, value_key(v)) for k, v in self.constants.items()), own)
+
     def forward(self, **flat: torch.Tensor) -> Any:
         kwargs: dict[str, Any] = {name: flat[name] for name in self.tensor_names}
         for name, spec in self.tree_specs.items():
@@ -62,8 +72,18 @@ class MethodCall(torch.nn.Module):
         super().__init__()
         self.owner, self.method = owner, method
 
+    def trace_identity(self) -> tuple[torch.nn.Module, tuple]:
+        owner, inner = module_identity(self.owner)
+        return owner, ("MethodCall", inner, self.method)
+
     def forward(self, **kwargs: Any) -> Any:
         return getattr(self.owner, self.method)(**kwargs)
+
+
+def module_identity(module: torch.nn.Module) -> tuple[torch.nn.Module, tuple]:
+    """``module.trace_identity()`` where it has one, else the module itself and no form."""
+    identity = getattr(module, "trace_identity", None)
+    return identity() if callable(identity) else (module, ())
 
 
 def component_module(owner: torch.nn.Module, method: str) -> torch.nn.Module:
