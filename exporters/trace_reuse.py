@@ -165,12 +165,16 @@ def trace_key(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor], const
 def fingerprint(t: torch.Tensor) -> tuple:
     """What a trace sees of a tensor: its metadata and, for a plain dense CPU tensor, a digest of its bytes
     (equal values trace alike whichever object holds them); for any other tensor, its identity and version."""
-    meta = (tuple(t.shape), tuple(t.stride()), t.dtype, t.requires_grad, t.device.type)
-    if type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout is torch.strided and t.device.type == "cpu" \
-            and not t.is_quantized:
-        data = t.detach().contiguous().reshape(-1)
-        raw = data.view(torch.uint8) if data.numel() else data.new_empty(0, dtype=torch.uint8)
-        return (*meta, hashlib.blake2b(raw.numpy().tobytes(), digest_size=16).hexdigest())
+    strided = t.layout is torch.strided
+    meta = (tuple(t.shape), tuple(t.stride()) if strided else str(t.layout), t.dtype, t.requires_grad, t.device.type,
+            t.is_conj(), t.is_neg())
+    if type(t) in (torch.Tensor, torch.nn.Parameter) and strided and t.device.type == "cpu" and not t.is_quantized:
+        try:
+            data = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+            raw = data.view(torch.uint8) if data.numel() else data.new_empty(0, dtype=torch.uint8)
+            return (*meta, hashlib.blake2b(raw.numpy().tobytes(), digest_size=16).hexdigest())
+        except (RuntimeError, TypeError):  # a dtype or view the byte view refuses: told apart by identity below
+            pass
     return (*meta, id(t), t._version)
 
 

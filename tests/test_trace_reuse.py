@@ -186,3 +186,18 @@ def test_the_store_keeps_the_traces_of_modules_the_model_holds_and_drops_another
     assert [k.key for k in store._kept] == [("encoder",), ("prefill",), ("decode",)]
     store.keep(Kept(other, ("forward",), None, frozenset(), (), frozenset(), frozenset()))
     assert [k.key for k in store._kept] == [("forward",)]
+
+
+def test_a_fingerprint_tells_values_layouts_and_aliasing_apart_and_never_raises():
+    from exporters.trace_reuse import fingerprint, fingerprints
+
+    x = torch.randn(2, 3)
+    assert fingerprint(x) == fingerprint(x.clone()) != fingerprint(x + 1)
+    assert fingerprint(x.to(torch.bfloat16)) != fingerprint(x)
+    z = torch.randn(3, dtype=torch.complex64)
+    assert fingerprint(z.conj()) != fingerprint(z.conj().resolve_conj())  # the conjugate bit is part of it
+    sparse = x.to_sparse()
+    assert fingerprint(sparse)[1] == "torch.sparse_coo"  # no strides to read: by identity
+    assert fingerprint(torch.zeros(0, 4)) == fingerprint(torch.zeros(0, 4))
+    a = torch.randn(4)
+    assert [f[2] for f in fingerprints({"a": a, "b": a[1:], "c": a.clone()})] == [-1, 0, -1]
