@@ -16,7 +16,6 @@ serialized ONNX model) and the two generators' greedy tokens are equal. One warm
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -29,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore")
 
-from benchmarks.trace_reuse import program_bytes  # noqa: E402
+from benchmarks.trace_reuse import ab_arguments, interleaved, program_bytes  # noqa: E402
 
 
 def export_pair(entry, variant: str, shared: bool) -> tuple[float, int, object, dict]:
@@ -58,23 +57,12 @@ def export_pair(entry, variant: str, shared: bool) -> tuple[float, int, object, 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="smoke")
-    parser.add_argument("--variants", default="dynamic")
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    args, names = ab_arguments(__doc__, "smoke", "dynamic", "SMOKE_GENERATE")
 
     import torch
 
     from sweeps.zoo import resolve_models
 
-    torch.set_num_threads(1)
-    names = args.models.split(",")
-    if names == ["smoke"]:
-        from sweeps.plugin import SMOKE_GENERATE
-
-        names = list(SMOKE_GENERATE)
     rows = []
     print(f"{'model':42s} {'variant':8s} {'alone s':>8s} {'shared s':>9s} {'ratio':>6s} {'reused':>6s}  components, tokens")
     for name in names:
@@ -83,11 +71,8 @@ def main() -> int:
             times = {"alone": [], "shared": []}
             verdicts, reused, error = set(), 0, None
             try:
-                export_pair(entry, variant, shared=False)  # warm-up
-                for i in range(args.repeat):
-                    order = ("alone", "shared") if i % 2 == 0 else ("shared", "alone")
-                    runs = {mode: export_pair(entry, variant, shared=mode == "shared") for mode in order}
-                    for mode in order:
+                for runs in interleaved(lambda shared: export_pair(entry, variant, shared), args.repeat):
+                    for mode in runs:
                         times[mode].append(runs[mode][0])
                     reused = runs["shared"][1]
                     alone, shared = runs["alone"][2], runs["shared"][2]

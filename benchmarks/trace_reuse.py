@@ -79,6 +79,33 @@ def trace_and_copy_seconds(tiny, variant: str) -> tuple[float, float]:
     return middle - start, time.perf_counter() - middle
 
 
+def ab_arguments(doc: str, models: str, variants: str, smoke: str) -> tuple[argparse.Namespace, list[str]]:
+    """The options of an alone-vs-shared benchmark (this one, generate_trace_reuse.py) and its models:
+    ``--models smoke`` names sweeps.plugin's list ``smoke``. Runs torch on one thread, as the timings assume."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--models", default=models)
+    parser.add_argument("--variants", default=variants)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    import torch
+
+    from sweeps import plugin
+
+    torch.set_num_threads(1)
+    names = args.models.split(",")
+    return args, list(getattr(plugin, smoke)) if names == ["smoke"] else names
+
+
+def interleaved(run, repeat: int):
+    """``run(shared)`` once to warm up, then ``repeat`` rounds of both, alternating which goes first;
+    yields each round's ``{"alone": result, "shared": result}``."""
+    run(False)
+    for i in range(repeat):
+        order = ("alone", "shared") if i % 2 == 0 else ("shared", "alone")
+        yield {mode: run(mode == "shared") for mode in order}
+
+
 def _same(a, b, inputs) -> str:
     if program_bytes(a) == program_bytes(b):
         return "identical"
@@ -87,23 +114,10 @@ def _same(a, b, inputs) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="llama,bert,vit")
-    parser.add_argument("--variants", default="static,dynamic")
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args()
-
-    import torch
+    args, keys = ab_arguments(__doc__, "llama,bert,vit", "static,dynamic", "SMOKE_CLASSES")
 
     from sweeps.runner import reference
 
-    torch.set_num_threads(1)
-    keys = args.models.split(",")
-    if keys == ["smoke"]:
-        from sweeps.plugin import SMOKE_CLASSES
-
-        keys = list(SMOKE_CLASSES)
     rows = []
     print(f"{'model':42s} {'variant':8s} {'alone s':>8s} {'shared s':>9s} {'ratio':>6s} {'reused':>6s} {'trace s':>8s} "
           f"{'copy s':>7s}  programs")
@@ -114,11 +128,8 @@ def main() -> int:
             times = {"alone": [], "shared": [], "trace": [], "copy": []}
             verdicts, reused, error = [], 0, None
             try:
-                export_all(tiny, variant, shared=False)  # warm-up
-                for i in range(args.repeat):
-                    order = ("alone", "shared") if i % 2 == 0 else ("shared", "alone")
-                    runs = {mode: export_all(tiny, variant, shared=mode == "shared") for mode in order}
-                    for mode in order:
+                for runs in interleaved(lambda shared: export_all(tiny, variant, shared), args.repeat):
+                    for mode in runs:
                         times[mode].append(sum(s for s, _, _ in runs[mode].values()))
                     reused = sum(r for _, _, r in runs["shared"].values())
                     trace_s, copy_s = trace_and_copy_seconds(tiny, variant)
