@@ -1,5 +1,7 @@
 """Fixtures of the sweep items."""
 
+import contextlib
+
 import pytest
 
 
@@ -9,12 +11,23 @@ def trace_store(request):
     their patches agree (exporters/trace_reuse.py); the items of a class run together in one process.
     ``--no-shared-traces`` traces every item itself."""
     if request.config.option.no_shared_traces:
-        yield None
-        return
-    from exporters import shared_traces
+        return None
+    from exporters.trace_reuse import TraceStore
+    from exporters.utils import DEFAULT_REGISTRY
 
-    with shared_traces() as store:
-        yield store
+    return TraceStore(DEFAULT_REGISTRY)  # active around each sweep item only (_in_store)
+
+
+@contextlib.contextmanager
+def _in_store(store):
+    """The session's trace store active for one item (exporters.trace_reuse.activated), or nothing."""
+    if store is None:
+        yield
+        return
+    from exporters.trace_reuse import activated
+
+    with activated(store):
+        yield
 
 
 @pytest.fixture
@@ -22,14 +35,16 @@ def export_patches(sweep_case, trace_store):
     """Guard the patch registry around one item: the exporter installs the registered patches of
     the item's backend and must restore them, pass or fail. A target left patched fails this item,
     naming the target, and is put back so the next item starts clean."""
-    yield from _guarded(sweep_case)
+    with _in_store(trace_store):
+        yield from _guarded(sweep_case)
 
 
 @pytest.fixture
 def generate_patches(generate_case, trace_store):
     """The same guard around a generate item (two exports: prefill and decode). Its components' traces are
     shared with the class's generate items on the other backends like a forward's (trace_reuse)."""
-    yield from _guarded(generate_case)
+    with _in_store(trace_store):
+        yield from _guarded(generate_case)
 
 
 @pytest.fixture

@@ -201,3 +201,33 @@ def test_a_fingerprint_tells_values_layouts_and_aliasing_apart_and_never_raises(
     assert fingerprint(torch.zeros(0, 4)) == fingerprint(torch.zeros(0, 4))
     a = torch.randn(4)
     assert [f[2] for f in fingerprints({"a": a, "b": a[1:], "c": a.clone()})] == [-1, 0, -1]
+
+
+def test_a_probe_on_an_lru_cached_target_forwards_its_cache_clear():
+    """ShapeEnv clears ``_maybe_evaluate_static``'s cache through whatever stands in its place."""
+    import functools
+
+    from exporters.trace_reuse import _probe
+
+    calls = []
+
+    @functools.cache
+    def target(x):
+        calls.append(x)
+        return x * 2
+
+    probe = _probe(target)
+    assert probe(3) == 6 and probe(3) == 6 and calls == [3]
+    probe.cache_clear()
+    assert probe(3) == 6 and calls == [3, 3]
+    assert probe.cache_info().misses == 1
+
+
+def test_a_store_is_active_only_inside_its_block():
+    from exporters.trace_reuse import TraceStore, activated, active_store
+
+    store = TraceStore(Registry())
+    assert active_store() is None
+    with activated(store):
+        assert active_store() is store
+    assert active_store() is None
