@@ -148,10 +148,16 @@ def activated(store: TraceStore) -> Iterator[TraceStore]:
         _ACTIVE.remove(store)
 
 
+def module_identity(module: torch.nn.Module) -> tuple[torch.nn.Module, tuple]:
+    """``module.trace_identity()`` where it has one (the model a wrapper wraps, and its form), else the module
+    itself and no form."""
+    identity = getattr(module, "trace_identity", None)
+    return identity() if callable(identity) else (module, ())
+
+
 def traced_model(module: torch.nn.Module) -> torch.nn.Module:
     """The model a trace of ``module`` is of: ``module``, or the model a wrapper's ``trace_identity()`` names."""
-    identity = getattr(module, "trace_identity", None)
-    return identity()[0] if callable(identity) else module
+    return module_identity(module)[0]
 
 
 def trace_key(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor], constants: Mapping[str, Any],
@@ -162,8 +168,7 @@ def trace_key(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor], const
     and the shape config. None where a constant or form has no stable repr (then nothing is shared)."""
     feed = fingerprints(tensors)
     try:
-        identity = getattr(model, "trace_identity", None)
-        owner, form = identity() if callable(identity) else (model, ())
+        owner, form = module_identity(model)
         baked = tuple((k, value_key(v)) for k, v in constants.items())
         shapes = repr(dynamic_shapes)
     except Exception:  # noqa: BLE001 - an object whose repr fails: no key

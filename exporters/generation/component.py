@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import Call, unflatten_tree
-from exporters.trace_reuse import fingerprint, value_key
+from exporters.trace_reuse import fingerprint, module_identity, value_key
 
 
 def leaf_input_name(tree: str, index: int) -> str:
@@ -78,12 +78,6 @@ class MethodCall(torch.nn.Module):
 
     def forward(self, **kwargs: Any) -> Any:
         return getattr(self.owner, self.method)(**kwargs)
-
-
-def module_identity(module: torch.nn.Module) -> tuple[torch.nn.Module, tuple]:
-    """``module.trace_identity()`` where it has one, else the module itself and no form."""
-    identity = getattr(module, "trace_identity", None)
-    return identity() if callable(identity) else (module, ())
 
 
 def component_module(owner: torch.nn.Module, method: str) -> torch.nn.Module:
