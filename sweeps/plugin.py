@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 
 import pytest
 
@@ -110,12 +111,39 @@ def pytest_addoption(parser):
 
 
 def _group_by_class_under_xdist(config) -> None:
-    """Under -n, keep a class's items on one worker (its tiny model is built once there), unless the
-    user chose --dist. xdist reads the mode when it schedules, after every pytest_configure."""
+    """Under -n, keep a class's items on one worker (its tiny model is built once there, and its items share
+    their traces: exporters/trace_reuse.py), unless the user chose --dist: ``pytest_xdist_make_scheduler``
+    below then schedules by model class. xdist's own ``--dist loadgroup`` cannot do it unasked: its workers
+    read the group marks only when their own command line says loadgroup (xdist/remote.py ``setup_config``),
+    so a mode switched here reached the controller alone and every item was its own group."""
     opt = config.option
     explicit = any(a == "-d" or a.startswith("--dist") for a in config.invocation_params.args)
-    if getattr(opt, "dist", None) == "load" and not explicit:
-        opt.dist = "loadgroup"
+    config._sweep_by_class = getattr(opt, "dist", None) == "load" and not explicit
+
+
+_ITEM_CLASS = re.compile(r"::test_\w+\[[^\]\[-]+-[^\]\[-]+-(\w+)\]$")  # test_<x>[<backend>-<variant>-<Class>]
+
+
+def model_class_scope(nodeid: str) -> str:
+    """The scheduling scope of an item: a sweep item's model class (every test, backend and variant of a class
+    on one worker), else the item itself."""
+    found = _ITEM_CLASS.search(nodeid)
+    return found.group(1) if found else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with a model class as the scope (``model_class_scope``), where
+    ``_group_by_class_under_xdist`` asked for it; else xdist's own choice."""
+    if not getattr(config, "_sweep_by_class", False):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModelClass(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return model_class_scope(nodeid)
+
+    return ByModelClass(config, log)
 
 
 def _split(values: list[str]) -> list[str]:

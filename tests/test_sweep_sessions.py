@@ -501,10 +501,51 @@ def test_markers_are_registered_with_help_text(runs):
         assert len(line.split(":", 1)[1].strip()) > 10, line
 
 
-def test_xdist_distributes_by_class_under_n(runs):
+def test_xdist_keeps_the_dist_mode_under_n_and_schedules_by_class_itself(runs):
     run = runs["markers"]
     assert run.configured is not None, run.output[-2000:]
-    assert run.configured["dist"] == "loadgroup"
+    assert run.configured["dist"] == "load"  # the scheduler is the plugin's (pytest_xdist_make_scheduler)
+
+
+GROUP_TESTS = '''
+import os
+
+import pytest
+
+IDS = [f"{b}-{v}-{c}" for c in ("Alpha", "Beta", "Gamma", "Delta") for b in ("dynamo", "onnx") for v in ("static", "dynamic")]
+
+
+@pytest.mark.parametrize("case", IDS, ids=IDS)
+def test_item(case):
+    with open(os.environ["GROUP_OUT"], "a") as f:
+        f.write(f"{case} {os.environ['PYTEST_XDIST_WORKER']}\\n")
+'''
+
+
+def test_under_n_every_item_of_a_class_runs_on_one_worker(tmp_path):
+    """The items of a class share its tiny model and traces only on one worker (sweeps/plugin.py,
+    _group_by_class_under_xdist): run 16 items of 4 classes under -n 2 and read where each ran."""
+    from sweeps.plugin import model_class_scope
+
+    assert model_class_scope("sweeps/test_export.py::test_export[onnx-dynamic-LlamaForCausalLM]") == "LlamaForCausalLM"
+    assert model_class_scope("sweeps/test_runner.py::test_runner[ort-genai-Qwen2ForCausalLM]") == "Qwen2ForCausalLM"
+    assert model_class_scope("tests/test_a.py::test_b[x]") == "tests/test_a.py::test_b[x]"
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["sweeps.plugin"]\n')
+    (tmp_path / "test_group.py").write_text(GROUP_TESTS)
+    out = tmp_path / "where.txt"
+    env = dict(os.environ, GROUP_OUT=str(out), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    env.pop("PYTEST_ADDOPTS", None)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-q", "test_group.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    workers: dict[str, set[str]] = {}
+    for line in out.read_text().splitlines():
+        case, worker = line.split()
+        workers.setdefault(case.rsplit("-", 1)[1], set()).add(worker)
+    assert sorted(workers) == ["Alpha", "Beta", "Delta", "Gamma"]
+    assert all(len(w) == 1 for w in workers.values()), workers
+    assert len(set().union(*workers.values())) == 2  # and the classes spread over both workers
 
 
 # ── the patch-leak guard (sweeps/conftest.py::export_patches) ─────────────────────────────────
