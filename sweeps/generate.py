@@ -13,7 +13,8 @@ cache from the token check; models are built with ``GENERATE_INIT_RANGES``, see 
 called unlike the forward (the zoo's ``generate`` overrides, ``sweeps.zoo.generate_setup``),
 ``inputs_generate`` and ``generation_config_set``; ``inputs_generate_ignores``: inputs eager generate passed
 to none of its captured calls (CTRL's token_type_ids), left out of the artifact loop's calls as eager's
-forward calls never had them; ``generation_config_restored``: the model's generate changed its generation
+forward calls never had them; ``inputs_generate_added``: an attention mask generate reads but was not given
+(VibeVoice's), added as an unpadded prompt's all-ones mask; ``generation_config_restored``: the model's generate changed its generation
 config (Pop2Piano's), put back before the export. A class whose generate needs a package not installed here
 is blocked like a build (``BlockedByPackage``, xfailed).
 """
@@ -49,7 +50,9 @@ def _eager_generate(model, inputs: dict[str, torch.Tensor], record: Callable[[st
     """Eager greedy generate over ``inputs``. The zoo's inputs are the forward's: where generate refuses
     some as unused (a forward-only ``decoder_input_ids`` of a model whose generate hands its language model
     ``inputs_embeds``: Blip2, InstructBlip), they are dropped, from the exports' inputs too, and recorded
-    as ``inputs_generate_refused``; anything else generate raises, this raises."""
+    as ``inputs_generate_refused``; where generate reads an attention mask it was not given (``KeyError:
+    'attention_mask'``), an all-ones one is added, to the exports' inputs too, recorded as ``inputs_generate_added``;
+    anything else generate raises, this raises."""
     def run():
         # a generate that updates model.generation_config with its keyword arguments (Pop2Piano's) would leave
         # return_dict_in_generate set for the export's own generate calls: the config is put back as it was
@@ -68,6 +71,16 @@ def _eager_generate(model, inputs: dict[str, torch.Tensor], record: Callable[[st
     except ImportError as exc:
         _raise_if_blocked(model, exc)
         raise
+    except KeyError as exc:
+        # generate builds a mask only for a forward that names attention_mask, so the zoo (which gives the inputs the
+        # forward names) gives none; a generate that reads one all the same (VibeVoice's _sample reads
+        # model_kwargs["attention_mask"], its forward takes it through **kwargs) is given the mask a processor
+        # makes for an unpadded prompt, in the exports' inputs too
+        if exc.args != ("attention_mask",) or "attention_mask" in inputs or "input_ids" not in inputs:
+            raise
+        inputs["attention_mask"] = torch.ones(inputs["input_ids"].shape[:2], dtype=torch.long)
+        record("inputs_generate_added", ["attention_mask"])
+        return run()
     except ValueError as exc:
         found = _UNUSED_KWARGS.search(str(exc))
         refused = set(ast.literal_eval(found.group(1))) if found else set()

@@ -74,6 +74,45 @@ def test_a_generate_that_needs_a_missing_package_is_blocked_like_a_build():
     assert not isinstance(info.value, BlockedByPackage)
 
 
+def test_a_generate_that_reads_a_mask_it_was_not_given_gets_an_unpadded_prompts_mask():
+    """generate builds an attention mask only for a forward that names one; VibeVoice's forward takes it through
+    **kwargs and its _sample reads model_kwargs["attention_mask"] (KeyError without it). The item adds the all-ones
+    mask, to the exports' inputs too, and records it; any other KeyError is raised."""
+    from sweeps.generate import _eager_generate
+
+    class _Model:
+        def __init__(self):
+            self.masks = []
+
+        def generate(self, **kwargs):
+            self.masks.append(kwargs.get("attention_mask"))
+            if kwargs.get("attention_mask") is None:
+                raise KeyError("attention_mask")
+            return "generated"
+
+    model, recorded = _Model(), {}
+    inputs = {"input_ids": torch.ones(2, 3, dtype=torch.long)}
+    assert _eager_generate(model, inputs, recorded.__setitem__) == "generated"
+    assert torch.equal(inputs["attention_mask"], torch.ones(2, 3, dtype=torch.long))  # the exports get it too
+    assert recorded == {"inputs_generate_added": ["attention_mask"]}
+    assert model.masks[0] is None and torch.equal(model.masks[1], inputs["attention_mask"])
+
+    class _OtherKey:
+        def generate(self, **kwargs):
+            raise KeyError("pixel_values")
+
+    with pytest.raises(KeyError, match="pixel_values"):
+        _eager_generate(_OtherKey(), {"input_ids": torch.ones(1, 2, dtype=torch.long)}, {}.__setitem__)
+
+    class _Always:
+        def generate(self, **kwargs):
+            raise KeyError("attention_mask")
+
+    given = {"input_ids": torch.ones(1, 2, dtype=torch.long), "attention_mask": torch.ones(1, 2, dtype=torch.long)}
+    with pytest.raises(KeyError, match="attention_mask"):  # given a mask and still raising: the model's own error
+        _eager_generate(_Always(), given, {}.__setitem__)
+
+
 def test_eager_generate_leaves_the_generation_config_as_it_found_it():
     """Pop2Piano's generate updates model.generation_config with its keyword arguments: the export's own
     generate calls would get return_dict_in_generate=True; the config is put back and that is recorded."""
