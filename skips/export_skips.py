@@ -427,20 +427,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ),
     # ── test_runner, ExecuTorch's LLM runner (static cache): what the static step does not hold yet ──
     ExportSkip(
-        classes=("RwkvForCausalLM",),
-        variants=("static",),
-        tests=("generate",),
-        stage="compare",
-        reason="a bug in transformers' Rwkv one-token path for a batch over 1: RwkvSelfAttention.extract_key_value and "
-               "RwkvFeedForward take shifted = state[1][:, :, layer] ([batch, hidden]) against hidden [batch, 1, "
-               "hidden], which broadcast to [batch, batch, hidden], so each row's one-token call mixes every row's "
-               "state. The static step (exporters/generation/static_state.py) takes one token a call and feeds the "
-               "prompt through that path, while eager's prompt path (time_shift over the sequence) is right: the "
-               "batch of 2 differs at step 0 (logits 0.94 off, dynamo/onnx/executorch static at this entry's "
-               "commit); one row passes (test_runner executorch-llm). Remove when transformers unsqueezes the "
-               "shifted state (modeling_rwkv.py) or the static step takes the prompt whole",
-    ),
-    ExportSkip(
         classes=("ReformerModelWithLMHead",),
         tests=("runner",),
         stage="eager",

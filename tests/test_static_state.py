@@ -75,6 +75,29 @@ def test_rwkv_state_list_is_carried_from_its_own_starting_value(rwkv, backend, t
     assert torch.equal(load_generator(tmp_path / "g").generate(ids, max_new_tokens=8, eos_token_id=[]), want)
 
 
+def test_rwkv_rows_mixed_by_its_one_token_path_get_a_prompt_component(rwkv):
+    """transformers' Rwkv one-token branch broadcasts the shifted state [batch, hidden] against the token [batch, 1,
+    hidden], mixing the rows of a batch over 1; its prompt path does not. Eager generate runs the prompt through the
+    prompt path, so the step fed the prompt one token a call was 12.9 off at the first logits (measured at export:
+    static_prefill.py's prompt_path_differs). A prompt component (the step's forward over the whole prompt) runs it
+    instead, the state passing between the two programs: eager's tokens and logits. One row keeps the one program."""
+    ids = torch.tensor([PROMPT, [3, 8, 40, 22, 11, 2]])
+    generator = get_exporter("dynamo").export_for_generation(rwkv, {"input_ids": ids}, cache="static", max_cache_len=16)
+    assert sorted(generator.components) == ["prompt", "step"] and generator.state == "inputs"
+    assert "fed one token a call" in generator.metadata["prompt_component"]
+    assert sorted(generator.cache_shapes) == [f"past_state_{j}" for j in range(5)]
+    with torch.no_grad():
+        eager = rwkv.generate(input_ids=ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, eos_token_id=None,
+                              pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+    out = generator.generate(ids, max_new_tokens=8, eos_token_id=[], teacher_tokens=eager.sequences[:, -8:],
+                             return_dict_in_generate=True, output_logits=True)
+    for want, got in zip(eager.logits, out.logits, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(generator.generate(ids, max_new_tokens=8, eos_token_id=[]), eager.sequences)
+    one_row = get_exporter("dynamo").export_for_generation(rwkv, {"input_ids": ids[:1]}, cache="static", max_cache_len=16)
+    assert list(one_row.components) == ["step"] and one_row.state == "buffers"
+
+
 def test_the_starting_state_is_the_one_the_model_builds(rwkv):
     step = OwnStateStep(rwkv, "state", batch=1, max_cache_len=16, state="buffers")
     starts = [getattr(step, f"initial_{j}") for j in range(5)]

@@ -3,7 +3,7 @@ step then reads.
 
 The static step (static.py) takes the prompt in one call over token ids, or one token a call where it keeps
 linear-attention states, or, where generate hands the prompt's call image or audio inputs, over the embeddings an
-embed component computes (static_embeds.py). Three cases fit none of these:
+embed component computes (static_embeds.py). These cases fit none of them:
 
 - a decoder that merges the prompt's other inputs itself: no ``inputs_embeds`` exist that a step over embeddings
   could take (``prefill_embeds`` refuses: Chameleon turns the image into VQ token ids inside its decoder,
@@ -13,7 +13,10 @@ embed component computes (static_embeds.py). Three cases fit none of these:
   compute what eager ``generate`` computes. ``prompt_path_differs`` measures this in eager at export, over the
   caller's prompt: the one-token form's logits against eager generate's over ``CHECKED_STEPS`` steps, teacher-forced.
   Where they agree, or where the prompt component does no better, the step keeps its one-token prompt (and, on
-  ExecuTorch, its runner form);
+  ExecuTorch, its runner form). A step over a state of the model's own (static_state.py's ``OwnStateStep``) is
+  measured the same way: Rwkv's one-token branch mixes the rows of a batch over 1, its prompt path does not, so a
+  batch of 2 gets a prompt component (``own_state_prompt``: the step's own forward over the whole prompt) and one
+  row keeps the one program;
 - a padded prompt over linear-attention states: fed one token a call, the padding would reach the states, which the
   model's prompt path zeroes (the one-token loop refuses such a prompt by name);
 - a generate that hands its later calls what the prompt call returned (static_calls.py's ``from_prompt``: Idefics'
@@ -22,7 +25,7 @@ embed component computes (static_embeds.py). Three cases fit none of these:
   for the sequence (generator metadata ``prompt_outputs``: step input -> prompt output); plain values generate passes
   every call (interpolate_pos_encoding) are constants both programs bake.
 
-For all three, a ``prompt`` component runs the model's forward over the whole prompt, the call ``generate`` makes with a
+For all of these, a ``prompt`` component runs the model's forward over the whole prompt, the call ``generate`` makes with a
 static cache (its image or audio inputs included, ``prompt_inputs``), from a zero cache, and returns the first
 logits and the written cache as ``present_*`` outputs in the layout of the step's ``past_*`` inputs; the step goes
 on from there one token a call, over token ids. The cache passes between the two programs, so both keep it as
@@ -47,6 +50,7 @@ from exporters.generation.static import StaticStep, static_step_for, step_dynami
 from exporters.generation.static_embeds import TokenEmbeds
 from exporters.generation.static_layers import is_linear
 from exporters.generation.static_loop import StaticGenerator
+from exporters.generation.static_state import OwnStateStep, own_state_prompt
 
 # the steps the one-token prompt is measured over (``prompt_path_differs``): the prompt's logits and the steps on from
 # the state it left, where a difference within tolerance at the prompt grows past it (Nemotron3.5-Transcribe on
@@ -94,7 +98,16 @@ def prompt_passthrough(step: StaticStep, given: Mapping[str, Any]) -> tuple[str,
     return tuple(k for k in tensors if k not in ("input_ids", "attention_mask", *step.extras))
 
 
-def prompt_example(prompt: PromptStep, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+def prompt_component(model: torch.nn.Module, step: StaticStep | OwnStateStep, batch: int,
+                     given: Mapping[str, Any]) -> PromptStep | OwnStateStep:
+    """The prompt component that goes before ``step``: a ``PromptStep`` before a cache step, the step's own forward
+    over the whole prompt before a step over the model's own state (static_state.py's ``own_state_prompt``)."""
+    if isinstance(step, OwnStateStep):
+        return own_state_prompt(step)
+    return PromptStep(model, step, batch, given).eval()
+
+
+def prompt_example(prompt: PromptStep | OwnStateStep, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     ids = inputs["input_ids"]
     mask = inputs.get("attention_mask") if prompt.takes_mask else None
     example = step_example(prompt, ids, mask, {k: inputs[k] for k in prompt.extras})
@@ -103,7 +116,7 @@ def prompt_example(prompt: PromptStep, inputs: Mapping[str, Any]) -> dict[str, t
     return {**example, **{k: inputs[k] for k in prompt.passthrough}}
 
 
-def _eager_loop(components: Mapping[str, Any], twin: StaticStep, batch: int, generation: Mapping[str, Any],
+def _eager_loop(components: Mapping[str, Any], twin: StaticStep | OwnStateStep, batch: int, generation: Mapping[str, Any],
                 **kwargs: Any) -> StaticGenerator:
     """The static loop over eager modules (``twin``'s cache as inputs and outputs), one token a call after the prompt."""
     return StaticGenerator(components, batch=batch, max_cache_len=twin.max_cache_len, state="inputs",
@@ -112,10 +125,10 @@ def _eager_loop(components: Mapping[str, Any], twin: StaticStep, batch: int, gen
                            **kwargs)
 
 
-def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step: StaticStep, backend: str,
+def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step: Any, backend: str,
                         generation: Mapping[str, Any], embed: torch.nn.Module | None = None,
                         embed_inputs: list[str] | None = None) -> str | None:
-    """Why a step of linear-attention states, fed the prompt one token a call, does not stand in for eager
+    """Why a step of linear-attention states or of the model's own state, fed the prompt one token a call, does not stand in for eager
     ``generate``'s prompt (the logits of the first ``CHECKED_STEPS`` steps, teacher-forced, apart beyond ``backend``'s
     tolerance, exporters/parity.py) where a prompt component does; None where it does, or where neither does (the step
     keeps its one-token form, the runner's).
@@ -123,19 +136,25 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
     embed component ``embed`` where the step takes embeddings."""
     from exporters.parity import compare
 
-    if not isinstance(step, StaticStep) or not step.token_by_token or step.cross is not None or \
-            step.held_state.shapes() or not any(is_linear(layer) for layer in step._cache.layers):
+    own = isinstance(step, OwnStateStep)
+    if not own and (not isinstance(step, StaticStep) or not step.token_by_token or step.cross is not None or
+                    step.held_state.shapes() or not any(is_linear(layer) for layer in step._cache.layers)):
         return None
     ids, mask = inputs["input_ids"], inputs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
+        if own:  # a model of its own state reads no mask in either path: the loop refuses a padded prompt by name
+            return None
         # fed one token a call, padding would reach the states (a model zeroes padded positions in its prompt path)
         return "a padded prompt: the model's prompt path zeroes the padded positions before its states take them"
     batch = int(ids.shape[0])
-    twin = StaticStep(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
-                      reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, embeds=step.embeds,
-                      fixed=step.fixed).eval()
-    twin.deepstack, twin.handed, twin.token_by_token = step.deepstack, step.handed, True
-    twin.prompt_inputs = step.prompt_inputs
+    if own:
+        twin = OwnStateStep(model, step.arg, batch, step.max_cache_len, "inputs").eval()
+    else:
+        twin = StaticStep(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
+                          reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, embeds=step.embeds,
+                          fixed=step.fixed).eval()
+        twin.deepstack, twin.handed, twin.token_by_token = step.deepstack, step.handed, True
+        twin.prompt_inputs = step.prompt_inputs
     components: dict[str, Any] = {"step": twin}
     if step.embeds:
         components["embed_tokens"] = TokenEmbeds(model, step.deepstack, step.handed).eval()
@@ -157,7 +176,7 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
         off = compare(want, logits_of(loop, given), backend)
         if not off:
             return None
-        prompt = PromptStep(model, twin, batch, inputs).eval()
+        prompt = prompt_component(model, twin, batch, inputs)
         whole = _eager_loop({"prompt": prompt, "step": twin}, twin, batch, generation,
                             prompt_inputs=list(prompt.passthrough))
         twin.embeds = False  # after the prompt component, the step takes token ids
@@ -179,10 +198,10 @@ def export_with_prompt(exporter, model: torch.nn.Module, inputs: Mapping[str, An
     name = type(model).__name__
     ids = inputs["input_ids"]
     step = static_step_for(model, inputs, max_cache_len, "inputs", whole_prompt=True)
-    if not isinstance(step, StaticStep):
-        raise GenerationError(f"{name}: a prompt component follows a step over a cache ({why})")
+    if not isinstance(step, (StaticStep, OwnStateStep)):
+        raise GenerationError(f"{name}: a prompt component follows a step over a cache or a state ({why})")
     batch = int(ids.shape[0])
-    prompt = PromptStep(model, step, batch, inputs).eval()
+    prompt = prompt_component(model, step, batch, inputs)
     missing = [k for k in (*prompt.passthrough, *step.extras) if not isinstance(inputs.get(k), torch.Tensor)]
     if missing:
         raise GenerationError(f"{name}: the prompt component takes {missing} as generate passes them; not given")

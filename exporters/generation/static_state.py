@@ -13,6 +13,15 @@ from, kept in the program as a constant: Rwkv's is not zero (its running maximum
 state is selected, not multiplied by a flag. Other tensors of the object (xLSTM's ``seqlen_offset``, a
 counter no computation reads) are fresh copies of their first value at each call.
 
+Where the one-token path does not compute what the model's prompt path does (Rwkv for a batch over 1: its one-token
+branch broadcasts the shifted state ``[batch, hidden]`` against the token ``[batch, 1, hidden]`` into ``[batch, batch,
+hidden]``, mixing the rows), fed one token a call the prompt gives other logits than eager ``generate``'s, which runs
+the prompt through the model's multi-token path and only the later tokens through the one-token one.
+static_prefill.py's ``prompt_path_differs`` measures this at export as it does for a cache step's linear-attention
+states, and a ``prompt`` component (``own_state_prompt``: this step's forward over the whole prompt, from the starting
+state, returning the state it leaves) runs the prompt; both then keep the state as inputs and outputs. Where the
+one-token prompt agrees (one row of Rwkv, xLSTM), the step stays one program, the runner's.
+
 The initial state is read off the model: the state object its forward hands to its first submodule that
 takes it by the same argument name (Rwkv's blocks take ``state=``), else the object a one-token call returns,
 after its own ``reset()`` (xLSTMCache). A model whose state is neither is refused by name, as is a
@@ -149,8 +158,10 @@ class OwnStateStep(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, arg: str, batch: int, max_cache_len: int, state: str):
         super().__init__()
-        self.model, self.arg, self.state, self.max_cache_len = model, arg, state, max_cache_len
+        self.model, self.arg, self.state, self.max_cache_len, self.batch = model, arg, state, max_cache_len, batch
         self.extras: dict[str, str] = {}
+        # what static_prefill.py's prompt component reads of a step: no inputs beside the tokens, none handed on
+        self.prompt_inputs, self.passthrough, self.from_prompt, self.constants = (), (), {}, {}
         self.runner_form = batch == 1
         self.keeps_last = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.template, initial = initial_state(model, arg, batch)
@@ -203,3 +214,12 @@ def own_state_step_for(model: torch.nn.Module, calls: list[dict[str, Any]], arg:
             raise GenerationError(f"{name}.generate passes {other} to forward (call {i}) beside its own state {arg!r}; "
                                   "the own-state step takes one token and the state only")
     return step
+
+
+def own_state_prompt(step: OwnStateStep) -> OwnStateStep:
+    """``step``'s prompt component (module docstring): the same forward over the whole prompt (``input_ids``
+    ``[batch, prompt]``, ``cache_position`` ``[prompt]``), the model's multi-token path, from the starting state at
+    position 0, its state as inputs and outputs (``past_state_<j>`` / ``present_state_<j>``) in ``step``'s layout."""
+    prompt = OwnStateStep(step.model, step.arg, step.batch, step.max_cache_len, "inputs").eval()
+    prompt.token_by_token = prompt.runner_form = False
+    return prompt
