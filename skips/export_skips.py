@@ -451,28 +451,14 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ),
     ExportSkip(
         classes=("MusicgenForCausalLM",),
-        variants=("static",),
-        tests=("generate",),
-        stage="compare",
-        reason="a bug in transformers' MusicgenForCausalLM.prepare_inputs_for_generation: it keeps only the last token "
-               "whenever past_key_values is not None (models/musicgen/modeling_musicgen.py:789), and generate hands the "
-               "first call an empty cache, so eager's prefill runs on the prompt's last token alone, at position 0 (the "
-               "rest of the prompt never reaches the model; MusicgenMelody and MusicgenForConditionalGeneration slice on "
-               "next_sequence_length instead). The dynamic form reproduces it (prefill rule last_tokens:input_ids:1, "
-               "exporters/generation/steps.py); the static step is not captured from generate (static_step_for) and "
-               "feeds the whole prompt, so its logits differ from eager's from step 0 (GenerateMismatch 'logits at step "
-               "0 (teacher-forced): 256/256 elements differ', test_generate dynamo/onnx/executorch static, measured on "
-               "helper-musicgen over df86520). Remove when transformers slices on next_sequence_length (or "
-               "is_first_iteration) there, or when _export_static reads the prefill rule off generate's captured "
-               "prefill and the static loop feeds the prompt's last n tokens",
-    ),
-    ExportSkip(
-        classes=("MusicgenForCausalLM",),
         backends=("executorch",),
         variants=("dynamic",),
         tests=("generate",),
         stage="run",
-        reason="its prefill runs on the prompt's last token (see the static entry), so the decode component is "
+        reason="its prefill runs on the prompt's last token (a bug in transformers' MusicgenForCausalLM."
+               "prepare_inputs_for_generation: it keeps only the last token whenever past_key_values is not None, "
+               "models/musicgen/modeling_musicgen.py:789, and generate hands the first call an empty cache; the "
+               "generation export applies it as the prefill rule last_tokens:input_ids:1), so the decode component is "
                "exported from a call whose cache holds one position (dim 2 traced at 1, range [1, 64] under "
                "backed_size_oblivious). ExecuTorch's lowering re-traces outside that mode, where guard_or_false(s == 1) "
                "is answered from the traced size: run_decompositions in _gen_edge_manager_for_partitioners (the matmul "

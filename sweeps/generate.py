@@ -412,8 +412,10 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
         if mask is not None:
             mask = torch.cat([mask, torch.ones(mask.shape[0], len(eager.logits) - 1, dtype=mask.dtype)], dim=1)
         if case.variant == "static":
-            want_cache, got_cache = _static_cache_pair(eager.past_key_values, forced.cache,
-                                                       prompt + len(eager.logits) - 1)
+            # the slots the loop wrote: the prompt's (its last n where generate's first call takes only those), then
+            # one a step
+            slots = generator.prompt_slots(prompt) if hasattr(generator, "prompt_slots") else prompt
+            want_cache, got_cache = _static_cache_pair(eager.past_key_values, forced.cache, slots + len(eager.logits) - 1)
             record("cache_checked", bool(got_cache))  # False: the cache lives inside the program (buffers)
         else:
             # eager returns the state as past_key_values whatever the model calls it (Mamba: cache_params)

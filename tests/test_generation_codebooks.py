@@ -97,3 +97,95 @@ def test_musicgen_generates_from_the_artifacts_as_eager_does():
     generator = exporter.export_for_generation(model, inputs, exporter.config_class(dynamic=True))
     assert generator.prefill_rules == {"input_ids": "last_tokens:input_ids:1"}
     assert torch.equal(generator.generate(**inputs, max_new_tokens=6), sequences)
+    with pytest.raises(GenerationError, match=r"last tokens \(last_tokens:input_ids:1\).*onnxruntime-genai"):
+        generator.save("unused", runner=True)  # its runner would prefill the whole prompt
+
+
+def _musicgen_eager(model, inputs, new):
+    from sweeps import generate as sweep
+
+    with torch.no_grad():
+        eager = model.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                               return_dict_in_generate=True, output_logits=True)
+    saved, sweep.NEW_TOKENS = sweep.NEW_TOKENS, new
+    try:
+        return eager, sweep._forward_layout(model, dict(inputs), eager, {}.__setitem__)
+    finally:
+        sweep.NEW_TOKENS = saved
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+def test_musicgen_static_feeds_the_prompts_last_token_as_generate_does(backend, tmp_path):
+    """The static form reads the prefill rule off generate's own calls (static.py ``_prompt_rule``): Musicgen's first
+    call takes the prompt's last token, at slot 0, so the static loop feeds that token alone and writes on from slot 1
+    (before: the whole prompt, logits apart from eager's from step 0). Logits, cache and tokens are eager's, after a
+    save and load too (the rule is in generator.json)."""
+    import json
+
+    from exporters import get_exporter, load_generator
+    from exporters.parity import assert_close
+    from exporters.pytrees import flatten_outputs
+
+    model, inputs = _tiny_musicgen()
+    new = 6
+    eager, sequences = _musicgen_eager(model, inputs, new)
+    prompt = inputs["input_ids"].shape[1]
+    generator = get_exporter(backend).export_for_generation(model, inputs, cache="static", max_cache_len=16)
+    assert generator.prefill_rules == {"input_ids": "last_tokens:input_ids:1"} and generator.prompt_slots(prompt) == 1
+    ours = generator.generate(**inputs, max_new_tokens=new, teacher_tokens=sequences[:, prompt:],
+                              return_dict_in_generate=True, output_logits=True)
+    for step, (want, got) in enumerate(zip(eager.logits, ours.logits)):
+        assert_close({f"logits.{step}": want}, {f"logits.{step}": got}, backend)
+    if backend == "onnx":  # the cache as outputs: slot 0 the prompt's last token, then one a step
+        want = flatten_outputs({"past_key_values": getattr(eager.past_key_values, "self_attention_cache", eager.past_key_values)})
+        for i in range(2):
+            written = ours.cache[f"past_{i}_key"][:, :, :new]
+            assert want[f"past_key_values.{i}.key"].shape[-2] == new
+            assert_close({"key": want[f"past_key_values.{i}.key"]}, {"key": written}, backend)
+    assert torch.equal(generator.generate(**inputs, max_new_tokens=new), sequences)
+    generator.save(tmp_path)
+    with open(tmp_path / "generator.json") as f:
+        assert json.load(f)["prompt_rule"] == "last_tokens:input_ids:1"
+    assert torch.equal(load_generator(tmp_path).generate(**inputs, max_new_tokens=new), sequences)
+
+
+def test_a_prompts_last_tokens_are_refused_where_the_loop_would_feed_other_inputs_beside_them():
+    """``_prompt_rule`` checks what the first call takes beside the prompt's last tokens against what the static loop
+    feeds; the loop refuses the rule where it would not apply it; ExecuTorch's LLM runner, which prefills every prompt
+    token, refuses a step under it by name."""
+    from types import SimpleNamespace
+
+    from exporters.generation import StaticGenerator
+    from exporters.generation.static import _prompt_rule
+
+    ids = torch.tensor([[5, 6, 7, 8]])
+    step = SimpleNamespace(extras={}, takes_mask=False, runner_form=False)
+    assert _prompt_rule("M", step, {"input_ids": ids[:, -2:]}, {"input_ids": ids}) == "last_tokens:input_ids:2"
+    assert _prompt_rule("M", step, {"input_ids": ids}, {"input_ids": ids}) is None
+    assert _prompt_rule("M", step, {"input_ids": ids[:, :2]}, {"input_ids": ids}) is None  # not a suffix: no rule
+    # the prompt's own last positions: what the loop feeds beside them
+    assert _prompt_rule("M", step, {"input_ids": ids[:, -2:], "position_ids": torch.tensor([[2, 3]])},
+                        {"input_ids": ids}) == "last_tokens:input_ids:2"
+    with pytest.raises(GenerationError, match=r"last 2 of 4 tokens .* with \['position_ids'\]"):
+        _prompt_rule("M", step, {"input_ids": ids[:, -2:], "position_ids": torch.tensor([[0, 1]])}, {"input_ids": ids})
+    with pytest.raises(GenerationError, match=r"with \['token_type_ids'\]"):
+        _prompt_rule("M", SimpleNamespace(extras={"token_type_ids": "repeat_last"}, takes_mask=False, runner_form=False),
+                     {"input_ids": ids[:, -2:], "token_type_ids": torch.tensor([[0, 0]])},
+                     {"input_ids": ids, "token_type_ids": torch.tensor([[0, 0, 1, 1]])})
+
+    methods = {"get_max_seq_len": 8, "use_kv_cache": True, "get_vocab_size": 16}
+    step_artifact = SimpleNamespace(backend="executorch", input_names=["input_ids", "cache_position"],
+                                    metadata={"config_values": {"constant_methods": methods}})
+
+    def loop(**kwargs):
+        return StaticGenerator({"step": step_artifact}, batch=1, max_cache_len=8, state="buffers", cache_shapes={},
+                               takes_positions=False, takes_mask=False, generation={}, metadata={"vocab_size": 16},
+                               **kwargs)
+
+    loop()._check_runner()  # the same step, its prompt fed whole: the runner's
+    with pytest.raises(GenerationError, match=r"needs a prompt fed whole \(.*last 1 tokens, last_tokens:input_ids:1"):
+        loop(prompt_rule="last_tokens:input_ids:1")._check_runner()
+    with pytest.raises(GenerationError, match="not a step over the whole sequence"):
+        loop(prompt_rule="last_tokens:input_ids:1", whole_sequence=True)
+    with pytest.raises(GenerationError, match="through a step over token ids only"):
+        loop(prompt_rule="append_column:input_ids:0")

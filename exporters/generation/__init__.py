@@ -302,7 +302,7 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                                   takes_positions=step.takes_positions and not step.runner_form,
                                   takes_mask=step.takes_mask, generation=generation, metadata=metadata,
                                   token_by_token=step.token_by_token, extras=step.extras,
-                                  embed_inputs=embed_inputs), step)
+                                  embed_inputs=embed_inputs, prompt_rule=getattr(step, "prompt_rule", None)), step)
 
 
 def _asked(generator: StaticGenerator, step) -> StaticGenerator:

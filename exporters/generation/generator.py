@@ -16,6 +16,7 @@ from exporters.generation.component import flat_inputs
 from exporters.generation.processors import end_and_pad, greedy_token
 from exporters.generation.steps import (
     ATTRIBUTES,
+    LAST_TOKENS,
     PREVIOUS_OUTPUT,
     TRIMMED,
     apply_tensor_rule,
@@ -174,6 +175,11 @@ class Generator:
     def _save_runner(self, directory) -> str:
         from exporters.generation.genai import CONFIG_FILE, export_genai_folder
 
+        cut = [rule for rule in self.prefill_rules.values() if rule.startswith(LAST_TOKENS)]
+        if cut:  # onnxruntime-genai prefills every prompt token, through the model's forward
+            raise GenerationError(f"save(runner=True): the model's generate feeds its first call only the prompt's last "
+                                  f"tokens ({cut[0]}), which this generator applies and onnxruntime-genai, prefilling "
+                                  "every prompt token, would not")
         if self.backend != "onnx":
             raise GenerationError(f"save(runner=True) for a {self.backend} generator with a growing cache: the runner "
                                   "folder is onnxruntime-genai's (ONNX); ExecuTorch's LLM runner takes "

@@ -29,7 +29,10 @@ its own gets the step's cache as that class (exporters/generation/static_caches.
 outside any Cache gets an ``OwnStateStep`` (static_state.py: Rwkv, xLSTM); one that keeps it in module attributes its
 forward sets (RecurrentGemma) carries them beside the cache, one token a call (module_state.py). A batch of one
 without padding is the runner form (tokens and cache positions only); where the model's generate passes a mask, the
-step builds it from the cache position.
+step builds it from the cache position. Where the model's generate feeds its first call only the prompt's last n tokens
+(MusicgenForCausalLM's), the step records that prefill rule (``prompt_rule``, ``last_tokens:input_ids:<n>``, read off
+generate's calls as the dynamic form reads it) and the loop feeds those tokens at slots 0..n-1 (static_loop.py);
+ExecuTorch's LLM runner, which prefills every prompt token, refuses such a step by name.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from exporters.generation.static_layers import LINEAR_PARTS, is_linear, layer_te
 from exporters.generation.static_prompt import prompt_token_candidates
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, read_appended, rereads_sequence, whole_sequence_step_for
-from exporters.generation.steps import carried_module_state, record_returns
+from exporters.generation.steps import carried_module_state, last_tokens_count, last_tokens_rule, record_returns
 
 STATE_FORMS = ("buffers", "inputs")
 
@@ -135,6 +138,8 @@ class StaticStep(torch.nn.Module):
         self.passthrough: tuple[str, ...] = ()
         # what the prompt's call takes besides the step's inputs (static_step_for reads it off generate's calls)
         self.prompt_inputs: tuple[str, ...] = ()
+        # the prompt's ids as generate's first call takes them, where not as given (``last_tokens:input_ids:<n>``)
+        self.prompt_rule: str | None = None
         self.cross = cross
         self.runner_form = batch == 1 and not takes_mask and not self.extras and not embeds and cross is None
         # the model's generate passes a mask, which a runner does not give: the step builds it from the
@@ -340,7 +345,46 @@ def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_le
     step.constants, step.from_prompt = constants, handed
     step.prompt_inputs = tuple(prompt_only + layout)  # what a prompt component takes besides the step's inputs
     step.prompt_tokens = () if whole_prompt else tuple(prompt_token_candidates(model, calls[0], prompt_only))
+    step.prompt_rule = _prompt_rule(name, step, calls[0], inputs)
     return step
+
+
+def _prompt_rule(name: str, step: StaticStep, first: Mapping[str, Any], inputs: Mapping[str, Any]) -> str | None:
+    """The prefill rule of the prompt's ids where generate's first call takes only the prompt's last n tokens
+    (``last_tokens:input_ids:<n>``, exporters/generation/steps.py, as the dynamic form reads it: MusicgenForCausalLM's
+    prepare_inputs_for_generation keeps the last token whenever it is given a cache, and generate gives the first
+    call an empty one); None where it takes the prompt's ids as given (or takes embeddings). The loop then feeds those
+    n tokens at slots 0..n-1 (static_loop.py); what else the first call took is checked to be what the loop feeds
+    beside them, and refused by name where it is not: the ``attention_mask`` the caller's, over the prompt (slot j
+    gets the prompt's mask at j, as eager's mask reaches its cache), ``position_ids`` the last n of the prompt's own
+    (or, in the runner form, the slots), each per-token extra its last n columns, any ``cache_position`` the slots."""
+    ids, given = first.get("input_ids"), inputs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or not isinstance(given, torch.Tensor) or \
+            (ids.shape == given.shape and torch.equal(ids, given)):
+        return None
+    rule = last_tokens_rule("input_ids", ids, {"input_ids": given})
+    if rule is None:
+        return None
+    n, prompt = last_tokens_count(rule), int(given.shape[1])
+    mask = inputs.get("attention_mask")
+    mask = mask if isinstance(mask, torch.Tensor) else torch.ones_like(given)
+    expected: dict[str, torch.Tensor] = {k: inputs[k][:, prompt - n:] for k in step.extras  # (a missing one is
+                                         if isinstance(inputs.get(k), torch.Tensor)}  # refused by name after)
+    if step.takes_mask:
+        expected["attention_mask"] = mask
+    if "position_ids" in first:
+        expected["position_ids"] = torch.arange(n).unsqueeze(0) if step.runner_form else \
+            (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)[:, prompt - n:]
+    if "cache_position" in first:
+        expected["cache_position"] = torch.arange(n)
+    off = sorted(k for k, v in expected.items()
+                 if not (isinstance(first.get(k), torch.Tensor) and first[k].shape == v.shape
+                         and torch.equal(first[k].to(v.dtype), v)))
+    if off:
+        raise GenerationError(f"{name}.generate's first call takes the prompt's last {n} of {prompt} tokens ({rule}) "
+                              f"with {off} other than the static loop would feed beside them (the caller's mask over "
+                              "the prompt, the last positions, the slots 0..n-1); the static form does not derive them")
+    return rule
 
 
 def fresh_step_cache(model: torch.nn.Module, batch: int, max_cache_len: int, fixed: Mapping[int, tuple] | None = None):

@@ -1,6 +1,7 @@
 """The greedy loop over a static-cache ``step`` artifact (exporters/generation/static.py): the prompt in
-one call (token by token for a step of linear-attention states), then one token a call, every shape
-checked against the export's limits before anything runs."""
+one call (token by token for a step of linear-attention states; only its last n tokens where the model's generate
+feeds its first call those alone, ``prompt_rule``), then one token a call, every shape checked against the export's
+limits before anything runs."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from exporters.generation.generator import GENERATOR_FILE, GenerateOutput
 from exporters.generation.processors import end_and_pad, greedy_token
 from exporters.generation.static_embeds import per_token_embedding
 from exporters.generation.static_whole import positions_from_mask
-from exporters.generation.steps import apply_tensor_rule
+from exporters.generation.steps import LAST_TOKENS, apply_tensor_rule, last_tokens_count, prefill_sources
 
 FORMAT = "exporters.static-generator/1"
 
@@ -31,7 +32,10 @@ class StaticGenerator:
     (exporters/generation/static_embeds.py), None where it takes token ids; ``encoder``: an encoder-decoder's
     encoder component, its inputs and outputs (exporters/generation/static_encdec.py), else None; ``prompt_inputs``:
     where a ``prompt`` component runs the prompt (exporters/generation/static_prefill.py), the caller's inputs it
-    takes besides the tokens, else None."""
+    takes besides the tokens, else None; ``prompt_rule``: where generate's first call takes only the prompt's last n
+    tokens (``last_tokens:input_ids:<n>``, exporters/generation/steps.py; static.py reads it off generate), the loop
+    feeds those at slots 0..n-1, the per-token extras and positions cut alike, the caller's mask over the prompt's
+    slots as generate passes it; the returned sequences and generate's processors still count the caller's prompt."""
 
     cache = "static"
 
@@ -40,7 +44,18 @@ class StaticGenerator:
                  generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None, token_input: str = "input_ids",
                  token_by_token: bool = False, extras: Mapping[str, str] | None = None,
                  embed_inputs: list[str] | None = None, encoder: Mapping[str, Any] | None = None,
-                 whole_sequence: bool = False, prompt_inputs: list[str] | None = None):
+                 whole_sequence: bool = False, prompt_inputs: list[str] | None = None, prompt_rule: str | None = None):
+        if prompt_rule is not None:
+            form = "an encoder-decoder's decoder" if encoder is not None else "a step over the whole sequence" \
+                if whole_sequence else "a prompt component" if prompt_inputs is not None else "a step over embeddings" \
+                if embed_inputs is not None else None
+            if form is not None or not prompt_rule.startswith(LAST_TOKENS) or prefill_sources({token_input: prompt_rule}) \
+                    != [token_input]:
+                raise GenerationError(f"prompt_rule={prompt_rule!r}: the static loop feeds a prompt's last tokens "
+                                      f"({LAST_TOKENS}{token_input}:<n>) through a step over token ids only"
+                                      + (f", not {form}" if form else ""))
+            last_tokens_count(prompt_rule)
+        self.prompt_rule = prompt_rule
         self.components = dict(components)
         # a model without a cache: the step takes the whole sequence so far at every call (static_whole.py)
         self.whole_sequence = whole_sequence
@@ -63,11 +78,18 @@ class StaticGenerator:
         if takes_mask:
             self.rules["attention_mask"] = "set_slot"
         self.prefill_rules = {"position_ids": "positions_from_mask"} if takes_positions else {}
+        if prompt_rule is not None:
+            self.prefill_rules[token_input] = prompt_rule
         self.trees = {"cache": len(self.cache_shapes)} if state == "inputs" else {}
 
     @property
     def backend(self) -> str:
         return self.components["step"].backend
+
+    def prompt_slots(self, prompt: int) -> int:
+        """The cache slots the prompt's call writes for a prompt of ``prompt`` tokens: all of them, or under
+        ``prompt_rule`` its last n (the decode steps write on from there)."""
+        return prompt if self.prompt_rule is None else min(prompt, last_tokens_count(self.prompt_rule))
 
     def _check(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, max_new_tokens: int,
                other: Mapping[str, Any]) -> None:
@@ -97,12 +119,14 @@ class StaticGenerator:
         if prompt > self.max_cache_len:
             raise GenerationError(f"input 'input_ids' dim 1 (prompt) is {prompt}, longer than the static cache "
                                   f"(max_cache_len={self.max_cache_len})")
-        if prompt + max_new_tokens - 1 > self.max_cache_len:
+        written = self.prompt_slots(prompt)  # the slots the prompt's call writes
+        if written + max_new_tokens - 1 > self.max_cache_len:
             # a step over the whole sequence keeps no cache: its bound is the longest sequence one call takes
             need = "tokens in its last call" if self.whole_sequence else "cache slots"
-            raise GenerationError(f"a prompt of {prompt} plus max_new_tokens={max_new_tokens} needs "
-                                  f"{prompt + max_new_tokens - 1} {need}; max_cache_len is {self.max_cache_len} "
-                                  f"(at most {self.max_cache_len - prompt + 1} new tokens for this prompt)")
+            fed = f"a prompt of {prompt}" + (f" (its last {written} fed: {self.prompt_rule})" if written != prompt else "")
+            raise GenerationError(f"{fed} plus max_new_tokens={max_new_tokens} needs "
+                                  f"{written + max_new_tokens - 1} {need}; max_cache_len is {self.max_cache_len} "
+                                  f"(at most {self.max_cache_len - written + 1} new tokens for this prompt)")
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise GenerationError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
                                   f"{tuple(input_ids.shape)}")
@@ -147,22 +171,25 @@ class StaticGenerator:
                 return sequences
             return GenerateOutput(sequences, tuple(step_logits) if output_logits else (), {}, len(step_logits))
         batch, prompt = input_ids.shape
+        # the prompt's tokens the first call takes: all, or its last ``fed`` (prompt_rule); the mask stays the caller's
+        # over the prompt's slots, as generate passes it (slot j gets the prompt's mask at j)
+        fed = self.prompt_slots(prompt)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         full = torch.zeros(batch, self.max_cache_len, dtype=torch.long)
         full[:, :prompt] = mask
         step = self.components["step"]
-        extras = {k: other[k] for k in self.extras}
-        tokens, embedded = {"input_ids": input_ids}, {}
+        extras = {k: other[k][:, prompt - fed:] for k in self.extras}
+        tokens, embedded = {"input_ids": input_ids[:, prompt - fed:]}, {}
         if self.embed_inputs is not None:  # the embed component over the caller's inputs: the prompt's embeddings
             given = {"input_ids": input_ids, "attention_mask": attention_mask, **other}
             embedded = self.components["embed"](**{k: given[k] for k in self.embed_inputs if given.get(k) is not None}) \
                 if "embed" in self.components else {"inputs_embeds": given["inputs_embeds"]}  # the caller's own
             tokens = {k: v for k, v in embedded.items() if per_token_embedding(k)}
-        feed: dict[str, torch.Tensor] = {**tokens, "cache_position": torch.arange(prompt), **extras}
+        feed: dict[str, torch.Tensor] = {**tokens, "cache_position": torch.arange(fed), **extras}
         if self.takes_positions:
             positions = embedded.get("position_ids")
             if positions is None:
-                positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+                positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)[..., prompt - fed:]
             feed["position_ids"] = positions
         cache = {k: torch.zeros(s) for k, s in self.cache_shapes.items()} if self.state == "inputs" else {}
         pending = None  # the prompt component's outputs: the first logits and the cache it wrote
@@ -172,8 +199,8 @@ class StaticGenerator:
                 **feed, **({"attention_mask": mask} if self.takes_mask else {}),  # the prompt's own, as generate's
                 **{k: other[k] for k in self.prompt_inputs}}, cache)
             handed = {k: pending[out] for k, out in (self.metadata.get("prompt_outputs") or {}).items()}
-        elif self.token_by_token and prompt > 1:  # all but the prompt's last token, one a call
-            for t in range(prompt - 1):
+        elif self.token_by_token and fed > 1:  # all but the prompt's last token, one a call
+            for t in range(fed - 1):
                 part = {**{k: v[:, t:t + 1] for k, v in tokens.items()}, "cache_position": torch.tensor([t]),
                         **{k: v[:, t:t + 1] for k, v in extras.items()}}
                 if self.takes_positions:
@@ -181,7 +208,7 @@ class StaticGenerator:
                 if self.takes_mask:
                     part["attention_mask"] = full
                 _, cache = self._call(step, part, cache)
-            feed = {**{k: v[:, -1:] for k, v in tokens.items()}, "cache_position": torch.tensor([prompt - 1]),
+            feed = {**{k: v[:, -1:] for k, v in tokens.items()}, "cache_position": torch.tensor([fed - 1]),
                     **{k: v[:, -1:] for k, v in extras.items()}}
             if self.takes_positions:
                 feed["position_ids"] = positions[..., -1:]
@@ -202,9 +229,10 @@ class StaticGenerator:
             step_logits.append(logits)
             if i == max_new_tokens - 1 or not unfinished.any():
                 break
-            slot = prompt + i
+            slot = fed + i  # where the next call writes; the mask covers the caller's prompt, then each new token
             full = full.clone()
-            full[:, slot] = 1
+            if prompt + i < self.max_cache_len:  # (past it, under prompt_rule: beyond every slot written)
+                full[:, prompt + i] = 1
             extras = {k: apply_tensor_rule(rule, feed[k], token) for k, rule in self.extras.items()}
             tokens = {"input_ids": token[:, None]}
             if self.embed_inputs is not None:
@@ -281,7 +309,7 @@ class StaticGenerator:
                "takes_mask": self.takes_mask, "token_input": self.token_input, "token_by_token": self.token_by_token,
                "extras": self.extras, "embed_inputs": self.embed_inputs, "prompt_inputs": self.prompt_inputs,
                "encoder": self.encoder,
-               "whole_sequence": self.whole_sequence, "generation": self.generation,
+               "whole_sequence": self.whole_sequence, "prompt_rule": self.prompt_rule, "generation": self.generation,
                **self.metadata}
         path = os.path.join(directory, GENERATOR_FILE)
         with open(path, "w") as f:
@@ -298,6 +326,10 @@ class StaticGenerator:
         if "prompt" in self.components:
             lacking.append("one program (a prompt component writes the cache the step reads, so both take it as inputs: "
                            f"{self.metadata.get('prompt_component')})")
+        if self.prompt_rule is not None:
+            lacking.append(f"a prompt fed whole (the model's generate feeds its first call only the prompt's last "
+                           f"{last_tokens_count(self.prompt_rule)} tokens, {self.prompt_rule}, which this loop applies; "
+                           "the runner prefills every prompt token)")
         if self.batch != 1:
             lacking.append(f"a batch of 1 (this step was exported for batch {self.batch}; the runner feeds one sequence)")
         if self.takes_mask:

@@ -137,6 +137,8 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
     from exporters.parity import compare
 
     own = isinstance(step, OwnStateStep)
+    if getattr(step, "prompt_rule", None) is not None:  # a prompt component runs the whole prompt, not its last tokens as generate
+        return None
     if not own and (not isinstance(step, StaticStep) or not step.token_by_token or step.cross is not None or
                     step.held_state.shapes() or not any(is_linear(layer) for layer in step._cache.layers)):
         return None
@@ -200,6 +202,9 @@ def export_with_prompt(exporter, model: torch.nn.Module, inputs: Mapping[str, An
     step = static_step_for(model, inputs, max_cache_len, "inputs", whole_prompt=True)
     if not isinstance(step, (StaticStep, OwnStateStep)):
         raise GenerationError(f"{name}: a prompt component follows a step over a cache or a state ({why})")
+    if getattr(step, "prompt_rule", None) is not None:  # the prompt component runs the whole prompt, which eager's first call does not
+        raise GenerationError(f"{name}: a prompt component runs the whole prompt, and {name}.generate's first call takes "
+                              f"only its last tokens ({step.prompt_rule}); needed because {why}")
     batch = int(ids.shape[0])
     prompt = prompt_component(model, step, batch, inputs)
     missing = [k for k in (*prompt.passthrough, *step.extras) if not isinstance(inputs.get(k), torch.Tensor)]

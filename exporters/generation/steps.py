@@ -358,6 +358,21 @@ def prefill_sources(prefill_rules: dict[str, str]) -> list[str]:
     return [_parametric(r)[0] for r in prefill_rules.values() if r.startswith((APPEND_COLUMN, LAST_TOKENS))]
 
 
+def last_tokens_rule(name: str, value: torch.Tensor, given: dict[str, torch.Tensor]) -> str | None:
+    """``last_tokens:<name>:<n>`` where ``value`` (what generate's first call took as ``name``) is the caller's
+    ``name`` cut to its last n columns, found as ``infer_prefill_rules`` finds it; else None. The static form reads
+    it off its own capture (exporters/generation/static.py), whose calls are not ``Call``s."""
+    return next((r for r in _candidates("last_tokens", name, value, given, {}) if _derives(r, value, given, None, {})),
+                None)
+
+
+def last_tokens_count(rule: str) -> int:
+    """n of ``last_tokens:<input>:<n>``."""
+    if not rule.startswith(LAST_TOKENS):
+        raise GenerationError(f"{rule!r} is not a {LAST_TOKENS}<input>:<n> rule")
+    return int(_parametric(rule)[1])
+
+
 def appended_id(prefill_rules: dict[str, str], name: str) -> int | float | None:
     """The id the prefill appends to ``name`` (``append_column``), else None."""
     rule = prefill_rules.get(name, "")
