@@ -18,8 +18,10 @@ with every position a candidate global key and a candidate global query, masked:
   where the original writes it.
 
 Masked scores underflow to exactly 0 after the softmax, so each row has the same weights as the
-original; only the summation order differs (~1e-7). With no global token the extra columns are all
-masked and the result is the window attention alone. The work grows from L x (2w + 1 + g) to
+original; only the summation order differs (~1e-7). With no global token in the batch (the original's
+``is_global_attn`` False) the window part takes the softmax over the window scores alone, as the original
+does, and the global-key part is exactly 0: the result equals the original's bit for bit (a decoder
+generating over an LED encoder's output carried the ~1e-7 to 3.4e-05 by its fifth token). The work grows from L x (2w + 1 + g) to
 L x (2w + 1 + L) scores per head: fine for export and tiny models, quadratic for long inputs.
 ``output_attentions=True`` runs the original (its outputs are shaped by the global count).
 
@@ -92,8 +94,16 @@ def dense_global_attention(self, hidden_states, attention_mask, is_index_masked,
     probs = torch.masked_fill(probs, is_index_masked[:, :, None, None], 0.0).type_as(scores)
     probs = nn.functional.dropout(probs, p=self.dropout, training=self.training)
 
+    # with no global token in the batch, the original's softmax runs over the window scores alone: the same weights,
+    # but a reduction over 2w + 1 values, not L + 2w + 1, rounds differently (LED's encoder output 2e-06 off eager,
+    # carried to 3.4e-05 in a decoder's logits by the fifth generated token); take that softmax there, bit for bit
+    window_probs = nn.functional.softmax(window_scores, dim=-1, dtype=torch.float32)
+    window_probs = torch.masked_fill(window_probs, is_index_masked[:, :, None, None], 0.0).type_as(scores)
+    window_probs = nn.functional.dropout(window_probs, p=self.dropout, training=self.training)
+    window_probs = torch.where(is_index_global_attn.any(), probs[..., length:], window_probs)
+
     from_global_keys = torch.matmul(probs[..., :length].transpose(1, 2), value.transpose(1, 2)).transpose(1, 2)
-    from_window = self._sliding_chunks_matmul_attn_probs_value(probs[..., length:].contiguous(), value, window)
+    from_window = self._sliding_chunks_matmul_attn_probs_value(window_probs.contiguous(), value, window)
     output = (from_global_keys + from_window).transpose(0, 1).reshape(length, batch, embed_dim)
 
     # every position as a global query over the whole sequence; kept at the global tokens
