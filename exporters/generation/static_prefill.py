@@ -202,7 +202,7 @@ def export_with_prompt(exporter, model: torch.nn.Module, inputs: Mapping[str, An
     step = static_step_for(model, inputs, max_cache_len, "inputs", whole_prompt=True)
     if not isinstance(step, (StaticStep, OwnStateStep)):
         raise GenerationError(f"{name}: a prompt component follows a step over a cache or a state ({why})")
-    if getattr(step, "prompt_rule", None) is not None:  # the prompt component runs the whole prompt, which eager's first call does not
+    if step.prompt_rule is not None:  # the prompt component runs the whole prompt, which eager's first call does not
         raise GenerationError(f"{name}: a prompt component runs the whole prompt, and {name}.generate's first call takes "
                               f"only its last tokens ({step.prompt_rule}); needed because {why}")
     batch = int(ids.shape[0])

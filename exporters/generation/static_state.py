@@ -160,8 +160,10 @@ class OwnStateStep(torch.nn.Module):
         super().__init__()
         self.model, self.arg, self.state, self.max_cache_len, self.batch = model, arg, state, max_cache_len, batch
         self.extras: dict[str, str] = {}
-        # what static_prefill.py's prompt component reads of a step: no inputs beside the tokens, none handed on
+        # what static_prefill.py's prompt component reads of a step: no inputs beside the tokens, none handed on, the
+        # prompt fed whole (no prefill rule: static.py's ``_prompt_rule`` reads one off a cache step's calls only)
         self.prompt_inputs, self.passthrough, self.from_prompt, self.constants = (), (), {}, {}
+        self.prompt_rule: str | None = None
         self.runner_form = batch == 1
         self.keeps_last = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.template, initial = initial_state(model, arg, batch)
