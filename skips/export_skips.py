@@ -564,15 +564,22 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ),
     ExportSkip(
         classes=("FSMTForConditionalGeneration",),
+        backends=("onnx",),
         tests=("generate",),
         variants=("static",),
         stage="compare",
-        reason="FSMTModel.forward builds no decoder mask when use_cache is set (models/fsmt/modeling_fsmt.py:857-866: "
-               "causal_mask and decoder_padding_mask None), so over a static cache its decoder attends to the "
-               "unwritten slots too: eager's own generate(cache_implementation='static') leaves its dynamic-cache "
-               "generate by 2.6e-3 in the logits at step 0, and the static artifact by the same 3.0e-3 "
-               "(GenerateMismatch, test_generate dynamo/static). Remove when FSMT masks its decoder's attention to "
-               "the positions written. (Its config's num_beams=5 is set to greedy by the sweep, sweeps/generate.py)",
+        reason="FSMTModel.forward builds no decoder mask at all when use_cache is set (models/fsmt/modeling_fsmt.py:"
+               "857-866), causal or padding, so eager generate reads its decoder prompt (the start token and the "
+               "zoo's 5 decoder_input_ids, one call) in both directions, while the static encoder-decoder loop "
+               "feeds that prompt one token a call (exporters/generation/static_encdec.py), each seeing the tokens "
+               "before it: the self-attention cache of layer 1 at prompt positions 0-4 differs from eager's by "
+               "2.2e-3 (GenerateMismatch 'cache after the last step: past_key_values.1.key', test_generate "
+               "onnx/static at this entry's commit), while every teacher-forced step's logits agree within 1e-5 "
+               "and the tokens are eager's. ONNX returns the cache, so the item compares it; dynamo and executorch "
+               "keep it inside the program (cache_checked False) and pass on logits and tokens, the same cache "
+               "difference unseen. (Over the static cache's unwritten slots the decoder is masked by "
+               "exporters/workarounds/models/fsmt.py.) Remove when FSMT masks its decoder causally with a cache "
+               "(as Bart does)",
     ),
     ExportSkip(
         classes=("VoxtralRealtimeForConditionalGeneration",),
