@@ -634,21 +634,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "change to every generate item's model, to be re-run on all backends), so no token embeds to zero",
     ),
     ExportSkip(
-        classes=("MoshiForCausalLM",),
-        tests=("generate", "runner"),
-        stage="compare",
-        reason="Moshi's config sets sliding_window, so DynamicCache(config) builds DynamicSlidingWindowLayers that keep "
-               "only the last sliding_window - 1 positions, but MoshiModel.forward masks with create_causal_mask "
-               "(models/moshi/modeling_moshi.py:775), never the window: eager's prefill attends to the whole prompt "
-               "and each decode step only to what the cache kept (tiny config: window 4, prompt 7), while the "
-               "generation export keeps every position (plain_sliding_layers) and leaves the window to the model's "
-               "mask: teacher-forced logits differ from step 1 (abs err 3.19, test_generate dynamo/dynamic at "
-               "8f88f7d; the static step keeps every position too: 3.19 at step 1, dynamo/static at bc76b56; both "
-               "runners give the same tokens, off eager's from step 2, test_runner at 705c599). Remove when "
-               "MoshiModel builds create_sliding_window_causal_mask when config.sliding_window "
-               "is set (as Mistral does)",
-    ),
-    ExportSkip(
         classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "ProphetNetForCausalLM", "ProphetNetForConditionalGeneration"),
         tests=("generate", "runner"),
         variants=("static",),
