@@ -230,7 +230,10 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     if ids.shape[1] > max_cache_len:
         raise GenerationError(f"input 'input_ids' dim 1 (prompt) is {ids.shape[1]}, longer than "
                               f"max_cache_len={max_cache_len}")
-    step = static_step_for(model, inputs, max_cache_len, state)
+    from exporters.generation.genai import model_patches
+
+    # the calls read under the export's model patches where the model's own static-cache generate fails without them
+    step = static_step_for(model, inputs, max_cache_len, state, patches=model_patches(exporter))
     missing = [k for k in step.extras if not isinstance(inputs.get(k), torch.Tensor)]
     if missing:
         raise GenerationError(f"{type(model).__name__}.generate passes {missing} to every forward call; give them "

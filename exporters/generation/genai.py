@@ -389,8 +389,8 @@ def model_patches(exporter) -> list:
     """The exporter's patches of transformers' per-model code (paths under ``transformers.models.``, such as
     exporters/workarounds/models/mamba_scan.py's): what the model computes in the traced graph, which an eager
     check of that graph's calls must compute too."""
-    return [entry for entry in exporter.registry.patches("dynamo", exporter.backend)
-            if entry.path.startswith("transformers.models.")]
+    backends = dict.fromkeys(("dynamo", exporter.backend))  # once each: the dynamo backend's are the dynamo ones
+    return [entry for entry in exporter.registry.patches(*backends) if entry.path.startswith("transformers.models.")]
 
 
 def _check_one_graph(step: GenaiStep, prompt: torch.Tensor, atol: float = 1e-3, share: float = 0.1) -> None:

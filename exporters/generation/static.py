@@ -37,7 +37,7 @@ ExecuTorch's LLM runner, which prefills every prompt token, refuses such a step 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -67,6 +67,7 @@ from exporters.generation.static_prompt import prompt_token_candidates
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, read_appended, rereads_sequence, whole_sequence_step_for
 from exporters.generation.steps import carried_module_state, last_tokens_count, last_tokens_rule, record_returns
+from exporters.utils import apply_patches
 
 STATE_FORMS = ("buffers", "inputs")
 
@@ -104,6 +105,10 @@ class StaticStep(torch.nn.Module):
     """``model`` over a static cache held by this module: see the module docstring."""
 
     use_cache_asked: str | None = None  # why generate was asked for a cache its config turns off (static_step_for)
+    # the slots a call may start writing at, as the loop calls it (most None: max_cache_len - 1): any, but a prompt
+    # component's (0 only) and a step's after one (1 on), static_prefill.py; said to torch, so a model's branch on
+    # the past length (Kosmos-2's ``past_key_values_length > 0``) is decided where the loop decides it
+    past_bounds: tuple[int, int | None] = (0, None)
 
     def __init__(self, model: torch.nn.Module, batch: int, max_cache_len: int, state: str = "buffers",
                  takes_positions: bool = True, takes_mask: bool = True, reads_mask: bool = False,
@@ -216,8 +221,9 @@ class StaticStep(torch.nn.Module):
         self._cache.traced_past = None
         if torch.compiler.is_exporting():
             past = start.item()
-            torch._check(past >= 0)
-            torch._check(past < self.max_cache_len)
+            least, most = self.past_bounds
+            torch._check(past >= least)
+            torch._check(past <= (self.max_cache_len - 1 if most is None else most))
             self._cache.traced_past = past
         histories = {}
         for i in self._histories:  # the positions seen so far, as the model's own history holds them
@@ -265,14 +271,16 @@ class StaticStep(torch.nn.Module):
 
 
 def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache_len: int, state: str,
-                    batch: int | None = None, whole_prompt: bool = False) -> StaticStep | WholeSequenceStep | OwnStateStep:
+                    batch: int | None = None, whole_prompt: bool = False,
+                    patches: Sequence[Any] = ()) -> StaticStep | WholeSequenceStep | OwnStateStep:
     """The step for ``model``, its inputs read off the model's own ``generate`` run with a static cache:
     it must be a decoder-only model whose forward calls take token ids, positions, a mask and per-token
     extras (``per_token_extras``) only. A model whose generate re-feeds the whole sequence at every call
     gets a ``WholeSequenceStep`` (exporters/generation/static_whole.py), one that keeps a state of its own instead
     of a transformers Cache an ``OwnStateStep`` (exporters/generation/static_state.py). ``whole_prompt``: the step over
     tokens that follows a prompt component (static_prefill.py), which takes the prompt call's other inputs
-    (``prompt_inputs``)."""
+    (``prompt_inputs``). ``patches``: the export's patches of the model's code (genai.model_patches), which the
+    calls are read under where the model's own static-cache generate fails without them (``_forward_arguments``)."""
     name = type(model).__name__
     if encoder_of(model) is not None:
         raise GenerationError(f"{name} is an encoder-decoder; the static cache form is built for decoder-only "
@@ -286,9 +294,10 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
         # no cache, each call over the sequence and a column of one id (XLM's mask token): static_whole.py
         carried: dict[str, torch.Tensor] = {}  # state in module attributes, which the cache step carries (module_state.py)
         seen = Seen()
-        calls, appended = read_appended(name, _forward_arguments(model, inputs, carried=carried, use_cache=use_cache, seen=seen),
+        calls, appended = read_appended(name, _forward_arguments(model, inputs, carried=carried, use_cache=use_cache, seen=seen,
+                                                                 patches=patches),
                                         inputs, lambda token: _forward_arguments(model, inputs, suppress=token, carried=carried,
-                                                                                 use_cache=use_cache, seen=seen))
+                                                                                 use_cache=use_cache, seen=seen, patches=patches))
         return _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_len, state, batch, whole_prompt, seen)
 
     try:
@@ -395,11 +404,15 @@ def fresh_step_cache(model: torch.nn.Module, batch: int, max_cache_len: int, fix
 
 def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppress: int | None = None,
                        carried: dict[str, torch.Tensor] | None = None, use_cache: bool = False,
-                       seen: Seen | None = None) -> list[dict[str, Any]]:
+                       seen: Seen | None = None, patches: Sequence[Any] = ()) -> list[dict[str, Any]]:
     """The arguments (not None) of each forward call ``generate`` makes with a static cache, by name: the
     value where it is a tensor, else True. The step builds its own cache and mask, so what generate
     passes there (a per-layer-type mask dict, say) is not traced. ``suppress``: an id generate may not choose;
-    ``use_cache``: generate is called with ``use_cache=True`` (capture.static_cache_asked)."""
+    ``use_cache``: generate is called with ``use_cache=True`` (capture.static_cache_asked). ``patches``: the
+    export's patches of the model's code (genai.model_patches); where generate fails over both static caches as
+    the model is, it is run again under them, as the step is traced (Kosmos-2's text model builds its mask over
+    the positions written, not over a static cache's keys, unpatched: exporters/workarounds/models/kosmos2.py).
+    A model whose generate runs as it is gets its calls read without them, as before."""
     name = type(model).__name__
     calls: list[dict[str, Any]] = []
 
@@ -429,23 +442,37 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
     if use_cache:
         settings["use_cache"] = True
 
-    try:
-        run(cache_implementation="static")
-    except Exception as exc:  # noqa: BLE001 - the model's own generate refuses a static cache
-        failed = f"{name}.generate(cache_implementation='static') fails: {type(exc).__name__}: " \
-                 f"{str(exc).splitlines()[0] if str(exc) else ''}"
-        # transformers' static cache keeps a sliding layer as a rolling window, which some models' masks do not
-        # fit (Inkling: its relative-position bias spans the window, generate's mask every slot); the step's own
-        # cache keeps every slot in every layer, so generate is given that one to read the calls off
-        ids = inputs.get("input_ids")
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-            raise GenerationError(failed) from exc
-        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    def both_caches() -> None:
+        """generate over transformers' static cache, else over the step's own: see the comment below."""
         try:
-            run(past_key_values=static_cache(model, int(ids.shape[0]), int(ids.shape[1]) + 3, dtype))
-        except Exception as again:  # noqa: BLE001 - the step's own cache fails too: the first failure says why
-            raise GenerationError(f"{failed}; over the step's own static cache too ({type(again).__name__}: "
-                                  f"{str(again).splitlines()[0] if str(again) else ''})") from exc
+            run(cache_implementation="static")
+        except Exception as exc:  # noqa: BLE001 - the model's own generate refuses a static cache
+            failed = f"{name}.generate(cache_implementation='static') fails: {type(exc).__name__}: " \
+                     f"{str(exc).splitlines()[0] if str(exc) else ''}"
+            # transformers' static cache keeps a sliding layer as a rolling window, which some models' masks do not
+            # fit (Inkling: its relative-position bias spans the window, generate's mask every slot); the step's own
+            # cache keeps every slot in every layer, so generate is given that one to read the calls off
+            ids = inputs.get("input_ids")
+            if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+                raise GenerationError(failed) from exc
+            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+            try:
+                run(past_key_values=static_cache(model, int(ids.shape[0]), int(ids.shape[1]) + 3, dtype))
+            except Exception as again:  # noqa: BLE001 - the step's own cache fails too: the first failure says why
+                raise GenerationError(f"{failed}; over the step's own static cache too ({type(again).__name__}: "
+                                      f"{str(again).splitlines()[0] if str(again) else ''})") from exc
+
+    try:
+        both_caches()
+    except GenerationError as refused:
+        if not patches:
+            raise
+        # the model as the step is traced: under the export's patches of its code (the docstring)
+        with apply_patches(patches):
+            try:
+                both_caches()
+            except GenerationError as again:
+                raise GenerationError(f"{refused}; under the export's model patches too ({str(again)[:300]})") from again
     if not calls:
         raise GenerationError(f"{name}.generate never called forward")
     seen.outputs = [r.outputs for r in returned]

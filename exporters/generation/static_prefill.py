@@ -60,7 +60,10 @@ CHECKED_STEPS = 8
 
 class PromptStep(StaticStep):
     """The model's forward over the whole prompt into a zero static cache (``state="inputs"``), given the prompt
-    call's other inputs (``passthrough``) as generate passes them: see the module docstring."""
+    call's other inputs (``passthrough``) as generate passes them: see the module docstring. The loop calls it at
+    ``cache_position`` 0..prompt-1 (static_loop.py), so it writes from slot 0 (``past_bounds``)."""
+
+    past_bounds = (0, 0)
 
     def __init__(self, model: torch.nn.Module, step: StaticStep, batch: int, given: Mapping[str, Any]):
         if step.cross is not None or step.held_state.shapes():
@@ -199,9 +202,13 @@ def export_with_prompt(exporter, model: torch.nn.Module, inputs: Mapping[str, An
     ``export_step(step, example, config, retry_example)``: the step's export (generation/__init__.py)."""
     name = type(model).__name__
     ids = inputs["input_ids"]
-    step = static_step_for(model, inputs, max_cache_len, "inputs", whole_prompt=True)
+    from exporters.generation.genai import model_patches
+
+    step = static_step_for(model, inputs, max_cache_len, "inputs", whole_prompt=True, patches=model_patches(exporter))
     if not isinstance(step, (StaticStep, OwnStateStep)):
         raise GenerationError(f"{name}: a prompt component follows a step over a cache or a state ({why})")
+    if isinstance(step, StaticStep):  # the loop calls it after the prompt component wrote the prompt's slots
+        step.past_bounds = (1, None)
     if step.prompt_rule is not None:  # the prompt component runs the whole prompt, which eager's first call does not
         raise GenerationError(f"{name}: a prompt component runs the whole prompt, and {name}.generate's first call takes "
                               f"only its last tokens ({step.prompt_rule}); needed because {why}")
