@@ -102,3 +102,36 @@ def test_model_patches_lists_the_dynamo_backends_patches_once():
     paths = [entry.path for entry in model_patches(get_exporter("dynamo"))]
     assert len(paths) == len(set(paths))
     assert any(".kosmos2." in path for path in paths)
+
+
+@pytest.mark.parametrize("bounds", [(0, None), (1, None)])
+def test_a_step_after_the_prompt_traces_where_its_past_is_bounded_from_one(tiny, bounds):
+    """Kosmos-2's forward branches on ``past_key_values_length > 0`` (it drops the image inputs after the prompt): over
+    the step's past read with ``.item()`` that is a guard torch cannot decide unless the step says where its calls
+    start (``past_bounds``: 1 on for the step after a prompt component, static_prefill.py)."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    from exporters.generation.static import StaticStep, step_dynamic_shapes, step_example
+    from exporters.utils import apply_patches
+
+    model, ids = tiny
+    step = StaticStep(model, 2, 16, "buffers", takes_positions=False, takes_mask=False).eval()
+    step.past_bounds = bounds
+    example = step_example(step, ids, None)
+    shapes = step_dynamic_shapes(step, example)
+    with apply_patches(_entries()), torch.no_grad():
+        if bounds[0] == 0:
+            with pytest.raises(GuardOnDataDependentSymNode, match="> 0"):
+                torch.export.export(step, (), example, dynamic_shapes=shapes, strict=False)
+            return
+        program = torch.export.export(step, (), example, dynamic_shapes=shapes, strict=False).module()
+        first = step(**example)  # the prompt, eager: the cache it wrote goes to the program's buffers too
+        for name, buffer in step.named_buffers():
+            if name.startswith("cache_"):
+                getattr(program, name).copy_(buffer)
+        after = {"input_ids": first["logits"].argmax(-1, keepdim=True), "cache_position": torch.tensor([7])}
+        got = program(**after)["logits"]
+        want = step(**after)["logits"]
+    torch.testing.assert_close(got, want)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="u0 >= 1"):  # slot 0: refused by the runtime assertion
+        program(**{"input_ids": after["input_ids"], "cache_position": torch.tensor([0])})
