@@ -711,29 +711,4 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "GuardOnDataDependentSymNode 'u0 > 0' (test_runner executorch at 705c599). Remove when Git widens the "
                "mask without a branch on the cache length (for example only when the cache holds image tokens)",
     ),
-    ExportSkip(
-        classes=("LEDForConditionalGeneration",),
-        tests=("generate",),
-        variants=("static",),
-        stage="compare",
-        reason="LEDDecoder builds its causal mask only for a call over more than one token (models/led/modeling_led.py: "
-               "'if input_shape[-1] > 1: only create a causal mask when we go over a single token'), so a one-token call"
-               " over a static cache attends to the cache's unwritten (zero) slots as well. The item's reference is the "
-               "default generate (a dynamic cache: no unwritten slots). Eager generate(cache_implementation='static') "
-               "feeds the decoder prompt (start token and the 5 given ids) in one masked call, so it leaves the "
-               "reference at step 1 (the item's tiny LED, init_range 0.5, max_new_tokens=8: logits 5.86 apart at step 1,"
-               " tokens apart from step 1); the static step feeds that prompt one token a call, so its first call "
-               "already attends to 15 unwritten slots of 16 and it leaves the reference at step 0 (test_generate "
-               "dynamo/static: 254 of 256 logits differ, 5.56 at worst, at 195e834; eager over a static cache, the "
-               "prompt a token a call, gives the same 5.56). A loop that fed the prompt in one call, as eager does, "
-               "would leave it at step 1 instead (teacher-forced in eager: 5.60): only a mask over the unwritten slots "
-               "at one-token calls reproduces the reference. Remove when LEDDecoder masks the unwritten slots for one "
-               "token as well (as Bart's decoder, which builds the mask for every call). With them masked while tracing "
-               "(a patch of LEDDecoderAttention.forward, tried at 195e834 and not kept) the onnx and executorch items "
-               "passed (XPASS strict) and the dynamo item still failed at step 5 (3.62e-5; dynamo's atol and rtol 1e-5),"
-               " as test_generate dynamo/dynamic does at 195e834 (3.36e-5): the exported LED encoder's output is 2.0e-6 "
-               "off eager's, all of it from the LEDEncoderSelfAttention patches "
-               "(exporters/workarounds/models/longformer.py: another summation order; eager with them is as far off), "
-               "and eager's own decoder over those outputs is 3.36e-5 off the reference at step 5",
-    ),
 )

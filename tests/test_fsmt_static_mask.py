@@ -68,7 +68,7 @@ def test_a_static_cache_gives_the_dynamic_caches_logits_with_the_patch(tiny, mon
 
 
 def test_the_mask_sees_the_slots_written_including_this_calls():
-    from exporters.workarounds.models.fsmt import written_slots_mask
+    from exporters.workarounds.models._static_slots import written_slots_mask
 
     mask = written_slots_mask(torch.tensor(2), 2, 5, torch.float32)
     assert (mask == 0).tolist() == [[True, True, True, True, False]]

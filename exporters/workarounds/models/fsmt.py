@@ -29,34 +29,8 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
 from exporters.utils import register_patch
-
-
-def _static_self_layer(attention, layer_state):
-    """The static self-attention layer this decoder attention writes to, else None."""
-    if layer_state is None or attention.encoder_decoder_attention:
-        return None
-    cache = getattr(layer_state, "self_attention_cache", layer_state)
-    layers = getattr(cache, "layers", None)
-    index = attention.layer_idx
-    if not layers or index is None or index >= len(layers):
-        return None
-    layer = layers[index]
-    written = getattr(layer, "cumulative_length", None)
-    if not isinstance(written, torch.Tensor) or getattr(layer, "max_cache_len", None) is None:
-        return None
-    return layer
-
-
-def written_slots_mask(past: torch.Tensor, queries: int, slots: int, dtype: torch.dtype) -> torch.Tensor:
-    """``[1, slots]`` additive mask: every query sees the slots written once this call wrote its ``queries``
-    tokens after the ``past`` ones, ``j < past + queries``."""
-    written = past.reshape(()).to(torch.long) + queries
-    seen = torch.arange(slots, device=past.device)[None, :] < written
-    zero = torch.zeros((), dtype=dtype, device=past.device)
-    return torch.where(seen, zero, torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=past.device))
+from exporters.workarounds.models._static_slots import static_self_layer, written_slots_mask
 
 
 @register_patch("dynamo", "transformers.models.fsmt.modeling_fsmt.Attention.forward")
@@ -64,10 +38,10 @@ def _patch_fsmt_static_self_attention(original):
     @functools.wraps(original)
     def forward(self, query, key, key_padding_mask=None, layer_state=None, attn_mask=None,
                 output_attentions=False, **kwargs):
-        layer = _static_self_layer(self, layer_state)
+        layer = None if self.encoder_decoder_attention else static_self_layer(layer_state, self.layer_idx)
         if layer is not None:
             mask = written_slots_mask(layer.cumulative_length, query.size(0), layer.max_cache_len,
-                                          self.q_proj.weight.dtype)
+                                      self.q_proj.weight.dtype)
             attn_mask = mask if attn_mask is None else attn_mask + mask
         return original(self, query, key, key_padding_mask=key_padding_mask, layer_state=layer_state,
                         attn_mask=attn_mask, output_attentions=output_attentions, **kwargs)
