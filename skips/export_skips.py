@@ -31,25 +31,6 @@ from skips.records import ExportSkip
 
 EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ExportSkip(
-        classes=("BlipForConditionalGeneration",),
-        tests=("generate",),
-        variants=("static",),
-        stage="export",
-        reason="its generate hands its text decoder's generate its inputs (exporters/generation/delegated.py), and "
-               "that decoder's own generate(cache_implementation='static') fails in eager, so there is no static-cache "
-               "call to read the step from: Blip's text decoder (BlipTextLMHeadModel) writes its cross-attention keys "
-               "(the image's 17 positions) into the same layer of a StaticCache as its self-attention ones "
-               "(models/blip/modeling_blip_text.py:172, only an EncoderDecoderCache keeps them apart): 'index_copy_(): "
-               "index 13 is out of bounds for dimension 2 with size 13'. That alone is not all: with the static cache "
-               "wrapped as an EncoderDecoderCache's self-attention part in BlipTextEncoder.forward (as it wraps a "
-               "DynamicCache; a probe at 7949185, not kept), the capture reads generate's calls under the model patches, "
-               "and the static step then refuses encoder_hidden_states and encoder_attention_mask, which generate passes "
-               "unchanged to every call: a decoder-only static step takes no per-sequence tensors "
-               "(exporters/generation/static.py, _step_from_calls). "
-               "Remove when BlipText keeps an EncoderDecoderCache under a static cache and the static step takes the "
-               "tensors generate passes unchanged to every call (as CrossAttention.same does for an encoder-decoder)",
-    ),
-    ExportSkip(
         classes=("Swin2SRForImageSuperResolution",),
         backends=("executorch",),
         variants=("dynamic",),

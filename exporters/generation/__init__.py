@@ -238,6 +238,10 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     if missing:
         raise GenerationError(f"{type(model).__name__}.generate passes {missing} to every forward call; give them "
                               "(shaped like input_ids) for the static step's first call")
+    if getattr(step, "same", ()) and (step.from_prompt or step.embeds):
+        raise GenerationError(f"{type(model).__name__}.generate passes {list(step.same)} unchanged to every call beside "
+                              "a prompt that needs its own component or embeddings: the static form takes such inputs "
+                              "only in a step over token ids")
     if isinstance(step, WholeSequenceStep):
         return _asked(_export_whole_sequence(exporter, model, inputs, config, generation, step, state), step)
     if isinstance(step, StaticStep) and step.from_prompt:  # generate hands later calls the prompt call's outputs
@@ -282,8 +286,8 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
         for label in ("embed", "embed_tokens"):
             if label in components:
                 components[label].extra_metadata.update({"component": label, "cache": "static"})
-    example = step_example(step, ids, inputs.get("attention_mask") if step.takes_mask else None,
-                           {k: inputs[k] for k in step.extras}, embedded)
+    example = {**step_example(step, ids, inputs.get("attention_mask") if step.takes_mask else None,
+                              {k: inputs[k] for k in step.extras}, embedded), **{k: inputs[k] for k in step.same}}
     # fixed batch and cache; the sequence (a prompt, then one token) is the only dynamic dim, an explicit
     # Dim(min=1): torch does not specialize it at 1 (no backed_size_oblivious needed, whose stride
     # questions would put the guard S != 1 on the step's reshapes)
@@ -293,8 +297,9 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
         config = dataclasses.replace(config, constant_methods={**llm_runner_methods(model, generation, max_cache_len,
                                                                                     step.token_by_token),
                                                                **(config.constant_methods or {})})
-    artifact = _export_step(exporter, step, example, config, lambda: step_example(
-        step, ids, inputs.get("attention_mask") if step.takes_mask else None, {k: inputs[k] for k in step.extras}, embedded))
+    artifact = _export_step(exporter, step, example, config, lambda: {**step_example(
+        step, ids, inputs.get("attention_mask") if step.takes_mask else None, {k: inputs[k] for k in step.extras}, embedded),
+        **{k: inputs[k] for k in step.same}})
     artifact.extra_metadata.update({"component": "step", "cache": "static", "max_cache_len": max_cache_len,
                                     "cache_state": state, "cache_layout": step.cache_shapes()})
     components["step"] = artifact
@@ -305,7 +310,8 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                                   takes_positions=step.takes_positions and not step.runner_form,
                                   takes_mask=step.takes_mask, generation=generation, metadata=metadata,
                                   token_by_token=step.token_by_token, extras=step.extras,
-                                  embed_inputs=embed_inputs, prompt_rule=getattr(step, "prompt_rule", None)), step)
+                                  embed_inputs=embed_inputs, prompt_rule=getattr(step, "prompt_rule", None),
+                                  same_inputs=list(getattr(step, "same", ()))), step)
 
 
 def _asked(generator: StaticGenerator, step) -> StaticGenerator:

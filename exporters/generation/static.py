@@ -141,6 +141,9 @@ class StaticStep(torch.nn.Module):
         self.prompt_tokens: tuple[str, ...] = ()
         # the prompt's own inputs (pixel_values, ...) handed to the model as given (static_prefill.py's prompt component)
         self.passthrough: tuple[str, ...] = ()
+        # the caller's tensors generate passes unchanged to every call (Blip's text decoder: the image's
+        # encoder_hidden_states and encoder_attention_mask), inputs of every step call; also in ``passthrough``
+        self.same: tuple[str, ...] = ()
         # what the prompt's call takes besides the step's inputs (static_step_for reads it off generate's calls)
         self.prompt_inputs: tuple[str, ...] = ()
         # the prompt's ids as generate's first call takes them, where not as given (``last_tokens:input_ids:<n>``)
@@ -334,9 +337,14 @@ def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_le
     # image_num_crops): the embed component reads it with the prompt; the step over embeddings is not given it
     layout = fixed_inputs(calls) if prompt_only else []
     handed, constants, sizing = prompt_handoff(name, calls, seen, extras)  # static_calls.py
+    # over tokens, the caller's tensors generate passes unchanged to every call: inputs of every step call
+    same = [] if prompt_only else [k for k in fixed_inputs(calls) if k not in extras and k not in handed
+                                   and isinstance(inputs.get(k), torch.Tensor) and inputs[k].shape == calls[0][k].shape
+                                   and torch.equal(inputs[k], calls[0][k])]
     for call in calls:
         other = sorted(k for k in call if k not in STEP_INPUTS and k not in STEP_FLAGS and k not in extras
-                       and k not in prompt_only and k not in layout and k not in handed and k not in constants)
+                       and k not in prompt_only and k not in layout and k not in handed and k not in constants
+                       and k not in same)
         if other:
             raise GenerationError(f"{name}.generate with a static cache passes {other} to forward; the static "
                                   f"step takes only {STEP_INPUTS}, past_key_values and per-token inputs "
@@ -352,6 +360,8 @@ def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_le
                       cache_arg, embeds=bool(prompt_only) and not whole_prompt, module_state=carried, sizing=sizing,
                       fixed=seen.fixed if seen is not None else None).eval()
     step.constants, step.from_prompt = constants, handed
+    step.same = step.passthrough = tuple(same)
+    step.runner_form = step.runner_form and not same
     step.prompt_inputs = tuple(prompt_only + layout)  # what a prompt component takes besides the step's inputs
     step.prompt_tokens = () if whole_prompt else tuple(prompt_token_candidates(model, calls[0], prompt_only))
     step.prompt_rule = _prompt_rule(name, step, calls[0], inputs)

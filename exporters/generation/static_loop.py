@@ -44,7 +44,8 @@ class StaticGenerator:
                  generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None, token_input: str = "input_ids",
                  token_by_token: bool = False, extras: Mapping[str, str] | None = None,
                  embed_inputs: list[str] | None = None, encoder: Mapping[str, Any] | None = None,
-                 whole_sequence: bool = False, prompt_inputs: list[str] | None = None, prompt_rule: str | None = None):
+                 whole_sequence: bool = False, prompt_inputs: list[str] | None = None, prompt_rule: str | None = None,
+                 same_inputs: list[str] | None = None):
         if prompt_rule is not None:
             form = "an encoder-decoder's decoder" if encoder is not None else "a step over the whole sequence" \
                 if whole_sequence else "a prompt component" if prompt_inputs is not None else "a step over embeddings" \
@@ -68,6 +69,8 @@ class StaticGenerator:
         # the step takes one token a call (linear-attention states): the prompt goes in token by token
         self.token_by_token = token_by_token
         self.extras = dict(extras or {})
+        # the caller's tensors generate passes unchanged to every call (static.py's ``same``): given to every step call
+        self.same_inputs = list(same_inputs or ())
         self.embed_inputs = list(embed_inputs) if embed_inputs is not None else None
         # a ``prompt`` component runs the prompt (static_prefill.py): the caller's inputs it takes besides the tokens
         self.prompt_inputs = list(prompt_inputs) if prompt_inputs is not None else None
@@ -93,11 +96,15 @@ class StaticGenerator:
 
     def _check(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, max_new_tokens: int,
                other: Mapping[str, Any]) -> None:
-        takes = set(self.extras) | set(self.embed_inputs or ()) | set(self.prompt_inputs or ())
+        takes = set(self.extras) | set(self.embed_inputs or ()) | set(self.prompt_inputs or ()) | set(self.same_inputs)
         unexpected = sorted(k for k in other if k not in takes)
         if unexpected:
             raise GenerationError(f"the static step takes input_ids, attention_mask and {sorted(takes)} only; "
                                   f"unexpected {unexpected}")
+        missing = [k for k in self.same_inputs if not isinstance(other.get(k), torch.Tensor)]
+        if missing:
+            raise GenerationError(f"the static step takes {missing} at every call (generate passes them unchanged to "
+                                  "every forward call); give them")
         missing = sorted(k for k in takes if other.get(k) is None and k not in ("input_ids", "attention_mask"))
         if missing:
             what = "the embed component's inputs, as at export, and per-token inputs shaped like input_ids" \
@@ -185,7 +192,8 @@ class StaticGenerator:
             embedded = self.components["embed"](**{k: given[k] for k in self.embed_inputs if given.get(k) is not None}) \
                 if "embed" in self.components else {"inputs_embeds": given["inputs_embeds"]}  # the caller's own
             tokens = {k: v for k, v in embedded.items() if per_token_embedding(k)}
-        feed: dict[str, torch.Tensor] = {**tokens, "cache_position": torch.arange(fed), **extras}
+        same = {k: other[k] for k in self.same_inputs}  # every call's, as the caller gave them
+        feed: dict[str, torch.Tensor] = {**tokens, "cache_position": torch.arange(fed), **extras, **same}
         if self.takes_positions:
             positions = embedded.get("position_ids")
             if positions is None:
@@ -202,14 +210,14 @@ class StaticGenerator:
         elif self.token_by_token and fed > 1:  # all but the prompt's last token, one a call
             for t in range(fed - 1):
                 part = {**{k: v[:, t:t + 1] for k, v in tokens.items()}, "cache_position": torch.tensor([t]),
-                        **{k: v[:, t:t + 1] for k, v in extras.items()}}
+                        **{k: v[:, t:t + 1] for k, v in extras.items()}, **same}
                 if self.takes_positions:
                     part["position_ids"] = positions[..., t:t + 1]
                 if self.takes_mask:
                     part["attention_mask"] = full
                 _, cache = self._call(step, part, cache)
             feed = {**{k: v[:, -1:] for k, v in tokens.items()}, "cache_position": torch.tensor([fed - 1]),
-                    **{k: v[:, -1:] for k, v in extras.items()}}
+                    **{k: v[:, -1:] for k, v in extras.items()}, **same}
             if self.takes_positions:
                 feed["position_ids"] = positions[..., -1:]
         unfinished = torch.ones(batch, dtype=torch.bool)
@@ -237,7 +245,7 @@ class StaticGenerator:
             tokens = {"input_ids": token[:, None]}
             if self.embed_inputs is not None:
                 tokens = dict(self.components["embed_tokens"](input_ids=token[:, None]))  # embeddings, DeepStack zeros
-            feed = {**tokens, "cache_position": torch.tensor([slot]), **extras, **handed}
+            feed = {**tokens, "cache_position": torch.tensor([slot]), **extras, **handed, **same}
             if self.takes_positions:
                 positions = positions[..., -1:] + 1
                 feed["position_ids"] = positions
@@ -307,7 +315,8 @@ class StaticGenerator:
                "batch": self.batch, "max_cache_len": self.max_cache_len, "state": self.state,
                "cache_shapes": self.cache_shapes, "takes_positions": self.takes_positions,
                "takes_mask": self.takes_mask, "token_input": self.token_input, "token_by_token": self.token_by_token,
-               "extras": self.extras, "embed_inputs": self.embed_inputs, "prompt_inputs": self.prompt_inputs,
+               "extras": self.extras, "same_inputs": self.same_inputs, "embed_inputs": self.embed_inputs,
+               "prompt_inputs": self.prompt_inputs,
                "encoder": self.encoder,
                "whole_sequence": self.whole_sequence, "prompt_rule": self.prompt_rule, "generation": self.generation,
                **self.metadata}
