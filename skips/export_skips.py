@@ -617,7 +617,7 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "change to every generate item's model, to be re-run on all backends), so no token embeds to zero",
     ),
     ExportSkip(
-        classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM", "ProphetNetForCausalLM", "ProphetNetForConditionalGeneration"),
+        classes=("CpmAntForCausalLM", "DeepseekV4ForCausalLM"),
         tests=("generate", "runner"),
         variants=("static",),
         stage="export",
@@ -626,11 +626,28 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "bc76b56; the same errors in test_runner executorch, whose .pte is that static step, at 95d2c43 and "
                "705c599; both caches at this entry's commit): CpmAnt prepends prompt_length tokens the cache was not "
                "sized for (index_copy_(): index 9 out of bounds for size 9); DeepseekV4 has no static layer for its "
-               "compressed attention (KeyError 'heavily_compressed_attention'); ProphetNet's n-gram stream mask does "
-               "not fit the static cache (dimension 5: 7 vs 9; ProphetNetForConditionalGeneration's eager "
-               "generate(cache_implementation='static') the same at dimension 5, 6 vs 13, and the static encoder-decoder "
-               "step's one-token sizing call at dimension 4, 17 vs 2). Remove when each model's generate runs with a "
-               "static cache (transformers)",
+               "compressed attention (KeyError 'heavily_compressed_attention'). Remove when each model's generate runs "
+               "with a static cache (transformers)",
+    ),
+    ExportSkip(
+        classes=("ProphetNetForConditionalGeneration",),
+        tests=("generate",),
+        variants=("static",),
+        stage="compare",
+        reason="the static encoder-decoder form feeds the decoder its prompt one token a call (static_encdec.py), and "
+               "ProphetNet's decoder computes a multi-token call otherwise than the same tokens one a call: "
+               "get_predict_relative_pos_embeddings (models/prophetnet/modeling_prophetnet.py:800-818, transformers "
+               "5.23.0) computes the n-gram streams' relative-position terms from rows laid out (batch, position, "
+               "stream, head) and reads them as (batch, stream, head, position), so in a call over S > 1 tokens a "
+               "query's term comes from another position's, stream's or head's row (layer 0 of a 2-token call: "
+               "position 1's first-stream weights 0.2963/0.3576/0.3460, one token a call 0.3031/0.3540/0.3428); the "
+               "logits are the first stream's. Eager "
+               "generate (dynamic cache) feeds the 6-token decoder prompt in one call: the step's logits at step 0 are "
+               "4.6e-4 from it (test_generate dynamo/static, now that exporters/workarounds/models/prophetnet.py lets "
+               "the decoder run over a static cache and the step export; ProphetNetForCausalLM's prompt, fed one token "
+               "a call over a dynamic cache in eager, is 3e-4 from its whole-prompt logits too, and passes through a "
+               "prompt component). Remove when the static encoder-decoder form runs the decoder prompt in one call "
+               "(a decoder prompt component), or ProphetNet gathers its predict-stream terms per position",
     ),
     ExportSkip(
         classes=("UnlimitedOcrForConditionalGeneration",),

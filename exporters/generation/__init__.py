@@ -220,6 +220,7 @@ def _token_input(model, prefill, decode, given) -> tuple[str, int]:
 
 def _export_static(exporter, model, inputs, config, generation, max_cache_len: int, prompt: str = "auto") -> StaticGenerator:
     state = STATIC_STATE.get(exporter.backend)
+    given_config = config  # as the caller gave it, for a prompt component decided after the step's export
     if state is None:
         raise GenerationError(f"no static cache form for backend {exporter.backend!r}; known: {sorted(STATIC_STATE)}")
     if encoder_of(model) is not None:
@@ -300,6 +301,12 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     artifact = _export_step(exporter, step, example, config, lambda: {**step_example(
         step, ids, inputs.get("attention_mask") if step.takes_mask else None, {k: inputs[k] for k in step.extras}, embedded),
         **{k: inputs[k] for k in step.same}})
+    if prompt == "auto" and not step.embeds and "sequence_dim" in artifact.extra_metadata:
+        # torch refused the sequence dim: the loop feeds the prompt one token a call, measured as above
+        why = prompt_path_differs(model, inputs, step, exporter.backend, generation, one_token_refused=True)
+        if why is not None:
+            return _asked(export_with_prompt(exporter, model, inputs, given_config, generation, max_cache_len, why,
+                                             _step_exporter(exporter)), step)
     artifact.extra_metadata.update({"component": "step", "cache": "static", "max_cache_len": max_cache_len,
                                     "cache_state": state, "cache_layout": step.cache_shapes()})
     components["step"] = artifact
@@ -378,8 +385,12 @@ def _export_static_encoder_decoder(exporter, model, inputs, config, generation, 
         raise GenerationError(f"the decoder prompt ({ids.shape[1]} tokens) does not fit max_cache_len={max_cache_len}")
     cross_example = {**{f"encoder_outputs__{i}": leaf for i, leaf in enumerate(leaves)},
                      **{step_name: prefill.tensors[arg] for step_name, arg in same.items()}}
+    from exporters.generation.genai import model_patches
+
+    # the one-token sizing call under the export's model patches where the model refuses it without them
     step = StaticStep(model, int(ids.shape[0]), max_cache_len, state, takes_positions=False, takes_mask=False,
-                      cross=CrossAttention(layout, len(leaves), same, cross_example)).eval()
+                      cross=CrossAttention(layout, len(leaves), same, cross_example),
+                      patches=model_patches(exporter)).eval()
     config = config if config is not None else exporter.config_class()
     fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None, accept_size_one=False)
     call = encoder_call["encoder"]

@@ -114,7 +114,8 @@ class StaticStep(torch.nn.Module):
                  takes_positions: bool = True, takes_mask: bool = True, reads_mask: bool = False,
                  extras: Mapping[str, str] | None = None, cache_arg: str = "past_key_values", embeds: bool = False,
                  cross: CrossAttention | None = None, module_state: Mapping[str, torch.Tensor] | None = None,
-                 sizing: Mapping[str, Any] | None = None, fixed: Mapping[int, tuple] | None = None):
+                 sizing: Mapping[str, Any] | None = None, fixed: Mapping[int, tuple] | None = None,
+                 patches: Sequence[Any] = ()):
         """``takes_positions``: the model reads ``position_ids``; ``takes_mask``: it reads an attention
         mask; ``extras``: the other per-token inputs generate passes (``token_type_ids``), each ``[batch, S]``
         like ``input_ids``, by the rule the loop derives its next value with (``per_token_extras``). A step
@@ -124,7 +125,9 @@ class StaticStep(torch.nn.Module):
         in by (``CACHE_ARGS``). ``embeds``: the step takes ``inputs_embeds`` ``[batch, S, hidden]`` instead of
         ``input_ids`` (exporters/generation/static_embeds.py). ``cross``: an encoder-decoder's step
         (``CrossAttention``), one decoder token a call. ``fixed``: the cache layers of a length of their own
-        (static_layers.py), read off generate (static_calls.py's ``fixed_layers``)."""
+        (static_layers.py), read off generate (static_calls.py's ``fixed_layers``). ``patches``: the export's
+        patches of the model's code, under which the cache is sized where the model refuses the one-token sizing
+        call as it is (static_layers.static_cache)."""
         super().__init__()
         if state not in STATE_FORMS:
             raise GenerationError(f"state={state!r}: the static step keeps its cache as one of {STATE_FORMS}")
@@ -156,7 +159,9 @@ class StaticStep(torch.nn.Module):
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.cache_arg = cache_arg
         self.fixed = dict(fixed or {})
-        self._cache = static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing, self.fixed)
+        self._cache = static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing, self.fixed, patches)
+        # the patches the model needs to run over this cache at all, in eager as traced (none for most models)
+        self.eager_patches = tuple(patches) if getattr(self._cache, "sized_under_patches", False) else ()
         # plain values generate passes every call (baked), the model outputs a prompt component returns, and the
         # step's inputs that are the prompt call's outputs (input -> output: static_calls.py's from_prompt)
         self.constants, self.returns, self.from_prompt, self.sizing = {}, (), {}, sizing
@@ -301,7 +306,8 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
                                                                  patches=patches),
                                         inputs, lambda token: _forward_arguments(model, inputs, suppress=token, carried=carried,
                                                                                  use_cache=use_cache, seen=seen, patches=patches))
-        return _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_len, state, batch, whole_prompt, seen)
+        return _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_len, state, batch, whole_prompt, seen,
+                                patches)
 
     try:
         step = read(bool(asked))
@@ -314,7 +320,8 @@ def static_step_for(model: torch.nn.Module, inputs: Mapping[str, Any], max_cache
     return step
 
 
-def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_len, state, batch, whole_prompt, seen=None):
+def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_len, state, batch, whole_prompt, seen=None,
+                     patches=()):
     """``static_step_for`` from the calls read off generate (``appended``: the column each call appends, if any)."""
     if carried and (appended is not None or rereads_sequence(calls) or own_state_argument(model, calls)):
         raise GenerationError(f"{name} keeps state in module attributes {sorted(carried)[:2]}: only the cache step carries it")
@@ -358,7 +365,7 @@ def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_le
     takes_mask = reads_mask and not (batch == 1 and unpadded)  # as an input
     step = StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras,
                       cache_arg, embeds=bool(prompt_only) and not whole_prompt, module_state=carried, sizing=sizing,
-                      fixed=seen.fixed if seen is not None else None).eval()
+                      fixed=seen.fixed if seen is not None else None, patches=patches).eval()
     step.constants, step.from_prompt = constants, handed
     step.same = step.passthrough = tuple(same)
     step.runner_form = step.runner_form and not same

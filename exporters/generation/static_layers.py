@@ -9,12 +9,14 @@ at the prompt's call only) keeps that length.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from exporters.generation.capture import GenerationError
 from exporters.generation.static_caches import step_cache_for
+from exporters.utils import apply_patches
 
 # the cache parts (``layer_tensors``) of a linear-attention state, which a new sequence starts from zero
 LINEAR_PARTS = ("conv_", "recurrent_")
@@ -73,9 +75,36 @@ def is_linear(layer) -> bool:
 
 def static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype,
                   cache_arg: str = "past_key_values", cross=None, sizing: Mapping | None = None,
-                  fixed: Mapping[int, tuple[tuple[int, ...], tuple[int, ...]]] | None = None):
+                  fixed: Mapping[int, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
+                  patches: Sequence[Any] = ()):
     """``cross``: an encoder-decoder's ``CrossAttention`` (static.py); ``sizing``: what a later call of generate passes
-    beside a token; ``fixed``: the layers of a length of their own (the module docstring)."""
+    beside a token; ``fixed``: the layers of a length of their own (the module docstring). ``patches``: the export's
+    patches of the model's code (genai.model_patches); where the one-token sizing call fails as the model is, the
+    cache is built again under them, as the step is traced (ProphetNet's decoder sizes its masks to the tokens fed,
+    not to a static cache's slots, unpatched: exporters/workarounds/models/prophetnet.py). A model that takes the
+    call as it is gets its cache sized without them."""
+    try:
+        return _static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing, fixed)
+    except _SizingFailed as refused:
+        if not patches:
+            raise GenerationError(str(refused)) from refused.__cause__
+        with apply_patches(patches):
+            try:
+                cache = _static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing, fixed)
+                cache.sized_under_patches = True  # the step runs the model under them in eager too (StaticStep)
+                return cache
+            except _SizingFailed as again:
+                raise GenerationError(f"{refused}; under the export's model patches too ({str(again)[:300]})") \
+                    from again.__cause__
+
+
+class _SizingFailed(GenerationError):
+    """The model refused the one-token sizing call over its static cache (static_cache retries it under patches)."""
+
+
+def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: torch.dtype,
+                  cache_arg: str = "past_key_values", cross=None, sizing: Mapping | None = None,
+                  fixed: Mapping[int, tuple[tuple[int, ...], tuple[int, ...]]] | None = None):
     from transformers.cache_utils import (
         DummyLayer,
         LinearAttentionAndStaticFullAttentionLayer,
@@ -118,7 +147,7 @@ def static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: 
             else:
                 model(**cross.model_kwargs(token, cross.example, cache), cache_position=torch.tensor([0]), use_cache=True)
     except Exception as exc:  # noqa: BLE001 - the model refuses a one-token call over its static cache
-        raise GenerationError(f"{type(model).__name__}: one token over a static cache fails ({type(exc).__name__}: "
+        raise _SizingFailed(f"{type(model).__name__}: one token over a static cache fails ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}), so its layers cannot be sized") from exc
     for i, layer in enumerate(cache.layers):
         if isinstance(layer, StaticLayer) and not layer.is_initialized and i in fixed:

@@ -51,6 +51,7 @@ from exporters.generation.static_embeds import TokenEmbeds
 from exporters.generation.static_layers import is_linear
 from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.static_state import OwnStateStep, own_state_prompt
+from exporters.utils import apply_patches
 
 # the steps the one-token prompt is measured over (``prompt_path_differs``): the prompt's logits and the steps on from
 # the state it left, where a difference within tolerance at the prompt grows past it (Nemotron3.5-Transcribe on
@@ -71,7 +72,7 @@ class PromptStep(StaticStep):
                                   "its own cache (no cross-attention inputs, no state in module attributes)")
         super().__init__(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
                          reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, sizing=step.sizing,
-                         fixed=step.fixed)
+                         fixed=step.fixed, patches=step.eager_patches)
         self.token_by_token = False  # the whole prompt, through the model's multi-token path
         # the prompt's own mask [batch, prompt], as generate passes it (a state-space layer zeroes the positions it
         # marks among the call's last S: a mask over every slot would mark the unwritten ones); none for one
@@ -130,13 +131,18 @@ def _eager_loop(components: Mapping[str, Any], twin: StaticStep | OwnStateStep, 
 
 def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step: Any, backend: str,
                         generation: Mapping[str, Any], embed: torch.nn.Module | None = None,
-                        embed_inputs: list[str] | None = None) -> str | None:
+                        embed_inputs: list[str] | None = None, one_token_refused: bool = False) -> str | None:
     """Why a step of linear-attention states or of the model's own state, fed the prompt one token a call, does not stand in for eager
     ``generate``'s prompt (the logits of the first ``CHECKED_STEPS`` steps, teacher-forced, apart beyond ``backend``'s
     tolerance, exporters/parity.py) where a prompt component does; None where it does, or where neither does (the step
     keeps its one-token form, the runner's).
     Measured in eager over ``inputs``, on an ``"inputs"`` twin of ``step`` (its own cache is not touched) behind the
-    embed component ``embed`` where the step takes embeddings."""
+    embed component ``embed`` where the step takes embeddings. ``one_token_refused``: the step over key/value layers
+    was exported one token a call because torch refused its sequence dim (generation/__init__.py's ``_export_step``),
+    so the loop feeds the prompt one token a call there too: measured the same way (ProphetNet's n-gram streams add
+    relative-position terms gathered across the prompt's positions in a multi-token call,
+    get_predict_relative_pos_embeddings, so its prompt fed one token a call gives other logits). A step whose model
+    runs over a static cache only under the export's patches (``StaticStep.eager_patches``) is run under them."""
     from exporters.parity import compare
 
     own = isinstance(step, OwnStateStep)
@@ -145,10 +151,10 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
     if getattr(step, "same", ()):  # no prompt component takes generate's unchanged inputs: the one-token path stands
         return None
     if not own and (not isinstance(step, StaticStep) or not step.token_by_token or step.cross is not None or
-                    step.held_state.shapes() or not any(is_linear(layer) for layer in step._cache.layers)):
+                    step.held_state.shapes() or not (one_token_refused or any(is_linear(layer) for layer in step._cache.layers))):
         return None
     ids, mask = inputs["input_ids"], inputs.get("attention_mask")
-    if mask is not None and not bool((mask == 1).all()):
+    if mask is not None and not bool((mask == 1).all()) and not one_token_refused:
         if own:  # a model of its own state reads no mask in either path: the loop refuses a padded prompt by name
             return None
         # fed one token a call, padding would reach the states (a model zeroes padded positions in its prompt path)
@@ -159,7 +165,7 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
     else:
         twin = StaticStep(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
                           reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, embeds=step.embeds,
-                          fixed=step.fixed).eval()
+                          fixed=step.fixed, patches=step.eager_patches).eval()
         twin.deepstack, twin.handed, twin.token_by_token = step.deepstack, step.handed, True
         twin.prompt_inputs = step.prompt_inputs
     components: dict[str, Any] = {"step": twin}
@@ -176,8 +182,9 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
         teacher = eager.sequences[:, -len(eager.logits):]
 
         def logits_of(generator: StaticGenerator, given: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            out = generator.generate(ids, mask, max_new_tokens=len(eager.logits), teacher_tokens=teacher,
-                                     return_dict_in_generate=True, output_logits=True, **given)
+            with apply_patches(getattr(step, "eager_patches", ())):
+                out = generator.generate(ids, mask, max_new_tokens=len(eager.logits), teacher_tokens=teacher,
+                                         return_dict_in_generate=True, output_logits=True, **given)
             return {f"logits_{i}": t for i, t in enumerate(out.logits)}
 
         off = compare(want, logits_of(loop, given), backend)
