@@ -160,7 +160,8 @@ class StaticStep(torch.nn.Module):
         self.cache_arg = cache_arg
         self.fixed = dict(fixed or {})
         self._cache = static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing, self.fixed, patches)
-        # the patches the model needs to run over this cache at all, in eager as traced (none for most models)
+        # the patches the model needs to run over this cache at all, in eager as traced (none for most models): where
+        # the sizing call needed them, or generate's calls were read under them (_step_from_calls)
         self.eager_patches = tuple(patches) if getattr(self._cache, "sized_under_patches", False) else ()
         # plain values generate passes every call (baked), the model outputs a prompt component returns, and the
         # step's inputs that are the prompt call's outputs (input -> output: static_calls.py's from_prompt)
@@ -366,6 +367,8 @@ def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_le
     step = StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras,
                       cache_arg, embeds=bool(prompt_only) and not whole_prompt, module_state=carried, sizing=sizing,
                       fixed=seen.fixed if seen is not None else None, patches=patches).eval()
+    if seen is not None and seen.patched:  # generate's calls were read under the patches: eager runs need them
+        step.eager_patches = tuple(patches)
     step.constants, step.from_prompt = constants, handed
     step.same = step.passthrough = tuple(same)
     step.runner_form = step.runner_form and not same
@@ -490,6 +493,7 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
                 both_caches()
             except GenerationError as again:
                 raise GenerationError(f"{refused}; under the export's model patches too ({str(again)[:300]})") from again
+        seen.patched = True  # the step runs the model under them in eager too (StaticStep.eager_patches)
     if not calls:
         raise GenerationError(f"{name}.generate never called forward")
     seen.outputs = [r.outputs for r in returned]

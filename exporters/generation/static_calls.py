@@ -74,6 +74,7 @@ class Seen:
     cache: Any = None  # the cache generate passes (the first call's)
     # its layers of a length of their own: layer -> (key shape, value shape), ``fixed_layers``
     fixed: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = dataclasses.field(default_factory=dict)
+    patched: bool = False  # the calls were read under the export's model patches (static.py's _forward_arguments)
 
     def note(self, kwargs: dict[str, Any]) -> None:
         self.plain.append({k: v for k, v in kwargs.items() if isinstance(v, (bool, int, float, str))})
