@@ -1,5 +1,5 @@
-"""Helpers for patches of decoders that pass no mask over a static cache (fsmt.py, led.py): the static
-self-attention layer a call writes to, and the mask of the slots written."""
+"""Helpers for patches of decoders over a static cache (fsmt.py, led.py, gpt_neo.py): the static self-attention
+layer a call writes to, and the mask of the slots written."""
 
 from __future__ import annotations
 

@@ -29,18 +29,7 @@ import torch
 from torch import nn
 
 from exporters.utils import register_patch
-
-
-def _static_layer(cache, layer_id: int):
-    """The cache's layer ``layer_id`` when it is a static one (a written-length tensor, a maximum), else None."""
-    layers = getattr(cache, "layers", None)
-    if not layers or layer_id >= len(layers):
-        return None
-    layer = layers[layer_id]
-    written = getattr(layer, "cumulative_length", None)
-    if not isinstance(written, torch.Tensor) or getattr(layer, "max_cache_len", None) is None:
-        return None
-    return layer
+from exporters.workarounds.models._static_slots import static_self_layer
 
 
 def _attend(self, query, key, value, attention_mask, positions):
@@ -62,7 +51,7 @@ def _patch_gpt_neo_static_bias(original):
     @functools.wraps(original)
     def forward(self, hidden_states, attention_mask=None, layer_past=None, use_cache=False,
                 output_attentions=False, **kwargs):
-        layer = _static_layer(layer_past, self.layer_id)
+        layer = static_self_layer(layer_past, self.layer_id)
         if layer is None:
             return original(self, hidden_states, attention_mask=attention_mask, layer_past=layer_past,
                             use_cache=use_cache, output_attentions=output_attentions, **kwargs)
