@@ -239,7 +239,7 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     if missing:
         raise GenerationError(f"{type(model).__name__}.generate passes {missing} to every forward call; give them "
                               "(shaped like input_ids) for the static step's first call")
-    if getattr(step, "same", ()) and (step.from_prompt or step.embeds):
+    if step.same and (step.from_prompt or step.embeds):
         raise GenerationError(f"{type(model).__name__}.generate passes {list(step.same)} unchanged to every call beside "
                               "a prompt that needs its own component or embeddings: the static form takes such inputs "
                               "only in a step over token ids")
@@ -318,7 +318,7 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                                   takes_mask=step.takes_mask, generation=generation, metadata=metadata,
                                   token_by_token=step.token_by_token, extras=step.extras,
                                   embed_inputs=embed_inputs, prompt_rule=getattr(step, "prompt_rule", None),
-                                  same_inputs=list(getattr(step, "same", ()))), step)
+                                  same_inputs=list(step.same)), step)
 
 
 def _asked(generator: StaticGenerator, step) -> StaticGenerator:

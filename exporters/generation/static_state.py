@@ -163,6 +163,7 @@ class OwnStateStep(torch.nn.Module):
         # what static_prefill.py's prompt component reads of a step: no inputs beside the tokens, none handed on, the
         # prompt fed whole (no prefill rule: static.py's ``_prompt_rule`` reads one off a cache step's calls only)
         self.prompt_inputs, self.passthrough, self.from_prompt, self.constants = (), (), {}, {}
+        self.same: tuple[str, ...] = ()  # no unchanged caller inputs beside the tokens (static.py's ``same``)
         self.prompt_rule: str | None = None
         self.runner_form = batch == 1
         self.keeps_last = "logits_to_keep" in inspect.signature(model.forward).parameters

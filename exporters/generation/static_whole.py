@@ -111,6 +111,7 @@ class WholeSequenceStep(torch.nn.Module):
     """``model`` over the whole sequence so far: the last position's logits (module docstring)."""
 
     use_cache_asked: str | None = None  # why generate was asked for a cache its config turns off (static_step_for)
+    same: tuple[str, ...] = ()  # no unchanged caller inputs beside the sequence (static.py's ``same``)
 
     def __init__(self, model: torch.nn.Module, batch: int, max_len: int, takes_positions: bool, takes_mask: bool,
                  reads_mask: bool, extras: Mapping[str, str] | None = None, appended: int | None = None,
