@@ -287,8 +287,11 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
         for label in ("embed", "embed_tokens"):
             if label in components:
                 components[label].extra_metadata.update({"component": label, "cache": "static"})
-    example = {**step_example(step, ids, inputs.get("attention_mask") if step.takes_mask else None,
-                              {k: inputs[k] for k in step.extras}, embedded), **{k: inputs[k] for k in step.same}}
+    def step_inputs() -> dict[str, torch.Tensor]:  # the step's example: its own inputs, and generate's unchanged ones
+        return {**step_example(step, ids, inputs.get("attention_mask") if step.takes_mask else None,
+                               {k: inputs[k] for k in step.extras}, embedded), **{k: inputs[k] for k in step.same}}
+
+    example = step_inputs()
     # fixed batch and cache; the sequence (a prompt, then one token) is the only dynamic dim, an explicit
     # Dim(min=1): torch does not specialize it at 1 (no backed_size_oblivious needed, whose stride
     # questions would put the guard S != 1 on the step's reshapes)
@@ -298,9 +301,7 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
         config = dataclasses.replace(config, constant_methods={**llm_runner_methods(model, generation, max_cache_len,
                                                                                     step.token_by_token),
                                                                **(config.constant_methods or {})})
-    artifact = _export_step(exporter, step, example, config, lambda: {**step_example(
-        step, ids, inputs.get("attention_mask") if step.takes_mask else None, {k: inputs[k] for k in step.extras}, embedded),
-        **{k: inputs[k] for k in step.same}})
+    artifact = _export_step(exporter, step, example, config, step_inputs)
     if prompt == "auto" and not step.embeds and "sequence_dim" in artifact.extra_metadata:
         # torch refused the sequence dim: the loop feeds the prompt one token a call, measured as above
         why = prompt_path_differs(model, inputs, step, exporter.backend, generation, one_token_refused=True)

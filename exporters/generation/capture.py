@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -15,10 +15,31 @@ from torch.utils import _pytree as pytree
 
 from exporters.generation.sliding_forms import plain_sliding_layers
 from exporters.pytrees import leaf_names_and_values, register_pytree_nodes
+from exporters.utils import apply_patches
 
 
 class GenerationError(ValueError):
     """A model or a call that generation export cannot handle; the message names what and why."""
+
+
+def retried_under_patches(run: Callable[[], Any], patches: Sequence[Any],
+                          refused: type[GenerationError] = GenerationError) -> tuple[Any, bool]:
+    """``(run(), False)``; where ``run()`` raises ``refused`` and the export has ``patches`` of the model's code
+    (genai.model_patches), ``(run(), True)`` with ``run()`` again under them, as the step is traced. Without patches
+    the refusal stands; refused both ways, a GenerationError names both, its cause the model's own error. For a
+    model whose own static-cache generate (static.py's ``_forward_arguments``) or one-token sizing call
+    (static_layers.py's ``static_cache``) fails unpatched: Kosmos-2, ProphetNet."""
+    try:
+        return run(), False
+    except refused as first:
+        if not patches:
+            raise
+        with apply_patches(patches):
+            try:
+                return run(), True
+            except refused as again:
+                raise GenerationError(f"{first}; under the export's model patches too ({str(again)[:300]})") \
+                    from (again.__cause__ or again)
 
 
 @dataclasses.dataclass

@@ -42,7 +42,13 @@ from typing import Any
 
 import torch
 
-from exporters.generation.capture import GenerationError, encoder_of, forward_wrapped, static_cache_asked
+from exporters.generation.capture import (
+    GenerationError,
+    encoder_of,
+    forward_wrapped,
+    retried_under_patches,
+    static_cache_asked,
+)
 from exporters.generation.module_state import StepState
 from exporters.generation.static_caches import has_adapter
 from exporters.generation.static_calls import (
@@ -67,7 +73,6 @@ from exporters.generation.static_prompt import prompt_token_candidates
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, read_appended, rereads_sequence, whole_sequence_step_for
 from exporters.generation.steps import carried_module_state, last_tokens_count, last_tokens_rule, record_returns
-from exporters.utils import apply_patches
 
 STATE_FORMS = ("buffers", "inputs")
 
@@ -482,18 +487,8 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
                 raise GenerationError(f"{failed}; over the step's own static cache too ({type(again).__name__}: "
                                       f"{str(again).splitlines()[0] if str(again) else ''})") from exc
 
-    try:
-        both_caches()
-    except GenerationError as refused:
-        if not patches:
-            raise
-        # the model as the step is traced: under the export's patches of its code (the docstring)
-        with apply_patches(patches):
-            try:
-                both_caches()
-            except GenerationError as again:
-                raise GenerationError(f"{refused}; under the export's model patches too ({str(again)[:300]})") from again
-        seen.patched = True  # the step runs the model under them in eager too (StaticStep.eager_patches)
+    # where it fails as the model is, the model as the step is traced: under the export's patches of its code
+    _, seen.patched = retried_under_patches(both_caches, patches)  # patched: the step runs eager under them too
     if not calls:
         raise GenerationError(f"{name}.generate never called forward")
     seen.outputs = [r.outputs for r in returned]

@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 
-from exporters.generation.capture import GenerationError
+from exporters.generation.capture import GenerationError, retried_under_patches
 from exporters.generation.static_caches import step_cache_for
-from exporters.utils import apply_patches
 
 # the cache parts (``layer_tensors``) of a linear-attention state, which a new sequence starts from zero
 LINEAR_PARTS = ("conv_", "recurrent_")
@@ -84,18 +83,13 @@ def static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype: 
     not to a static cache's slots, unpatched: exporters/workarounds/models/prophetnet.py). A model that takes the
     call as it is gets its cache sized without them."""
     try:
-        return _static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing, fixed)
-    except _SizingFailed as refused:
-        if not patches:
-            raise GenerationError(str(refused)) from refused.__cause__
-        with apply_patches(patches):
-            try:
-                cache = _static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing, fixed)
-                cache.sized_under_patches = True  # the step runs the model under them in eager too (StaticStep)
-                return cache
-            except _SizingFailed as again:
-                raise GenerationError(f"{refused}; under the export's model patches too ({str(again)[:300]})") \
-                    from again.__cause__
+        cache, patched = retried_under_patches(
+            lambda: _static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing, fixed), patches,
+            refused=_SizingFailed)
+    except _SizingFailed as refused:  # no patches to retry under: the plain error
+        raise GenerationError(str(refused)) from refused.__cause__
+    cache.sized_under_patches = patched  # the step runs the model under them in eager too (StaticStep)
+    return cache
 
 
 class _SizingFailed(GenerationError):

@@ -148,7 +148,7 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
     own = isinstance(step, OwnStateStep)
     if getattr(step, "prompt_rule", None) is not None:  # a prompt component runs the whole prompt, not its last tokens as generate
         return None
-    if getattr(step, "same", ()):  # no prompt component takes generate's unchanged inputs: the one-token path stands
+    if step.same:  # no prompt component takes generate's unchanged inputs: the one-token path stands
         return None
     if not own and (not isinstance(step, StaticStep) or not step.token_by_token or step.cross is not None or
                     step.held_state.shapes() or not (one_token_refused or any(is_linear(layer) for layer in step._cache.layers))):

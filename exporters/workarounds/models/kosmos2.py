@@ -7,7 +7,8 @@ all for one query. That is the keys' length over a dynamic cache, not over a sta
 'static')`` fails in eager: 'The size of tensor a (73) must match the size of tensor b (71) at non-singleton
 dimension 3'), and a one-token call, with no mask, would attend over the slots not written yet.
 
-What this changes (only over a static cache: its first layer ``is_compileable``, with a ``max_cache_len``). While
+What this changes (only over a static cache: its first layer with a ``cumulative_length`` tensor and a
+``max_cache_len``, models/_static_slots.py). While
 the text transformer's forward runs over such a cache, the mask is built over its ``max_cache_len`` columns: query
 i (at position ``past + i``) sees slot j where ``j <= past + i``, every later slot (not written yet) gets the
 dtype's minimum, as the original's causal part gives the columns it has. A 2D ``attention_mask`` is read over the
@@ -31,6 +32,7 @@ import inspect
 import torch
 
 from exporters.utils import register_patch
+from exporters.workarounds.models._static_slots import static_self_layer
 
 _TEXT = "transformers.models.kosmos2.modeling_kosmos2.Kosmos2TextTransformer"
 # the static cache's key length while the text transformer's forward runs over one, else None
@@ -40,13 +42,8 @@ _KEY_LENGTH: contextvars.ContextVar[int | None] = contextvars.ContextVar("kosmos
 def static_key_length(cache) -> int | None:
     """The length of the keys ``cache`` returns where it is a static one (every layer ``max_cache_len`` slots), else
     None (no cache, a dynamic one)."""
-    cache = getattr(cache, "self_attention_cache", cache)  # an EncoderDecoderCache: its self-attention part
-    layers = getattr(cache, "layers", None)
-    if not layers:
-        return None
-    layer = layers[0]
-    length = getattr(layer, "max_cache_len", None)
-    return int(length) if getattr(layer, "is_compileable", False) and length is not None else None
+    layer = static_self_layer(cache, 0)
+    return None if layer is None else int(layer.max_cache_len)
 
 
 def _mask_over_keys(attention_mask, input_shape, inputs_embeds, past_key_values_length, key_length: int):

@@ -53,18 +53,10 @@ def kept_by_window(past, window: int):
     return visible
 
 
-def _both(first, second):
-    if first is None:
-        return second
-
-    def visible(batch_idx, head_idx, q_idx, kv_idx):
-        return first(batch_idx, head_idx, q_idx, kv_idx) & second(batch_idx, head_idx, q_idx, kv_idx)
-
-    return visible
-
-
 @register_patch("dynamo", "transformers.models.moshi.modeling_moshi.create_causal_mask")
 def _patch_moshi_window(original):
+    from transformers.masking_utils import and_masks
+
     @functools.wraps(original)
     def create_causal_mask(config, inputs_embeds, attention_mask, past_key_values, position_ids=None,
                            *args, **kwargs):
@@ -74,7 +66,8 @@ def _patch_moshi_window(original):
         past = past_key_values.get_seq_length()
         if isinstance(past, torch.Tensor):
             past = past.reshape(())
-        kwargs["and_mask_function"] = _both(kwargs.get("and_mask_function"), kept_by_window(past, window))
+        window_mask, given = kept_by_window(past, window), kwargs.get("and_mask_function")
+        kwargs["and_mask_function"] = window_mask if given is None else and_masks(given, window_mask)
         return original(config, inputs_embeds, attention_mask, past_key_values, position_ids, **kwargs)
 
     return create_causal_mask

@@ -64,6 +64,7 @@ import functools
 import torch
 
 from exporters.utils import register_patch
+from exporters.workarounds.models._static_slots import static_self_layer
 
 
 @register_patch("dynamo", "transformers.models.prophetnet.modeling_prophetnet.ProphetNetPositionalEmbeddings.forward")
@@ -78,21 +79,6 @@ def _patch_prophetnet_decode_position(original):
         return original(self, inputs_shape, device, attention_mask, past_key_values, position_ids)
 
     return forward
-
-
-def _static_self_layer(past_key_values):
-    """The first layer of the decoder's self-attention cache when it is a static one, else None."""
-    if past_key_values is None:
-        return None
-    cache = getattr(past_key_values, "self_attention_cache", past_key_values)
-    layers = getattr(cache, "layers", None)
-    if not layers:
-        return None
-    layer = layers[0]
-    written = getattr(layer, "cumulative_length", None)
-    if not isinstance(written, torch.Tensor) or getattr(layer, "max_cache_len", None) is None:
-        return None
-    return layer
 
 
 def _prompt_padding(attention_mask, seq: int, slots: int, dtype, device) -> torch.Tensor:
@@ -246,7 +232,7 @@ def _patch_prophetnet_static_decoder(original):
                 past_key_values=None, inputs_embeds=None, use_cache=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None, **kwargs):
         use = use_cache if use_cache is not None else self.config.use_cache
-        layer = _static_self_layer(past_key_values) if use and not (self.gradient_checkpointing and self.training) \
+        layer = static_self_layer(past_key_values, 0) if use and not (self.gradient_checkpointing and self.training) \
             else None
         if layer is None or self.position_embeddings.padding_idx != 0 or (input_ids is None) == (inputs_embeds is None):
             return original(self, input_ids=input_ids, attention_mask=attention_mask,
