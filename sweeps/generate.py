@@ -329,7 +329,7 @@ def _loop_takes(generator) -> set[str]:
     if getattr(generator, "cache", None) == "static":
         encoder = generator.encoder or {"inputs": (), "same": {}}
         return {"input_ids", "attention_mask", *generator.extras, *(generator.embed_inputs or ()), *(generator.prompt_inputs or ()),
-                *generator.same_inputs,
+                *getattr(generator, "same_inputs", ()),
                 *encoder["inputs"],
                 *encoder["same"].values(), *(("decoder_input_ids",) if generator.encoder else ())}
     takes = set(generator.prefill_inputs) | {"attention_mask"}
