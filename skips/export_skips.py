@@ -546,25 +546,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "exporters/generation exports the codec step as the dynamic entry asks",
     ),
     ExportSkip(
-        classes=("FSMTForConditionalGeneration",),
-        backends=("onnx",),
-        tests=("generate",),
-        variants=("static",),
-        stage="compare",
-        reason="FSMTModel.forward builds no decoder mask at all when use_cache is set (models/fsmt/modeling_fsmt.py:"
-               "857-866), causal or padding, so eager generate reads its decoder prompt (the start token and the "
-               "zoo's 5 decoder_input_ids, one call) in both directions, while the static encoder-decoder loop "
-               "feeds that prompt one token a call (exporters/generation/static_encdec.py), each seeing the tokens "
-               "before it: the self-attention cache of layer 1 at prompt positions 0-4 differs from eager's by "
-               "2.2e-3 (GenerateMismatch 'cache after the last step: past_key_values.1.key', test_generate "
-               "onnx/static at this entry's commit), while every teacher-forced step's logits agree within 1e-5 "
-               "and the tokens are eager's. ONNX returns the cache, so the item compares it; dynamo and executorch "
-               "keep it inside the program (cache_checked False) and pass on logits and tokens, the same cache "
-               "difference unseen. (Over the static cache's unwritten slots the decoder is masked by "
-               "exporters/workarounds/models/fsmt.py.) Remove when FSMT masks its decoder causally with a cache "
-               "(as Bart does)",
-    ),
-    ExportSkip(
         classes=("VoxtralRealtimeForConditionalGeneration",),
         tests=("generate",),
         variants=("static",),
@@ -628,26 +609,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "sized for (index_copy_(): index 9 out of bounds for size 9); DeepseekV4 has no static layer for its "
                "compressed attention (KeyError 'heavily_compressed_attention'). Remove when each model's generate runs "
                "with a static cache (transformers)",
-    ),
-    ExportSkip(
-        classes=("ProphetNetForConditionalGeneration",),
-        tests=("generate",),
-        variants=("static",),
-        stage="compare",
-        reason="the static encoder-decoder form feeds the decoder its prompt one token a call (static_encdec.py), and "
-               "ProphetNet's decoder computes a multi-token call otherwise than the same tokens one a call: "
-               "get_predict_relative_pos_embeddings (models/prophetnet/modeling_prophetnet.py:800-818, transformers "
-               "5.23.0) computes the n-gram streams' relative-position terms from rows laid out (batch, position, "
-               "stream, head) and reads them as (batch, stream, head, position), so in a call over S > 1 tokens a "
-               "query's term comes from another position's, stream's or head's row (layer 0 of a 2-token call: "
-               "position 1's first-stream weights 0.2963/0.3576/0.3460, one token a call 0.3031/0.3540/0.3428); the "
-               "logits are the first stream's. Eager "
-               "generate (dynamic cache) feeds the 6-token decoder prompt in one call: the step's logits at step 0 are "
-               "4.6e-4 from it (test_generate dynamo/static, now that exporters/workarounds/models/prophetnet.py lets "
-               "the decoder run over a static cache and the step export; ProphetNetForCausalLM's prompt, fed one token "
-               "a call over a dynamic cache in eager, is 3e-4 from its whole-prompt logits too, and passes through a "
-               "prompt component). Remove when the static encoder-decoder form runs the decoder prompt in one call "
-               "(a decoder prompt component), or ProphetNet gathers its predict-stream terms per position",
     ),
     ExportSkip(
         classes=("UnlimitedOcrForConditionalGeneration",),

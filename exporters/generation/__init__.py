@@ -49,7 +49,13 @@ from exporters.generation.static import (
     step_example,
 )
 from exporters.generation.static_embeds import DEEPSTACK_PREFIX, TokenEmbeds, handed_names, prefill_embeds
-from exporters.generation.static_encdec import decoder_prompt_rule, decoder_reads, encoder_spec, same_inputs
+from exporters.generation.static_encdec import (
+    decoder_prompt_rule,
+    decoder_reads,
+    encoder_spec,
+    one_token_prompt_differs,
+    same_inputs,
+)
 from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.static_prefill import export_with_prompt, prompt_path_differs
 from exporters.generation.static_prompt import CHECKED_TOKENS, decode_rule, read_beyond_embeddings
@@ -224,7 +230,7 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
     if state is None:
         raise GenerationError(f"no static cache form for backend {exporter.backend!r}; known: {sorted(STATIC_STATE)}")
     if encoder_of(model) is not None:
-        return _export_static_encoder_decoder(exporter, model, inputs, config, generation, max_cache_len, state)
+        return _export_static_encoder_decoder(exporter, model, inputs, config, generation, max_cache_len, state, prompt)
     ids = inputs.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         raise GenerationError("the static cache form takes input_ids [batch, prompt] (a decoder-only model)")
@@ -365,9 +371,10 @@ def _export_whole_sequence(exporter, model, inputs, config, generation, step: Wh
 
 
 def _export_static_encoder_decoder(exporter, model, inputs, config, generation, max_cache_len: int,
-                                   state: str) -> StaticGenerator:
-    """An encoder-decoder's static form: the ``encoder`` component and a one-token decoder ``step``
-    (exporters/generation/static_encdec.py)."""
+                                   state: str, prompt: str = "auto") -> StaticGenerator:
+    """An encoder-decoder's static form: the ``encoder`` component and a one-token decoder ``step``, and a
+    ``decoder_prompt`` component where the decoder computes its prompt in one call otherwise than a token a call
+    (exporters/generation/static_encdec.py; ``prompt="step"`` keeps the one-token form)."""
     name = type(model).__name__
     asked = static_cache_asked(model)  # a generation config that keeps no cache: generate asked for one
     calls, encoder_calls, _ = capture_generate(model, inputs, CAPTURED_STEPS, **({"use_cache": True} if asked else {}))
@@ -388,29 +395,47 @@ def _export_static_encoder_decoder(exporter, model, inputs, config, generation, 
                      **{step_name: prefill.tensors[arg] for step_name, arg in same.items()}}
     from exporters.generation.genai import model_patches
 
-    # the one-token sizing call under the export's model patches where the model refuses it without them
-    step = StaticStep(model, int(ids.shape[0]), max_cache_len, state, takes_positions=False, takes_mask=False,
-                      cross=CrossAttention(layout, len(leaves), same, cross_example),
-                      patches=model_patches(exporter)).eval()
+    def decoder_step(form: str, past_bounds: tuple[int, int | None] = (0, None)) -> StaticStep:
+        # the one-token sizing call under the export's model patches where the model refuses it without them
+        made = StaticStep(model, int(ids.shape[0]), max_cache_len, form, takes_positions=False, takes_mask=False,
+                          cross=CrossAttention(layout, len(leaves), same, cross_example),
+                          patches=model_patches(exporter)).eval()
+        made.past_bounds = past_bounds
+        return made
+
+    why = None
+    if prompt == "auto" and ids.shape[1] > 1:  # generate feeds the decoder prompt in one call: measured against that
+        twin = decoder_step("inputs")
+        why = one_token_prompt_differs(model, inputs, twin, ids, cross_example, exporter.backend, model_patches(exporter))
+    # after a decoder_prompt component, the step starts at slot P >= 2 and both programs take the cache as inputs
+    state = "inputs" if why is not None else state
+    step = decoder_step(state, (1, None) if why is not None else (0, None))
     config = config if config is not None else exporter.config_class()
     fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None, accept_size_one=False)
     call = encoder_call["encoder"]
-    encoder = exporter.export(FlatComponent(encoder_module(model, *encoders_of(model)["encoder"], call), call).eval(),
-                              {**flat_call_inputs(call), **call.constants}, fixed)
-    example = {"input_ids": ids[:, :1], "cache_position": torch.tensor([0]), **cross_example,
-               **(step.initial_cache() if state == "inputs" else {})}
-    artifact = exporter.export(step, example, dataclasses.replace(fixed, dynamic_shapes={k: None for k in example}))
-    for label, a in (("encoder", encoder), ("step", artifact)):
+    components = {"encoder": exporter.export(FlatComponent(encoder_module(model, *encoders_of(model)["encoder"], call),
+                                                           call).eval(), {**flat_call_inputs(call), **call.constants}, fixed)}
+    if why is not None:
+        whole = decoder_step("inputs", (0, 0))
+        example = {"input_ids": ids, "cache_position": torch.arange(ids.shape[1]), **cross_example, **whole.initial_cache()}
+        components["decoder_prompt"] = exporter.export(whole, example, dataclasses.replace(
+            fixed, dynamic_shapes={k: None for k in example}))
+    example = {"input_ids": ids[:, :1], "cache_position": torch.tensor([ids.shape[1] if why is not None else 0]),
+               **cross_example, **(step.initial_cache() if state == "inputs" else {})}
+    components["step"] = exporter.export(step, example, dataclasses.replace(fixed, dynamic_shapes={k: None for k in example}))
+    for label, a in components.items():
         a.extra_metadata.update({"component": label, "cache": "static"})
-    artifact.extra_metadata.update({"max_cache_len": max_cache_len, "cache_state": state, "cache_layout": step.cache_shapes()})
-    components = {"encoder": encoder, "step": artifact}
+        if label != "encoder":
+            a.extra_metadata.update({"max_cache_len": max_cache_len, "cache_state": state,
+                                     "cache_layout": step.cache_shapes()})
     metadata = {"model_class": name, "cache": "static", "vocab_size": vocab_size(model),
                 "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()},
-                **({"use_cache_asked": asked} if asked else {})}
+                **({"use_cache_asked": asked} if asked else {}), **({"prompt_component": why} if why else {})}
     return StaticGenerator(components, batch=int(ids.shape[0]), max_cache_len=max_cache_len, state=state,
                            cache_shapes=step.cache_shapes(), takes_positions=False, takes_mask=False,
                            generation=generation, metadata=metadata, token_input="decoder_input_ids",
-                           token_by_token=True, encoder=encoder_spec(call, same, decoder_prompt_rule(name, ids, given, generation)))
+                           token_by_token=True, encoder=encoder_spec(call, same, decoder_prompt_rule(name, ids, given, generation),
+                                                                     int(ids.shape[1]) if why is not None else None))
 
 
 def _step_exporter(exporter):

@@ -6,6 +6,17 @@ decoder call are inputs of each call: ``CrossAttention`` in static.py).
 The loop runs the encoder over the caller's inputs, then the decoder prompt ``generate`` starts from (the
 decoder start token, then any ``decoder_input_ids`` the caller gives) one token a call, then one new token a
 call. It returns the decoder's sequences, as the model's ``generate`` does.
+
+``generate`` itself feeds the decoder prompt in one call. A decoder that computes a multi-token call otherwise
+than the same tokens one a call gets a third component, ``decoder_prompt``: the same step over the whole decoder
+prompt, at slots 0..P-1 of a zero cache, exported at the prompt's length P (the loop refuses another length by
+name); the step goes on from slot P. Both programs then take the cache as inputs and return it
+(``state="inputs"`` on every backend). Measured at export (``one_token_prompt_differs``), in eager, over the
+caller's decoder prompt: the one-token form's logits and cache against the whole-prompt call's, beyond the
+backend's tolerance (exporters/parity.py), where the whole-prompt call's logits are eager generate's first. FSMT's
+decoder takes no mask with a cache, so it reads its prompt in both directions in one call (the cache of its prompt
+positions 2.2e-3 apart); ProphetNet's n-gram streams gather relative-position terms across a multi-token call's
+positions (logits 4.6e-4 apart). A decoder prompt of one token, or one whose two forms agree, keeps one program.
 """
 
 from __future__ import annotations
@@ -101,15 +112,22 @@ def generate_encoder_decoder(gen, given: dict[str, torch.Tensor], max_new_tokens
     if prompt + max_new_tokens - 1 > gen.max_cache_len:
         raise GenerationError(f"a decoder prompt of {prompt} plus max_new_tokens={max_new_tokens} needs "
                               f"{prompt + max_new_tokens - 1} cache slots; max_cache_len is {gen.max_cache_len}")
-    step = gen.components["step"]
+    step, whole = gen.components["step"], gen.components.get("decoder_prompt")
+    if whole is not None and prompt != spec["decoder_prompt_length"]:
+        raise GenerationError(f"a decoder prompt of {prompt} tokens; this generator's decoder_prompt component was "
+                              f"exported for {spec['decoder_prompt_length']} exactly (its decoder computes the prompt in "
+                              f"one call otherwise than a token a call: {gen.metadata.get('prompt_component')})")
     cache = {k: torch.zeros(s) for k, s in gen.cache_shapes.items()} if gen.state == "inputs" else {}
-    for t in range(prompt - 1):
+    for t in range(prompt - 1 if whole is None else 0):
         _, cache = gen._call(step, {"input_ids": ids[:, t:t + 1], "cache_position": torch.tensor([t]), **fixed}, cache)
     unfinished = torch.ones(batch, dtype=torch.bool)
     token_in, new_tokens, step_logits = ids[:, -1:], [], []
     for i in range(max_new_tokens):
-        outputs, cache = gen._call(step, {"input_ids": token_in, "cache_position": torch.tensor([prompt - 1 + i]),
-                                          **fixed}, cache)
+        if i == 0 and whole is not None:  # the whole decoder prompt, as generate's first decoder call
+            outputs, cache = gen._call(whole, {"input_ids": ids, "cache_position": torch.arange(prompt), **fixed}, cache)
+        else:
+            outputs, cache = gen._call(step, {"input_ids": token_in, "cache_position": torch.tensor([prompt - 1 + i]),
+                                              **fixed}, cache)
         logits = outputs["logits"]
         token = greedy_token(gen.generation, logits, length=prompt + i, prompt_length=prompt,
                              max_length=prompt + max_new_tokens, eos=eos, pad=pad, unfinished=unfinished,
@@ -124,12 +142,54 @@ def generate_encoder_decoder(gen, given: dict[str, torch.Tensor], max_new_tokens
     return torch.cat([ids, torch.stack(new_tokens, dim=1)], dim=1), step_logits, cache
 
 
-def encoder_spec(call, same: Mapping[str, str], decoder_prompt: str = "decoder_start") -> dict[str, Any]:
+def encoder_spec(call, same: Mapping[str, str], decoder_prompt: str = "decoder_start",
+                 decoder_prompt_length: int | None = None) -> dict[str, Any]:
     """What the loop needs of the encoder component: its inputs (the caller's, by name), its outputs in the order
-    of the decoder's ``encoder_outputs__<i>`` inputs, the ``same`` inputs and how the decoder prompt follows from
-    the caller's inputs (``decoder_prompt_rule``)."""
+    of the decoder's ``encoder_outputs__<i>`` inputs, the ``same`` inputs, how the decoder prompt follows from
+    the caller's inputs (``decoder_prompt_rule``) and, where a ``decoder_prompt`` component runs it, its length."""
     return {"inputs": list(call.tensors), "outputs": list(call.output_names), "same": dict(same),
-            "decoder_prompt": decoder_prompt}
+            "decoder_prompt": decoder_prompt,
+            **({"decoder_prompt_length": decoder_prompt_length} if decoder_prompt_length is not None else {})}
+
+
+def one_token_prompt_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step, ids: torch.Tensor,
+                             fixed: Mapping[str, torch.Tensor], backend: str, patches=()) -> str | None:
+    """Why ``step`` (a cross-attention StaticStep with ``state="inputs"``, run in eager under the export's model
+    ``patches`` as it is traced: FSMT's mask over a static cache's unwritten slots is one) fed the decoder prompt
+    ``ids`` one token a call does not compute what one call over the whole prompt computes, logits and cache beyond
+    ``backend``'s tolerance, where that call's logits are eager generate's first (module docstring); None where the
+    forms agree, the prompt is one token, or the whole-prompt call fails or is itself off from eager generate (the
+    one-token form stands, and the item says how far)."""
+    from exporters.parity import compare
+    from exporters.utils import apply_patches
+
+    prompt = int(ids.shape[1])
+    if prompt < 2:
+        return None
+
+    def run(calls) -> dict[str, torch.Tensor]:
+        cache = step.initial_cache()
+        for tokens, slots in calls:
+            out = step(input_ids=tokens, cache_position=slots, **fixed, **cache)
+            cache = {f"past_{k[len('present_'):]}": v for k, v in out.items() if k.startswith("present_")}
+        return {"logits": out["logits"], **cache}
+
+    with torch.no_grad(), apply_patches(patches):
+        try:
+            whole = run([(ids, torch.arange(prompt))])
+        except Exception:  # noqa: BLE001 - no call over the whole prompt in eager: nothing to export one from
+            return None
+        one = run([(ids[:, t:t + 1], torch.tensor([t])) for t in range(prompt)])
+    off = compare(whole, one, backend)
+    if not off:
+        return None
+    with torch.no_grad():
+        eager = model.generate(**inputs, max_new_tokens=1, min_new_tokens=1, do_sample=False,
+                               return_dict_in_generate=True, output_logits=True)
+    if compare({"logits": eager.logits[0]}, {"logits": whole["logits"]}, backend):
+        return None
+    return (f"fed one token a call, the decoder prompt ({prompt} tokens) gives other logits or cache than one call "
+            f"over it, as generate makes, beyond {backend}'s tolerance ({off[0]})")
 
 
 def decoder_prompt_rule(name: str, ids: torch.Tensor, given: Mapping[str, torch.Tensor], generation: dict) -> str:
