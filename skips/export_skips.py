@@ -611,25 +611,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
                "with a static cache (transformers)",
     ),
     ExportSkip(
-        classes=("UnlimitedOcrForConditionalGeneration",),
-        tests=("generate",),
-        variants=("static",),
-        stage="export",
-        reason="every layer of its static cache is an UnlimitedOcrStaticReferenceSlidingWindowLayer "
-               "(models/unlimited_ocr/modeling_unlimited_ocr.py:1434): the prompt's keys are kept whole and only the "
-               "decode tokens roll in a window, split at prefill_length, a Python int the layer sets at its first "
-               "update (line 1497) and reallocates its buffers to (_allocate_key_value_buffers, lines 1501 and "
-               "1603), and the model's mask reads that int off the layer found by _layer_type "
-               "(create_reference_sliding_window_causal_mask, lines 1691-1707). A step exported once would bake the "
-               "export's prompt length into its buffer shapes and mask; a plain full-length layer (as the step "
-               "keeps for StaticSlidingWindowLayer) has no reference layer for the mask to find, which then takes "
-               "prefill_length as infinite and attends to every past position, not eager's window (GenerationError "
-               "'static cache layer 0 is a UnlimitedOcrStaticReferenceSlidingWindowLayer', test_generate "
-               "dynamo/static and onnx/static at this entry's commit). Remove when the layer keeps prefill_length "
-               "as a tensor over fixed-size buffers (every slot kept, the window left to the mask), or "
-               "exporters/generation carries the prompt length as a step state for such a layer",
-    ),
-    ExportSkip(
         classes=("GitForCausalLM",),
         tests=("generate",),
         variants=("static",),

@@ -33,6 +33,10 @@ step builds it from the cache position. Where the model's generate feeds its fir
 (MusicgenForCausalLM's), the step records that prefill rule (``prompt_rule``, ``last_tokens:input_ids:<n>``, read off
 generate's calls as the dynamic form reads it) and the loop feeds those tokens at slots 0..n-1 (static_loop.py);
 ExecuTorch's LLM runner, which prefills every prompt token, refuses such a step by name.
+
+A reference sliding-window layer (UnlimitedOcr's: the prompt's keys kept whole, the decoded ones in a window) keeps
+every slot and the prompt's length (``past_<i>_prefill_length``, or a buffer), which the call from slot 0 sets and the
+model's own mask reads (static_layers.py).
 """
 
 from __future__ import annotations
@@ -68,7 +72,14 @@ from exporters.generation.static_embeds import (
     deepstack_names,
     per_token_embedding,
 )
-from exporters.generation.static_layers import LINEAR_PARTS, is_linear, layer_tensors, set_layer_tensor, static_cache
+from exporters.generation.static_layers import (
+    LINEAR_PARTS,
+    is_linear,
+    is_reference,
+    layer_tensors,
+    set_layer_tensor,
+    static_cache,
+)
 from exporters.generation.static_prompt import prompt_token_candidates
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, read_appended, rereads_sequence, whole_sequence_step_for
@@ -174,6 +185,11 @@ class StaticStep(torch.nn.Module):
         self.layer_count = len(self._cache.layers)
         # linear-attention states run one token a call: the model's state update is its one-token path
         self.token_by_token = cross is not None or any(is_linear(layer) for layer in self._cache.layers) or bool(module_state)
+        if self.token_by_token and any(is_reference(layer) for layer in self._cache.layers):
+            # a reference layer's prompt length is the slots the call at position 0 writes (static_layers.py)
+            raise GenerationError(f"{type(model).__name__}: a reference sliding-window layer (the prompt's keys kept "
+                                  "whole) in a step fed one token a call: the step would take the prompt's first "
+                                  "token for the whole prompt")
         # state the model keeps in module attributes (``module_state``: path -> its value after the prompt's call), a
         # running state as a linear-attention layer's: one token a call, zero at position 0 (module_state.py)
         self.held_state = StepState(model, module_state or {}, state)
@@ -230,6 +246,8 @@ class StaticStep(torch.nn.Module):
                 set_layer_tensor(layer, part, tensor)
             if isinstance(layer, StaticLayer):
                 layer.cumulative_length = start.clone()  # the mask's offset; a clone: the layer adds to it in place
+            if is_reference(layer):  # the prompt's length, set at the call from slot 0 (static_layers.py)
+                layer.start_call(start, cache_position)
             if isinstance(layer, StaticIndexedLayer) and layer.is_indexer_initialized:
                 layer.indexer_cumulative_length = start.clone()  # the indexer's own count, added to in place too
         self._cache.traced_past = None

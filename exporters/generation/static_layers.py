@@ -4,7 +4,8 @@ the model's own first write, and its layers' tensors by part.
 Every layer has ``max_cache_len`` slots, but a layer the model's own static-cache ``generate`` sizes apart from the
 text's length (``fixed``: layer -> its key and value shapes there, read off generate by static_calls.py's
 ``fixed_layers``; Mllama's cross-attention layers hold the image's keys and values, one slot a vision position, written
-at the prompt's call only) keeps that length.
+at the prompt's call only) keeps that length. A model's reference sliding-window layer (UnlimitedOcr's) becomes a
+full-length one that carries the prompt's length as a part of its own (``_reference_layer_class``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from exporters.generation.capture import GenerationError, retried_under_patches
+from exporters.generation.sliding_forms import REFERENCE
 from exporters.generation.static_caches import step_cache_for
 
 # the cache parts (``layer_tensors``) of a linear-attention state, which a new sequence starts from zero
@@ -113,7 +115,9 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
     config = model.config.get_text_config(decoder=True) if cross is not None else model.config
     cache = step_cache_for(model, _step_cache_class())(config=config, max_cache_len=max_cache_len)
     for i, layer in enumerate(cache.layers):
-        if type(layer) is StaticSlidingWindowLayer:
+        if reference_layer(layer):  # UnlimitedOcr's: the prompt kept whole, the decoded tokens in a window
+            cache.layers[i] = _reference_layer_class()(max_cache_len=max_cache_len)
+        elif type(layer) is StaticSlidingWindowLayer:
             # a full-length layer: the model's sliding-window mask (from its config's layer types, over
             # positions) still limits attention to the window, so the step computes what eager's rolling
             # window layer computes, keeping max_cache_len slots instead of the window's. The rolling
@@ -176,10 +180,12 @@ def layer_tensors(layer) -> dict[str, torch.Tensor]:
     """A step cache layer's tensors by part: ``key`` / ``value`` for its attention, ``indexer_key`` for a
     sparse-attention indexer's keys (StaticIndexedLayer, DeepSeek-V3.2 DSA: ``[batch, max_cache_len,
     index_head_dim]``, written at the same positions), ``conv_<j>`` / ``recurrent_<j>`` for its
-    linear-attention states."""
+    linear-attention states, ``prefill_length`` for a reference layer's prompt length (``_reference_layer_class``)."""
     from transformers.cache_utils import StaticIndexedLayer, StaticLayer
 
     parts = {"key": layer.keys, "value": layer.values} if isinstance(layer, StaticLayer) else {}
+    if is_reference(layer):
+        parts["prefill_length"] = layer.prefill_length
     if isinstance(layer, StaticIndexedLayer) and layer.is_indexer_initialized:
         parts["indexer_key"] = layer.indexer_keys
     if is_linear(layer):
@@ -198,6 +204,80 @@ def set_layer_tensor(layer, part: str, tensor: torch.Tensor) -> None:
         layer.values = tensor
     elif part == "indexer_key":
         layer.indexer_keys = tensor
+    elif part == "prefill_length":
+        layer.prefill_length = tensor
     else:
         kind, j = part.rsplit("_", 1)
         getattr(layer, f"{kind}_states")[int(j)] = tensor
+
+
+# what the model's own static reference layer holds (UnlimitedOcrStaticReferenceSlidingWindowLayer); a subclass with
+# more state than that is not this form's to replace (the step refuses it by name, as any other layer it cannot build)
+_REFERENCE_STATE = {"keys", "values", "is_initialized", "max_cache_len", "cumulative_length", "cumulative_length_int",
+                    "sliding_window", "prefill_max_cache_len", "prefill_length", "prefill_cumulative_length",
+                    "prefill_keys", "prefill_values", "all_keys", "all_values"}
+
+
+def reference_layer(layer) -> bool:
+    """Whether ``layer`` is a model's static reference sliding-window layer (R-SWA: UnlimitedOcr's), empty, holding
+    exactly what that layer holds."""
+    from transformers.cache_utils import StaticSlidingWindowLayer
+
+    return isinstance(layer, StaticSlidingWindowLayer) and getattr(layer, "_layer_type", None) == REFERENCE \
+        and not layer.is_initialized and set(vars(layer)) <= _REFERENCE_STATE
+
+
+def is_reference(layer) -> bool:
+    """Whether ``layer`` is the step's form of a reference layer (``_reference_layer_class``)."""
+    return getattr(type(layer), "step_reference", False)
+
+
+_REFERENCE_CLASS: list[type] = []
+
+
+def _reference_layer_class() -> type:
+    """The step's form of a reference sliding-window layer, made once (transformers is imported only when a step is)."""
+    if _REFERENCE_CLASS:
+        return _REFERENCE_CLASS[0]
+    from transformers.cache_utils import StaticLayer
+
+    class StepReferenceLayer(StaticLayer):
+        """A reference sliding-window layer (R-SWA: UnlimitedOcr's ``UnlimitedOcrStaticReferenceSlidingWindowLayer``) as
+        a full-length one. Eager's keeps the prompt's keys whole and the decoded ones rolling in a window, split at
+        ``prefill_length``, a Python int it sets at its first update and reallocates its buffers to, and the model's
+        mask (``create_reference_sliding_window_causal_mask``, which finds the layer by its ``_layer_type``) shows a
+        query every key before ``prefill_length`` beside its window. This one keeps ``max_cache_len`` slots, one a
+        position (``kv_offset`` 0), and ``prefill_length`` as a 0-d tensor the same mask reads: a query at position p
+        sees slot j <= p where j < prefill_length or p - j < sliding_window, what eager's layer keeps and shows.
+
+        The length is a cache part (``layer_tensors``), carried from call to call as the keys are, and set by the call
+        that starts a sequence (``start_call``: the one at cache_position 0 writes the prompt) before the model builds
+        its mask, as generate's ``set_prefill_length`` sets eager's before the prompt's call. A float, as the loop's
+        zeros for every cache input are (integers exact to 2**24)."""
+
+        step_reference = True
+
+        def __init__(self, max_cache_len: int, **kwargs):
+            super().__init__(max_cache_len=max_cache_len, **kwargs)
+            self.prefill_length = torch.zeros(())
+
+        def start_call(self, start: torch.Tensor, cache_position: torch.Tensor) -> None:
+            """Before the model's call that writes ``cache_position`` (from ``start``): one from 0 is a new sequence's
+            prompt, and its slot count the prompt's length; any later call keeps the length it was given."""
+            written = (cache_position[-1] + 1).to(self.prefill_length.dtype)
+            self.prefill_length = torch.where(start == 0, written, self.prefill_length)
+
+        def set_prefill_length(self, prefill_length: int) -> None:
+            """What generate calls before the prompt's call (UnlimitedOcrGenerationMixin._prefill): eager runs over this
+            cache (the step's own, handed to generate) then mask as the step does."""
+            self.prefill_length = torch.full((), float(prefill_length))
+
+        def reset(self) -> None:
+            super().reset()
+            self.prefill_length.zero_()
+
+    # set after the class is made: a class defined with a _layer_type registers itself as the layer every
+    # StaticCache(config) builds for that type (CacheLayerMixin.__init_subclass__), the model's own included
+    StepReferenceLayer._layer_type = REFERENCE
+    _REFERENCE_CLASS.append(StepReferenceLayer)
+    return StepReferenceLayer
