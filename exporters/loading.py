@@ -152,7 +152,7 @@ def _load_generator(directory: str, where: str, doc: dict, dirs: dict) -> Genera
     if doc["format"] == STATIC_FORMAT:
         known = ("format", "backend", "components", "component_dirs", "cache", "batch", "max_cache_len", "state", "cache_shapes",
                  "takes_positions", "takes_mask", "token_input", "token_by_token", "generation", "extras", "embed_inputs", "encoder",
-                 "whole_sequence", "prompt_inputs", "prompt_rule", "same_inputs")
+                 "whole_sequence", "prompt_inputs", "prompt_rule", "same_inputs", "extra_slots")
         return StaticGenerator(components, batch=doc["batch"], max_cache_len=doc["max_cache_len"], state=doc["state"],
                                cache_shapes=doc["cache_shapes"], takes_positions=doc["takes_positions"],
                                takes_mask=doc["takes_mask"], generation=doc["generation"],
@@ -162,7 +162,7 @@ def _load_generator(directory: str, where: str, doc: dict, dirs: dict) -> Genera
                                embed_inputs=doc.get("embed_inputs"), encoder=doc.get("encoder"),
                                whole_sequence=bool(doc.get("whole_sequence", False)),
                                prompt_inputs=doc.get("prompt_inputs"), prompt_rule=doc.get("prompt_rule"),
-                               same_inputs=doc.get("same_inputs"))
+                               same_inputs=doc.get("same_inputs"), extra_slots=int(doc.get("extra_slots") or 0))
     known = ("format", "backend", "components", "rules", "prefill_inputs", "prefill_rules", "prefill_trees",
              "token_input", "trees", "generation", "encoder_outputs")
     return Generator(components, doc["rules"], doc["prefill_inputs"], doc["trees"], doc["generation"],

@@ -612,35 +612,6 @@ EXPORT_SKIPS: tuple[ExportSkip, ...] = (
     ),
     ExportSkip(
         classes=("GitForCausalLM",),
-        tests=("generate",),
-        variants=("static",),
-        stage="export",
-        reason="the model's own generate(cache_implementation='static') fails before anything is exported, so there is "
-               "no static-cache call to read the step from. Two causes, the second behind the first. (1) For a "
-               "compileable cache generate turns the 2-D mask into a 4-D one over the cache's slots "
-               "(generation/utils.py prepare_inputs_for_generation, step 4), and GitModel.forward concatenates a 2-D "
-               "block of ones for the image tokens onto it (models/git/modeling_git.py:836): 'Tensors must have same "
-               "number of dimensions: got 2 and 4', over generate's own static cache and over the step's (the "
-               "fallback in exporters/generation/static.py; its StepCache is compileable in eager). (2) Git writes "
-               "its image_patch_tokens image positions into the cache ahead of the text with no ids for them (17 in "
-               "the item's tiny config: the prompt's call writes 24 slots for 7 ids), so a cache of a slot per token "
-               "overflows: generate's own (11 slots for 7 ids and max_new_tokens=5: 'index_copy_(): index 11 is out "
-               "of bounds for dimension 2 with size 11', eager, the 4-D mask replaced by None, the rows unpadded) "
-               "and the step's alike; the static form counts a slot"
-               " per token (the item's max_cache_len 16 for 12 tokens; static_loop.py writes decode token i at slot "
-               "fed + i, prompt_slots is the prompt's ids). Checked in eager at this entry's commit: with generate's "
-               "mask left 2-D (Git then widens it over the image slots itself, as over a dynamic cache) and a "
-               "StaticCache of 17 + 7 + 5 slots handed to generate, static generate equals the default generate bit "
-               "for bit, unpadded and with row 1 left-padded by 2 (max_new_tokens=5: logits 0.0 apart), so Git's "
-               "attention over a static cache is not at fault. Remove when Git's generate runs with a static cache "
-               "(transformers: a create_masks_for_generate that keeps Git's 2-D mask, and a static cache sized for "
-               "the image positions), or when exporters/generation's static form counts the slots a prompt's call "
-               "writes beyond its ids (the step's cache, the decode's cache_position, prompt_slots) and its capture "
-               "of generate runs under the model patches (exporters/generation/static.py _forward_arguments runs "
-               "generate unpatched today), with a Git patch that keeps the 2-D mask",
-    ),
-    ExportSkip(
-        classes=("GitForCausalLM",),
         backends=("executorch",),
         tests=("runner",),
         variants=("static",),

@@ -325,7 +325,7 @@ def _export_static(exporter, model, inputs, config, generation, max_cache_len: i
                                   takes_mask=step.takes_mask, generation=generation, metadata=metadata,
                                   token_by_token=step.token_by_token, extras=step.extras,
                                   embed_inputs=embed_inputs, prompt_rule=getattr(step, "prompt_rule", None),
-                                  same_inputs=list(step.same)), step)
+                                  same_inputs=list(step.same), extra_slots=getattr(step, "extra_slots", 0)), step)
 
 
 def _asked(generator: StaticGenerator, step) -> StaticGenerator:

@@ -37,6 +37,13 @@ ExecuTorch's LLM runner, which prefills every prompt token, refuses such a step 
 A reference sliding-window layer (UnlimitedOcr's: the prompt's keys kept whole, the decoded ones in a window) keeps
 every slot and the prompt's length (``past_<i>_prefill_length``, or a buffer), which the call from slot 0 sets and the
 model's own mask reads (static_layers.py).
+
+Where the prompt's call writes more slots than it has tokens (Git writes its image positions ahead of the text, with no
+ids for them: 24 slots for 7 ids in the sweep's tiny config), the step's cache gets those ``extra_slots`` beside its
+``max_cache_len`` slots for tokens (counted off generate's static cache, static_calls.py's ``extra_slots``; where a cache
+of a slot a token overflows, measured first over the model's default cache, ``prompt_extra_slots``), and the loop
+writes the decode tokens after them (static_loop.py); the mask input still spans the tokens, as generate's 2-D mask
+does, which such a model widens over its extra slots itself.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from exporters.generation.static_calls import (
     STEP_FLAGS,
     STEP_INPUTS,
     Seen,
+    extra_slots,
     fixed_inputs,
     fixed_layers,
     per_token_extras,
@@ -131,7 +139,7 @@ class StaticStep(torch.nn.Module):
                  extras: Mapping[str, str] | None = None, cache_arg: str = "past_key_values", embeds: bool = False,
                  cross: CrossAttention | None = None, module_state: Mapping[str, torch.Tensor] | None = None,
                  sizing: Mapping[str, Any] | None = None, fixed: Mapping[int, tuple] | None = None,
-                 patches: Sequence[Any] = ()):
+                 patches: Sequence[Any] = (), extra_slots: int = 0):
         """``takes_positions``: the model reads ``position_ids``; ``takes_mask``: it reads an attention
         mask; ``extras``: the other per-token inputs generate passes (``token_type_ids``), each ``[batch, S]``
         like ``input_ids``, by the rule the loop derives its next value with (``per_token_extras``). A step
@@ -143,13 +151,19 @@ class StaticStep(torch.nn.Module):
         (``CrossAttention``), one decoder token a call. ``fixed``: the cache layers of a length of their own
         (static_layers.py), read off generate (static_calls.py's ``fixed_layers``). ``patches``: the export's
         patches of the model's code, under which the cache is sized where the model refuses the one-token sizing
-        call as it is (static_layers.static_cache)."""
+        call as it is (static_layers.static_cache). ``extra_slots``: the slots the prompt's call writes beyond its
+        tokens (static_calls.py's ``extra_slots``: Git's image positions, written ahead of the text): the cache gets
+        them beside its ``max_cache_len`` slots for tokens, and the loop writes the decode tokens after them
+        (static_loop.py); ``max_cache_len`` and the mask over it still count tokens, as generate's 2-D mask does (the
+        model widens it over its extra slots itself)."""
         super().__init__()
         if state not in STATE_FORMS:
             raise GenerationError(f"state={state!r}: the static step keeps its cache as one of {STATE_FORMS}")
         self.model = model
         self.state = state
         self.max_cache_len = max_cache_len
+        self.extra_slots = int(extra_slots)
+        self.cache_slots = max_cache_len + self.extra_slots  # every slot of the cache: the tokens' and the extra ones
         self.takes_positions, self.takes_mask = takes_positions, takes_mask
         self.extras = dict(extras or {})
         self.embeds = embeds
@@ -168,14 +182,16 @@ class StaticStep(torch.nn.Module):
         # the prompt's ids as generate's first call takes them, where not as given (``last_tokens:input_ids:<n>``)
         self.prompt_rule: str | None = None
         self.cross = cross
-        self.runner_form = batch == 1 and not takes_mask and not self.extras and not embeds and cross is None
+        # (not with extra slots: the runner's cache positions count tokens, and positions are not slots there)
+        self.runner_form = batch == 1 and not takes_mask and not self.extras and not embeds and cross is None and \
+            not self.extra_slots
         # the model's generate passes a mask, which a runner does not give: the step builds it from the
         # cache position (every slot written so far), as generate's all-ones mask for one unpadded row
         self.inner_mask = self.runner_form and reads_mask
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.cache_arg = cache_arg
         self.fixed = dict(fixed or {})
-        self._cache = static_cache(model, batch, max_cache_len, dtype, cache_arg, cross, sizing, self.fixed, patches)
+        self._cache = static_cache(model, batch, self.cache_slots, dtype, cache_arg, cross, sizing, self.fixed, patches)
         # the patches the model needs to run over this cache at all, in eager as traced (none for most models): where
         # the sizing call needed them, or generate's calls were read under them (_step_from_calls)
         self.eager_patches = tuple(patches) if getattr(self._cache, "sized_under_patches", False) else ()
@@ -200,7 +216,7 @@ class StaticStep(torch.nn.Module):
                 for part, tensor in layer_tensors(layer).items():
                     self.register_buffer(f"cache_{i}_{part}", tensor)
         # each indexer's position history in slots, [dims, batch, max_cache_len], as floats (the loop's zeros are)
-        self._histories = {i: (dims, batch, max_cache_len) for i, dims in self._cache.position_histories.items()}
+        self._histories = {i: (dims, batch, self.cache_slots) for i, dims in self._cache.position_histories.items()}
         if state == "buffers":
             for i, shape in self._histories.items():
                 self.register_buffer(f"cache_{i}_positions", torch.zeros(shape))
@@ -255,7 +271,7 @@ class StaticStep(torch.nn.Module):
             past = start.item()
             least, most = self.past_bounds
             torch._check(past >= least)
-            torch._check(past <= (self.max_cache_len - 1 if most is None else most))
+            torch._check(past <= (self.cache_slots - 1 if most is None else most))
             self._cache.traced_past = past
         histories = {}
         for i in self._histories:  # the positions seen so far, as the model's own history holds them
@@ -389,7 +405,8 @@ def _step_from_calls(model, name, calls, appended, carried, inputs, max_cache_le
     takes_mask = reads_mask and not (batch == 1 and unpadded)  # as an input
     step = StaticStep(model, batch, max_cache_len, state, takes_positions, takes_mask, reads_mask, extras,
                       cache_arg, embeds=bool(prompt_only) and not whole_prompt, module_state=carried, sizing=sizing,
-                      fixed=seen.fixed if seen is not None else None, patches=patches).eval()
+                      fixed=seen.fixed if seen is not None else None, patches=patches,
+                      extra_slots=seen.extra if seen is not None else 0).eval()
     if seen is not None and seen.patched:  # generate's calls were read under the patches: eager runs need them
         step.eager_patches = tuple(patches)
     step.constants, step.from_prompt = constants, handed
@@ -445,6 +462,24 @@ def fresh_step_cache(model: torch.nn.Module, batch: int, max_cache_len: int, fix
     return static_cache(model, batch, max_cache_len, dtype, fixed=fixed)
 
 
+def prompt_extra_slots(model: torch.nn.Module, inputs: Mapping[str, Any], settings: Mapping[str, Any] | None = None) -> int:
+    """The cache slots the prompt's call writes beyond the prompt's ids, measured over the model's default cache (its
+    own ``generate``, one new token: the prompt's call alone): its written length less the ids (Git: 17 image positions
+    ahead of 7 ids, 24 slots). 0 where the cache tells no length (none returned, no ``get_seq_length``) or generate
+    fails: where a static cache of a slot a token fails for another reason, that failure stands."""
+    ids = inputs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return 0
+    try:
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=1, min_new_tokens=1, do_sample=False,
+                                 return_dict_in_generate=True, **(settings or {}))
+        written = out.past_key_values.get_seq_length()
+    except Exception:  # noqa: BLE001 - nothing measured: the static cache's own failure is the one reported
+        return 0
+    return max(int(written) - int(ids.shape[1]), 0)
+
+
 def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppress: int | None = None,
                        carried: dict[str, torch.Tensor] | None = None, use_cache: bool = False,
                        seen: Seen | None = None, patches: Sequence[Any] = ()) -> list[dict[str, Any]]:
@@ -478,7 +513,8 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
         seen.cache = None
         with record_returns(model, returned), forward_wrapped(model, names), torch.no_grad():
             model.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False, **cache, **settings)
-        seen.fixed, seen.cache = fixed_layers(seen.cache, calls), None  # its layers not of the text's length
+        seen.extra = extra_slots(seen.cache, calls)  # the slots written beyond the tokens fed (Git's image positions)
+        seen.fixed, seen.cache = fixed_layers(seen.cache, calls, seen.extra), None  # its layers not of the text's length
 
     config = getattr(model, "generation_config", None)
     settings = {} if suppress is None else {"suppress_tokens": [*(getattr(config, "suppress_tokens", None) or []), suppress]}
@@ -502,8 +538,20 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
             try:
                 run(past_key_values=static_cache(model, int(ids.shape[0]), int(ids.shape[1]) + 3, dtype))
             except Exception as again:  # noqa: BLE001 - the step's own cache fails too: the first failure says why
-                raise GenerationError(f"{failed}; over the step's own static cache too ({type(again).__name__}: "
-                                      f"{str(again).splitlines()[0] if str(again) else ''})") from exc
+                failed = f"{failed}; over the step's own static cache too ({type(again).__name__}: " \
+                         f"{str(again).splitlines()[0] if str(again) else ''})"
+                # a cache of a slot a token overflows where the prompt's call writes more (Git's image positions):
+                # the slots it writes, measured over the model's default cache, and the step's own cache sized for them
+                extra = prompt_extra_slots(model, inputs, settings)
+                if not extra:
+                    raise GenerationError(failed) from exc
+                try:
+                    run(past_key_values=static_cache(model, int(ids.shape[0]), int(ids.shape[1]) + extra + 3, dtype))
+                except Exception as third:  # noqa: BLE001 - sized for the extra slots, it still fails: say so
+                    raise GenerationError(f"{failed}; over the step's own static cache with the {extra} slots its "
+                                          f"prompt's call writes beyond its {int(ids.shape[1])} ids too "
+                                          f"({type(third).__name__}: {str(third).splitlines()[0] if str(third) else ''})") \
+                        from exc
 
     # where it fails as the model is, the model as the step is traced: under the export's patches of its code
     _, seen.patched = retried_under_patches(both_caches, patches)  # patched: the step runs eager under them too

@@ -75,6 +75,8 @@ class Seen:
     # its layers of a length of their own: layer -> (key shape, value shape), ``fixed_layers``
     fixed: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = dataclasses.field(default_factory=dict)
     patched: bool = False  # the calls were read under the export's model patches (static.py's _forward_arguments)
+    # the cache slots the calls wrote beyond the tokens they fed (``extra_slots``: Git's image positions)
+    extra: int = 0
 
     def note(self, kwargs: dict[str, Any]) -> None:
         self.plain.append({k: v for k, v in kwargs.items() if isinstance(v, (bool, int, float, str))})
@@ -82,25 +84,48 @@ class Seen:
             self.cache = next((kwargs[a] for a in CACHE_ARGS if kwargs.get(a) is not None), None)
 
 
-def fixed_layers(cache: Any, calls: list[dict[str, Any]]) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """The layers of the model's own static cache, as its ``generate`` left it after ``calls``, that its text did not
-    write: layer -> (key shape, value shape). A text layer has had every token the calls fed written (its
-    ``cumulative_length``), one slot each, in a layer of generate's ``max_cache_len``; a layer written with another
-    count, and of another length than the text's layers, holds something else, sized apart from the text (Mllama's
-    ``_prepare_static_cache`` gives its cross-attention layers the image's length: one slot a vision position, written at
-    the prompt's call only). The step keeps such a layer at that length (static_layers.py), not ``max_cache_len``. Empty
-    where no layer counts the text's tokens (nothing to tell the text's layers by)."""
+def fed_tokens(calls: list[dict[str, Any]]) -> int:
+    """The tokens ``calls`` fed: each call's ``input_ids`` (or ``inputs_embeds``) length, summed."""
+    tokens = [c["input_ids"] if "input_ids" in c else c.get("inputs_embeds") for c in calls]
+    return sum(int(t.shape[1]) for t in tokens if isinstance(t, torch.Tensor) and t.dim() > 1)
+
+
+def _written(cache: Any) -> list[tuple[int, Any]]:
     from transformers.cache_utils import StaticLayer
 
-    tokens = [c["input_ids"] if "input_ids" in c else c.get("inputs_embeds") for c in calls]
-    fed = sum(int(t.shape[1]) for t in tokens if isinstance(t, torch.Tensor) and t.dim() > 1)
-    layers = [(i, layer) for i, layer in enumerate(getattr(cache, "layers", ()))
-              if type(layer) is StaticLayer and layer.is_initialized]
-    text = {layer.max_cache_len for _, layer in layers if int(layer.cumulative_length) == fed}
+    return [(i, layer) for i, layer in enumerate(getattr(cache, "layers", ()))
+            if type(layer) is StaticLayer and layer.is_initialized]
+
+
+def extra_slots(cache: Any, calls: list[dict[str, Any]]) -> int:
+    """The slots of the model's own static cache, as its ``generate`` left it after ``calls``, written beyond the
+    tokens the calls fed: positions the model writes with no token for them (GIT writes its ``image_patch_tokens``
+    image positions ahead of the prompt's text at the prompt's call: 17 in the sweep's tiny config, 24 slots for 7
+    ids). Counted on the text's layers, those written with every token the calls fed: the fewest written beyond them
+    over the layers written with at least that many (a layer written with fewer holds something else, sized apart:
+    ``fixed_layers``). 0 where every text layer holds one slot a token, or where no layer says (no static layer)."""
+    fed = fed_tokens(calls)
+    beyond = [int(layer.cumulative_length) - fed for _, layer in _written(cache) if int(layer.cumulative_length) >= fed]
+    return min(beyond, default=0)
+
+
+def fixed_layers(cache: Any, calls: list[dict[str, Any]],
+                 extra: int = 0) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The layers of the model's own static cache, as its ``generate`` left it after ``calls``, that its text did not
+    write: layer -> (key shape, value shape). A text layer has had every token the calls fed written (its
+    ``cumulative_length``), one slot each and the ``extra`` slots the model writes beyond them (``extra_slots``), in a
+    layer of generate's ``max_cache_len``; a layer written with another count, and of another length than the text's
+    layers, holds something else, sized apart from the text (Mllama's ``_prepare_static_cache`` gives its
+    cross-attention layers the image's length: one slot a vision position, written at the prompt's call only). The step
+    keeps such a layer at that length (static_layers.py), not ``max_cache_len``. Empty where no layer counts the text's
+    tokens (nothing to tell the text's layers by)."""
+    written = fed_tokens(calls) + extra
+    layers = _written(cache)
+    text = {layer.max_cache_len for _, layer in layers if int(layer.cumulative_length) == written}
     if not text:
         return {}
     return {i: (tuple(layer.keys.shape), tuple(layer.values.shape)) for i, layer in layers
-            if int(layer.cumulative_length) != fed and layer.max_cache_len not in text}
+            if int(layer.cumulative_length) != written and layer.max_cache_len not in text}
 
 
 def prompt_handoff(name: str, calls: list[dict[str, Any]], seen: Seen | None,

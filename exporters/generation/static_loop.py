@@ -35,7 +35,12 @@ class StaticGenerator:
     takes besides the tokens, else None; ``prompt_rule``: where generate's first call takes only the prompt's last n
     tokens (``last_tokens:input_ids:<n>``, exporters/generation/steps.py; static.py reads it off generate), the loop
     feeds those at slots 0..n-1, the per-token extras and positions cut alike, the caller's mask over the prompt's
-    slots as generate passes it; the returned sequences and generate's processors still count the caller's prompt."""
+    slots as generate passes it; the returned sequences and generate's processors still count the caller's prompt.
+    ``extra_slots``: the cache slots the prompt's call writes beyond its tokens (Git's image positions, static.py's
+    ``StaticStep.extra_slots``): the cache holds them beside ``max_cache_len`` slots for tokens, the prompt's call
+    writes them (from slot 0, its ``cache_position`` the prompt's), and decode token i goes to slot ``extra_slots +
+    fed + i``; the mask stays over the tokens (``max_cache_len`` columns), as generate's 2-D mask, which the model
+    widens over its extra slots itself."""
 
     cache = "static"
 
@@ -45,7 +50,7 @@ class StaticGenerator:
                  token_by_token: bool = False, extras: Mapping[str, str] | None = None,
                  embed_inputs: list[str] | None = None, encoder: Mapping[str, Any] | None = None,
                  whole_sequence: bool = False, prompt_inputs: list[str] | None = None, prompt_rule: str | None = None,
-                 same_inputs: list[str] | None = None):
+                 same_inputs: list[str] | None = None, extra_slots: int = 0):
         if prompt_rule is not None:
             form = "an encoder-decoder's decoder" if encoder is not None else "a step over the whole sequence" \
                 if whole_sequence else "a prompt component" if prompt_inputs is not None else "a step over embeddings" \
@@ -57,6 +62,15 @@ class StaticGenerator:
                                       + (f", not {form}" if form else ""))
             last_tokens_count(prompt_rule)
         self.prompt_rule = prompt_rule
+        if not isinstance(extra_slots, int) or extra_slots < 0:
+            raise GenerationError(f"extra_slots={extra_slots!r}: the slots a prompt's call writes beyond its tokens, "
+                                  "a count of 0 or more")
+        if extra_slots and (token_by_token and prompt_inputs is None or whole_sequence or encoder is not None):
+            form = "a step over the whole sequence" if whole_sequence else "an encoder-decoder's decoder" \
+                if encoder is not None else "a prompt fed one token a call"
+            raise GenerationError(f"extra_slots={extra_slots}: the static loop writes the slots a prompt's call writes "
+                                  f"beyond its tokens at the prompt's one call over a cache, not through {form}")
+        self.extra_slots = extra_slots
         self.components = dict(components)
         # a model without a cache: the step takes the whole sequence so far at every call (static_whole.py)
         self.whole_sequence = whole_sequence
@@ -89,10 +103,21 @@ class StaticGenerator:
     def backend(self) -> str:
         return self.components["step"].backend
 
-    def prompt_slots(self, prompt: int) -> int:
-        """The cache slots the prompt's call writes for a prompt of ``prompt`` tokens: all of them, or under
-        ``prompt_rule`` its last n (the decode steps write on from there)."""
+    def fed(self, prompt: int) -> int:
+        """The tokens the prompt's call takes of a prompt of ``prompt``: all of them, or under ``prompt_rule`` its
+        last n."""
         return prompt if self.prompt_rule is None else min(prompt, last_tokens_count(self.prompt_rule))
+
+    def prompt_slots(self, prompt: int) -> int:
+        """The cache slots the prompt's call writes for a prompt of ``prompt`` tokens: the tokens it takes (all, or
+        under ``prompt_rule`` the last n) and the ``extra_slots`` it writes beyond them (the decode steps write on
+        from there)."""
+        return self.extra_slots + self.fed(prompt)
+
+    @property
+    def cache_slots(self) -> int:
+        """Every slot of the cache: ``max_cache_len`` for tokens and the ``extra_slots``."""
+        return self.max_cache_len + self.extra_slots
 
     def _check(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, max_new_tokens: int,
                other: Mapping[str, Any]) -> None:
@@ -127,13 +152,17 @@ class StaticGenerator:
             raise GenerationError(f"input 'input_ids' dim 1 (prompt) is {prompt}, longer than the static cache "
                                   f"(max_cache_len={self.max_cache_len})")
         written = self.prompt_slots(prompt)  # the slots the prompt's call writes
-        if written + max_new_tokens - 1 > self.max_cache_len:
+        if written + max_new_tokens - 1 > self.cache_slots:
             # a step over the whole sequence keeps no cache: its bound is the longest sequence one call takes
             need = "tokens in its last call" if self.whole_sequence else "cache slots"
-            fed = f"a prompt of {prompt}" + (f" (its last {written} fed: {self.prompt_rule})" if written != prompt else "")
-            raise GenerationError(f"{fed} plus max_new_tokens={max_new_tokens} needs "
-                                  f"{written + max_new_tokens - 1} {need}; max_cache_len is {self.max_cache_len} "
-                                  f"(at most {self.max_cache_len - written + 1} new tokens for this prompt)")
+            taken = self.fed(prompt)
+            fed = f"a prompt of {prompt}" + (f" (its last {taken} fed: {self.prompt_rule})" if taken != prompt else "")
+            extra = f" and the {self.extra_slots} slots its call writes beyond them" if self.extra_slots else ""
+            has = f"max_cache_len is {self.max_cache_len}" + (f" (+ {self.extra_slots} extra slots: {self.cache_slots})"
+                                                              if self.extra_slots else "")
+            raise GenerationError(f"{fed}{extra} plus max_new_tokens={max_new_tokens} needs "
+                                  f"{written + max_new_tokens - 1} {need}; {has} "
+                                  f"(at most {self.cache_slots - written + 1} new tokens for this prompt)")
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise GenerationError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
                                   f"{tuple(input_ids.shape)}")
@@ -180,7 +209,7 @@ class StaticGenerator:
         batch, prompt = input_ids.shape
         # the prompt's tokens the first call takes: all, or its last ``fed`` (prompt_rule); the mask stays the caller's
         # over the prompt's slots, as generate passes it (slot j gets the prompt's mask at j)
-        fed = self.prompt_slots(prompt)
+        fed = self.fed(prompt)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         full = torch.zeros(batch, self.max_cache_len, dtype=torch.long)
         full[:, :prompt] = mask
@@ -237,7 +266,9 @@ class StaticGenerator:
             step_logits.append(logits)
             if i == max_new_tokens - 1 or not unfinished.any():
                 break
-            slot = fed + i  # where the next call writes; the mask covers the caller's prompt, then each new token
+            # where the next call writes: after the prompt's call's slots (its tokens' and any extra ones); the mask
+            # covers the caller's prompt, then each new token
+            slot = self.extra_slots + fed + i
             full = full.clone()
             if prompt + i < self.max_cache_len:  # (past it, under prompt_rule: beyond every slot written)
                 full[:, prompt + i] = 1
@@ -318,7 +349,8 @@ class StaticGenerator:
                "extras": self.extras, "same_inputs": self.same_inputs, "embed_inputs": self.embed_inputs,
                "prompt_inputs": self.prompt_inputs,
                "encoder": self.encoder,
-               "whole_sequence": self.whole_sequence, "prompt_rule": self.prompt_rule, "generation": self.generation,
+               "whole_sequence": self.whole_sequence, "prompt_rule": self.prompt_rule, "extra_slots": self.extra_slots,
+               "generation": self.generation,
                **self.metadata}
         path = os.path.join(directory, GENERATOR_FILE)
         with open(path, "w") as f:
@@ -339,6 +371,10 @@ class StaticGenerator:
             lacking.append(f"a prompt fed whole (the model's generate feeds its first call only the prompt's last "
                            f"{last_tokens_count(self.prompt_rule)} tokens, {self.prompt_rule}, which this loop applies; "
                            "the runner prefills every prompt token)")
+        if self.extra_slots:
+            lacking.append(f"a cache of a slot a token (the prompt's call writes {self.extra_slots} slots beyond its "
+                           "tokens, after which this loop writes the decode tokens; the runner's cache positions count "
+                           "tokens)")
         if self.batch != 1:
             lacking.append(f"a batch of 1 (this step was exported for batch {self.batch}; the runner feeds one sequence)")
         if self.takes_mask:

@@ -72,7 +72,7 @@ class PromptStep(StaticStep):
                                   "its own cache (no cross-attention inputs, no state in module attributes)")
         super().__init__(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
                          reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, sizing=step.sizing,
-                         fixed=step.fixed, patches=step.eager_patches)
+                         fixed=step.fixed, patches=step.eager_patches, extra_slots=step.extra_slots)
         self.token_by_token = False  # the whole prompt, through the model's multi-token path
         # the prompt's own mask [batch, prompt], as generate passes it (a state-space layer zeroes the positions it
         # marks among the call's last S: a mask over every slot would mark the unwritten ones); none for one
@@ -126,7 +126,7 @@ def _eager_loop(components: Mapping[str, Any], twin: StaticStep | OwnStateStep, 
     return StaticGenerator(components, batch=batch, max_cache_len=twin.max_cache_len, state="inputs",
                            cache_shapes=twin.cache_shapes(), takes_positions=twin.takes_positions and not twin.runner_form,
                            takes_mask=twin.takes_mask, generation=generation, token_by_token=True, extras=twin.extras,
-                           **kwargs)
+                           extra_slots=getattr(twin, "extra_slots", 0), **kwargs)
 
 
 def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step: Any, backend: str,
@@ -165,7 +165,7 @@ def prompt_path_differs(model: torch.nn.Module, inputs: Mapping[str, Any], step:
     else:
         twin = StaticStep(model, batch, step.max_cache_len, "inputs", step.takes_positions, step.takes_mask,
                           reads_mask=step.inner_mask, extras=step.extras, cache_arg=step.cache_arg, embeds=step.embeds,
-                          fixed=step.fixed, patches=step.eager_patches).eval()
+                          fixed=step.fixed, patches=step.eager_patches, extra_slots=step.extra_slots).eval()
         twin.deepstack, twin.handed, twin.token_by_token = step.deepstack, step.handed, True
         twin.prompt_inputs = step.prompt_inputs
     components: dict[str, Any] = {"step": twin}
@@ -254,4 +254,5 @@ def export_with_prompt(exporter, model: torch.nn.Module, inputs: Mapping[str, An
     return StaticGenerator(components, batch=batch, max_cache_len=max_cache_len, state="inputs",
                            cache_shapes=step.cache_shapes(), takes_positions=step.takes_positions and not step.runner_form,
                            takes_mask=step.takes_mask, generation=generation, metadata=metadata,
-                           token_by_token=step.token_by_token, extras=step.extras, prompt_inputs=list(prompt.passthrough))
+                           token_by_token=step.token_by_token, extras=step.extras, prompt_inputs=list(prompt.passthrough),
+                           extra_slots=getattr(step, "extra_slots", 0))
