@@ -130,17 +130,23 @@ def test_extra_slots_are_counted_on_the_text_layers():
     assert fixed_layers(with_image, calls, IMAGE_SLOTS) == {1: ((1, 2, 68, 4), (1, 2, 68, 4))}
 
 
-@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
-def test_the_static_form_sizes_its_cache_and_decodes_after_the_extra_slots(tiny, backend, tmp_path):
+@pytest.mark.parametrize(("backend", "padded"), [("dynamo", False), ("onnx", False), ("dynamo", True)])
+def test_the_static_form_sizes_its_cache_and_decodes_after_the_extra_slots(tiny, backend, padded, tmp_path):
     """max_cache_len counts tokens (16: the prompt's 7 and 9 new); the step's cache holds the 17 image slots beside them,
     and decode token i goes to slot 17 + 7 + i. Before: the export failed (generate's static cache refused, then a
-    cache of a slot a token overflowed)."""
+    cache of a slot a token overflowed). Padded, the step takes the mask over the tokens' 16 slots, which Git widens
+    over its image slots itself."""
     from exporters import get_exporter, load_generator
     from exporters.generation import GenerationError
     from exporters.parity import assert_close
 
     model, inputs = tiny
+    if padded:
+        mask = inputs["attention_mask"].clone()
+        mask[1, :2] = 0
+        inputs = {**inputs, "attention_mask": mask}
     generator = get_exporter(backend).export_for_generation(model, inputs, cache="static", max_cache_len=16)
+    assert generator.takes_mask == padded  # generate passes no mask for rows unpadded
     assert generator.extra_slots == IMAGE_SLOTS and generator.cache_slots == 16 + IMAGE_SLOTS
     assert generator.prompt_slots(PROMPT) == IMAGE_SLOTS + PROMPT
     assert {shape[-2] for shape in generator.cache_shapes.values()} == {16 + IMAGE_SLOTS}
