@@ -1,6 +1,6 @@
 """GIT over a static cache: the model patch that keeps generate's 2-D mask (exporters/workarounds/models/git.py), and
 the static form's count of the slots a prompt's call writes beyond its ids (exporters/generation/static_calls.py's
-``extra_slots``, static.py's ``prompt_extra_slots``; the step's cache gets them, static_loop.py writes the decode
+``extra_slots`` and ``prompt_extra_slots``; the step's cache gets them, static_loop.py writes the decode
 tokens after them): Git writes its image positions (``image_patch_tokens``, 17 here) ahead of the prompt's text."""
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def test_the_capture_counts_the_slots_the_prompt_writes_beyond_its_ids(tiny):
     from _tiny_llama import tiny_llama
 
     from exporters.generation.capture import GenerationError
-    from exporters.generation.static import _forward_arguments, prompt_extra_slots
-    from exporters.generation.static_calls import Seen
+    from exporters.generation.static import _forward_arguments
+    from exporters.generation.static_calls import Seen, prompt_extra_slots
 
     model, inputs = tiny
     assert prompt_extra_slots(model, inputs) == IMAGE_SLOTS  # over the default cache: 24 slots written for 7 ids

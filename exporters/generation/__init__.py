@@ -43,7 +43,6 @@ from exporters.generation.runners import llm_runner_methods, vocab_size
 from exporters.generation.static import (
     CrossAttention,
     StaticStep,
-    fresh_step_cache,
     static_step_for,
     step_dynamic_shapes,
     step_example,
@@ -56,6 +55,7 @@ from exporters.generation.static_encdec import (
     one_token_prompt_differs,
     same_inputs,
 )
+from exporters.generation.static_layers import fresh_step_cache
 from exporters.generation.static_loop import StaticGenerator
 from exporters.generation.static_prefill import export_with_prompt, prompt_path_differs
 from exporters.generation.static_prompt import CHECKED_TOKENS, decode_rule, read_beyond_embeddings

@@ -41,7 +41,7 @@ model's own mask reads (static_layers.py).
 Where the prompt's call writes more slots than it has tokens (Git writes its image positions ahead of the text, with no
 ids for them: 24 slots for 7 ids in the sweep's tiny config), the step's cache gets those ``extra_slots`` beside its
 ``max_cache_len`` slots for tokens (counted off generate's static cache, static_calls.py's ``extra_slots``; where a cache
-of a slot a token overflows, measured first over the model's default cache, ``prompt_extra_slots``), and the loop
+of a slot a token overflows, measured first over the model's default cache, static_calls.py's ``prompt_extra_slots``), and the loop
 writes the decode tokens after them (static_loop.py); the mask input still spans the tokens, as generate's 2-D mask
 does, which such a model widens over its extra slots itself.
 """
@@ -71,6 +71,7 @@ from exporters.generation.static_calls import (
     fixed_inputs,
     fixed_layers,
     per_token_extras,
+    prompt_extra_slots,
     prompt_handoff,
 )
 from exporters.generation.static_embeds import (
@@ -454,30 +455,6 @@ def _prompt_rule(name: str, step: StaticStep, first: Mapping[str, Any], inputs: 
                               f"with {off} other than the static loop would feed beside them (the caller's mask over "
                               "the prompt, the last positions, the slots 0..n-1); the static form does not derive them")
     return rule
-
-
-def fresh_step_cache(model: torch.nn.Module, batch: int, max_cache_len: int, fixed: Mapping[int, tuple] | None = None):
-    """A cache of the step's own form (every layer full length but ``fixed``'s, StepCache), empty, for an eager generate."""
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    return static_cache(model, batch, max_cache_len, dtype, fixed=fixed)
-
-
-def prompt_extra_slots(model: torch.nn.Module, inputs: Mapping[str, Any], settings: Mapping[str, Any] | None = None) -> int:
-    """The cache slots the prompt's call writes beyond the prompt's ids, measured over the model's default cache (its
-    own ``generate``, one new token: the prompt's call alone): its written length less the ids (Git: 17 image positions
-    ahead of 7 ids, 24 slots). 0 where the cache tells no length (none returned, no ``get_seq_length``) or generate
-    fails: where a static cache of a slot a token fails for another reason, that failure stands."""
-    ids = inputs.get("input_ids")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-        return 0
-    try:
-        with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=1, min_new_tokens=1, do_sample=False,
-                                 return_dict_in_generate=True, **(settings or {}))
-        written = out.past_key_values.get_seq_length()
-    except Exception:  # noqa: BLE001 - nothing measured: the static cache's own failure is the one reported
-        return 0
-    return max(int(written) - int(ids.shape[1]), 0)
 
 
 def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppress: int | None = None,

@@ -8,6 +8,7 @@ outputs (``from_prompt``: Idefics' image_hidden_states, handed back as image_enc
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -171,3 +172,21 @@ def from_prompt(name: str, calls: list[dict[str, Any]], seen: Seen | None) -> di
                                   "only what the prompt call returned")
         handed[key] = found
     return handed
+
+
+def prompt_extra_slots(model: torch.nn.Module, inputs: Mapping[str, Any], settings: Mapping[str, Any] | None = None) -> int:
+    """The cache slots the prompt's call writes beyond the prompt's ids, measured over the model's default cache (its
+    own ``generate``, one new token: the prompt's call alone): its written length less the ids (Git: 17 image positions
+    ahead of 7 ids, 24 slots). 0 where the cache tells no length (none returned, no ``get_seq_length``) or generate
+    fails: where a static cache of a slot a token fails for another reason, that failure stands."""
+    ids = inputs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return 0
+    try:
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=1, min_new_tokens=1, do_sample=False,
+                                 return_dict_in_generate=True, **(settings or {}))
+        written = out.past_key_values.get_seq_length()
+    except Exception:  # noqa: BLE001 - nothing measured: the static cache's own failure is the one reported
+        return 0
+    return max(int(written) - int(ids.shape[1]), 0)

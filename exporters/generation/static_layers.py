@@ -281,3 +281,9 @@ def _reference_layer_class() -> type:
     StepReferenceLayer._layer_type = REFERENCE
     _REFERENCE_CLASS.append(StepReferenceLayer)
     return StepReferenceLayer
+
+
+def fresh_step_cache(model: torch.nn.Module, batch: int, max_cache_len: int, fixed: Mapping[int, tuple] | None = None):
+    """A cache of the step's own form (every layer full length but ``fixed``'s, StepCache), empty, for an eager generate."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return static_cache(model, batch, max_cache_len, dtype, fixed=fixed)
