@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny_fsmt import tiny_fsmt
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    from transformers import FSMTConfig, FSMTForConditionalGeneration
-
-    torch.manual_seed(0)
-    config = FSMTConfig(langs=["en", "de"], src_vocab_size=64, tgt_vocab_size=64, d_model=32, encoder_layers=2,
-                        decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-                        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, init_std=0.5)
-    ids = torch.randint(4, 64, (2, 7), generator=torch.Generator().manual_seed(1))
-    return FSMTForConditionalGeneration(config).eval(), ids
+    return tiny_fsmt()
 
 
 def _three_steps(model, ids, cache):

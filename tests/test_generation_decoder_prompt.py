@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny_fsmt import tiny_fsmt
 
 from exporters.generation.capture import GenerationError
 
@@ -13,18 +14,9 @@ from exporters.generation.capture import GenerationError
 @pytest.fixture(scope="module")
 def fsmt():
     """FSMT's decoder takes no mask with a cache: in one call it reads its prompt in both directions."""
-    from transformers import FSMTConfig, FSMTForConditionalGeneration
-
-    torch.manual_seed(0)
-    config = FSMTConfig(langs=["en", "de"], src_vocab_size=64, tgt_vocab_size=64, d_model=32, encoder_layers=2,
-                        decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-                        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64, init_std=0.5)
-    ids = torch.randint(4, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+    model, ids = tiny_fsmt()
     decoder = torch.randint(4, 64, (2, 4), generator=torch.Generator().manual_seed(2))
-    model = FSMTForConditionalGeneration(config).eval()
-    model.generation_config.num_beams = 1  # FSMT's default beam search: the exported loop is greedy
-    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                                                         "decoder_input_ids": decoder}
+    return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "decoder_input_ids": decoder}
 
 
 def _cache_gap(model, inputs, generator, new_tokens: int = 4) -> float:

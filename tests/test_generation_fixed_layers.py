@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 from _generation_check import assert_teacher_forced_match, tiny_for_generate
+from _written_cache import written_cache
 
 from exporters import get_exporter
 from exporters.generation.static_calls import fixed_layers
@@ -15,16 +16,7 @@ from exporters.generation.static_calls import fixed_layers
 
 def _cache(written: dict[int, tuple[int, int]]):
     """A StaticCache of layers i -> (length, positions written), heads 2, head size 4, batch 1."""
-    from transformers.cache_utils import Cache, StaticLayer
-
-    layers = []
-    for length, count in written.values():
-        layer = StaticLayer(max_cache_len=length)
-        layer.update(torch.ones(1, 2, count, 4), torch.ones(1, 2, count, 3))
-        layers.append(layer)
-    cache = Cache.__new__(Cache)
-    cache.layers = layers
-    return cache
+    return written_cache(written.values(), value_size=3)
 
 
 def test_a_layer_not_written_by_the_text_keeps_its_own_length():

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from _written_cache import written_cache
 
 IMAGE_SLOTS = 17  # (32 / 8) ** 2 + 1: Git's image positions, written at the prompt's call with no ids for them
 PROMPT = 7
@@ -106,20 +107,9 @@ def test_the_capture_counts_the_slots_the_prompt_writes_beyond_its_ids(tiny):
 def test_extra_slots_are_counted_on_the_text_layers():
     """The fewest slots written beyond the tokens fed over the layers written with at least that many: a layer written
     with fewer (Mllama's cross-attention, the image's length) or more (the same, a longer image) does not count."""
-    from transformers.cache_utils import Cache, StaticLayer
-
     from exporters.generation.static_calls import extra_slots, fixed_layers
 
-    def cache(written):
-        layers = []
-        for length, count in written:
-            layer = StaticLayer(max_cache_len=length)
-            layer.update(torch.ones(1, 2, count, 4), torch.ones(1, 2, count, 4))
-            layers.append(layer)
-        made = Cache.__new__(Cache)
-        made.layers = layers
-        return made
-
+    cache = written_cache
     calls = [{"input_ids": torch.ones(1, PROMPT, dtype=torch.long)}, {"input_ids": torch.ones(1, 1, dtype=torch.long)}]
     fed = PROMPT + 1
     assert extra_slots(cache([(40, fed + IMAGE_SLOTS)] * 2), calls) == IMAGE_SLOTS
