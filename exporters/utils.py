@@ -41,6 +41,12 @@ from .pytrees import flatten_outputs, leaf_names_and_values  # noqa: F401 - the 
 BACKENDS = ("dynamo", "onnx", "executorch")
 
 
+def exception_headline(exc: BaseException) -> str:
+    """``"<type>: <first line of the message>"``, for an error message that names a cause without its traceback."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 class WorkaroundError(ValueError):
     """A workaround is registered wrongly (bad backend, duplicate path) or its target is gone."""
 

@@ -403,13 +403,14 @@ def _export_static_encoder_decoder(exporter, model, inputs, config, generation, 
         made.past_bounds = past_bounds
         return made
 
-    why = None
+    why, twin = None, None
     if prompt == "auto" and ids.shape[1] > 1:  # generate feeds the decoder prompt in one call: measured against that
         twin = decoder_step("inputs")
         why = one_token_prompt_differs(model, inputs, twin, ids, cross_example, exporter.backend, model_patches(exporter))
     # after a decoder_prompt component, the step starts at slot P >= 2 and both programs take the cache as inputs
     state = "inputs" if why is not None else state
-    step = decoder_step(state, (1, None) if why is not None else (0, None))
+    step = twin if twin is not None and state == "inputs" else decoder_step(state)  # the twin where it is the step's form
+    step.past_bounds = (1, None) if why is not None else (0, None)
     config = config if config is not None else exporter.config_class()
     fixed = dataclasses.replace(config, dynamic=False, dynamic_shapes=None, accept_size_one=False)
     call = encoder_call["encoder"]

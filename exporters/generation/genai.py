@@ -53,6 +53,7 @@ import torch
 from exporters.generation.capture import GenerationError, encoder_of, plain_sliding_layers
 from exporters.generation.genai_state import export_genai_own_state, export_genai_whole_sequence, own_state_argument_of
 from exporters.generation.runners import fixed_width_tokenizer, vocab_size
+from exporters.utils import exception_headline
 
 CONFIG_FILE = "genai_config.json"
 GENAI_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -271,9 +272,8 @@ def _layout(model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[dict, bo
         with torch.no_grad():
             out = model(input_ids=ids[:1], use_cache=True, **{cache_arg: plain_cache(model)}, return_dict=True)
     except Exception as exc:  # noqa: BLE001 - the model refuses the plain cache it would be given
-        raise PlainCacheRefused(f"{name} does not run with a plain DynamicCache ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}); genai_config.json describes that "
-                              "cache only") from exc
+        raise PlainCacheRefused(f"{name} does not run with a plain DynamicCache ({exception_headline(exc)}); "
+                                "genai_config.json describes that cache only") from exc
     cache = getattr(out, cache_arg, None)
     if cache is None:
         state = sorted(k for k, v in (out.items() if hasattr(out, "items") else []) if k.endswith(("cache", "params")))
@@ -435,7 +435,7 @@ def _check_one_graph(step: GenaiStep, prompt: torch.Tensor, atol: float = 1e-3, 
     except Exception as exc:  # noqa: BLE001 - the model cannot run several new tokens over its states
         raise GenerationError(
             f"{type(model).__name__}: several new tokens after a first call, over its cache's states, fail in eager "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); onnxruntime-genai runs one graph "
+            f"({exception_headline(exc)}); onnxruntime-genai runs one graph "
             "for the prompt and every step, which needs that call") from exc
     error = (got.float() - expected.float()).abs().max().item()
     moved = {kind: (z.float() - expected.float()).abs().max().item() for kind, z in zeroed.items()}

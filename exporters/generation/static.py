@@ -93,6 +93,7 @@ from exporters.generation.static_prompt import prompt_token_candidates
 from exporters.generation.static_state import OwnStateStep, own_state_argument, own_state_step_for
 from exporters.generation.static_whole import WholeSequenceStep, read_appended, rereads_sequence, whole_sequence_step_for
 from exporters.generation.steps import carried_module_state, last_tokens_count, last_tokens_rule, record_returns
+from exporters.utils import exception_headline
 
 STATE_FORMS = ("buffers", "inputs")
 
@@ -164,7 +165,6 @@ class StaticStep(torch.nn.Module):
         self.state = state
         self.max_cache_len = max_cache_len
         self.extra_slots = int(extra_slots)
-        self.cache_slots = max_cache_len + self.extra_slots  # every slot of the cache: the tokens' and the extra ones
         self.takes_positions, self.takes_mask = takes_positions, takes_mask
         self.extras = dict(extras or {})
         self.embeds = embeds
@@ -221,6 +221,10 @@ class StaticStep(torch.nn.Module):
         if state == "buffers":
             for i, shape in self._histories.items():
                 self.register_buffer(f"cache_{i}_positions", torch.zeros(shape))
+
+    @property
+    def cache_slots(self) -> int:  # every slot of the cache: ``max_cache_len`` for tokens and the ``extra_slots``
+        return self.max_cache_len + self.extra_slots
 
     def handed_inputs(self) -> list[str]:
         return [f"{HANDED_PREFIX}{name}" for name in self.handed]
@@ -499,36 +503,37 @@ def _forward_arguments(model: torch.nn.Module, inputs: Mapping[str, Any], suppre
         settings["use_cache"] = True
 
     def both_caches() -> None:
-        """generate over transformers' static cache, else over the step's own: see the comment below."""
+        """generate over transformers' static cache, else over the step's own, else over the step's own sized for the
+        slots the prompt's call writes beyond its ids: see the comments below."""
         try:
             run(cache_implementation="static")
+            return
         except Exception as exc:  # noqa: BLE001 - the model's own generate refuses a static cache
-            failed = f"{name}.generate(cache_implementation='static') fails: {type(exc).__name__}: " \
-                     f"{str(exc).splitlines()[0] if str(exc) else ''}"
-            # transformers' static cache keeps a sliding layer as a rolling window, which some models' masks do not
-            # fit (Inkling: its relative-position bias spans the window, generate's mask every slot); the step's own
-            # cache keeps every slot in every layer, so generate is given that one to read the calls off
-            ids = inputs.get("input_ids")
-            if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-                raise GenerationError(failed) from exc
-            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-            try:
-                run(past_key_values=static_cache(model, int(ids.shape[0]), int(ids.shape[1]) + 3, dtype))
-            except Exception as again:  # noqa: BLE001 - the step's own cache fails too: the first failure says why
-                failed = f"{failed}; over the step's own static cache too ({type(again).__name__}: " \
-                         f"{str(again).splitlines()[0] if str(again) else ''})"
-                # a cache of a slot a token overflows where the prompt's call writes more (Git's image positions):
-                # the slots it writes, measured over the model's default cache, and the step's own cache sized for them
-                extra = prompt_extra_slots(model, inputs, settings)
-                if not extra:
-                    raise GenerationError(failed) from exc
-                try:
-                    run(past_key_values=static_cache(model, int(ids.shape[0]), int(ids.shape[1]) + extra + 3, dtype))
-                except Exception as third:  # noqa: BLE001 - sized for the extra slots, it still fails: say so
-                    raise GenerationError(f"{failed}; over the step's own static cache with the {extra} slots its "
-                                          f"prompt's call writes beyond its {int(ids.shape[1])} ids too "
-                                          f"({type(third).__name__}: {str(third).splitlines()[0] if str(third) else ''})") \
-                        from exc
+            first = exc
+        failed = f"{name}.generate(cache_implementation='static') fails: {exception_headline(first)}"
+        # transformers' static cache keeps a sliding layer as a rolling window, which some models' masks do not
+        # fit (Inkling: its relative-position bias spans the window, generate's mask every slot); the step's own
+        # cache keeps every slot in every layer, so generate is given that one to read the calls off
+        ids = inputs.get("input_ids")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            raise GenerationError(failed) from first
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        batch, prompt = int(ids.shape[0]), int(ids.shape[1])
+        try:
+            run(past_key_values=static_cache(model, batch, prompt + 3, dtype))
+            return
+        except Exception as again:  # noqa: BLE001 - the step's own cache fails too: the first failure says why
+            failed = f"{failed}; over the step's own static cache too ({exception_headline(again)})"
+        # a cache of a slot a token overflows where the prompt's call writes more (Git's image positions): the
+        # slots it writes, measured over the model's default cache, and the step's own cache sized for them
+        extra = prompt_extra_slots(model, inputs, settings)
+        if not extra:
+            raise GenerationError(failed) from first
+        try:
+            run(past_key_values=static_cache(model, batch, prompt + extra + 3, dtype))
+        except Exception as third:  # noqa: BLE001 - sized for the extra slots, it still fails: say so
+            raise GenerationError(f"{failed}; over the step's own static cache with the {extra} slots its prompt's "
+                                  f"call writes beyond its {prompt} ids too ({exception_headline(third)})") from first
 
     # where it fails as the model is, the model as the step is traced: under the export's patches of its code
     _, seen.patched = retried_under_patches(both_caches, patches)  # patched: the step runs eager under them too

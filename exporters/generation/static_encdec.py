@@ -171,7 +171,7 @@ def one_token_prompt_differs(model: torch.nn.Module, inputs: Mapping[str, Any], 
         cache = step.initial_cache()
         for tokens, slots in calls:
             out = step(input_ids=tokens, cache_position=slots, **fixed, **cache)
-            cache = {f"past_{k[len('present_'):]}": v for k, v in out.items() if k.startswith("present_")}
+            cache = {k: out["present" + k.removeprefix("past")] for k in cache}
         return {"logits": out["logits"], **cache}
 
     with torch.no_grad(), apply_patches(patches):

@@ -10,6 +10,7 @@ full-length one that carries the prompt's length as a part of its own (``_refere
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from exporters.generation.capture import GenerationError, retried_under_patches
 from exporters.generation.sliding_forms import REFERENCE
 from exporters.generation.static_caches import step_cache_for
+from exporters.utils import exception_headline
 
 # the cache parts (``layer_tensors``) of a linear-attention state, which a new sequence starts from zero
 LINEAR_PARTS = ("conv_", "recurrent_")
@@ -145,8 +147,8 @@ def _static_cache(model: torch.nn.Module, batch: int, max_cache_len: int, dtype:
             else:
                 model(**cross.model_kwargs(token, cross.example, cache), cache_position=torch.tensor([0]), use_cache=True)
     except Exception as exc:  # noqa: BLE001 - the model refuses a one-token call over its static cache
-        raise _SizingFailed(f"{type(model).__name__}: one token over a static cache fails ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}), so its layers cannot be sized") from exc
+        raise _SizingFailed(f"{type(model).__name__}: one token over a static cache fails ({exception_headline(exc)}), "
+                            "so its layers cannot be sized") from exc
     for i, layer in enumerate(cache.layers):
         if isinstance(layer, StaticLayer) and not layer.is_initialized and i in fixed:
             # not written by a text token (Mllama's cross-attention): the heads and sizes generate's cache has
@@ -232,13 +234,9 @@ def is_reference(layer) -> bool:
     return getattr(type(layer), "step_reference", False)
 
 
-_REFERENCE_CLASS: list[type] = []
-
-
+@functools.cache
 def _reference_layer_class() -> type:
     """The step's form of a reference sliding-window layer, made once (transformers is imported only when a step is)."""
-    if _REFERENCE_CLASS:
-        return _REFERENCE_CLASS[0]
     from transformers.cache_utils import StaticLayer
 
     class StepReferenceLayer(StaticLayer):
@@ -279,7 +277,6 @@ def _reference_layer_class() -> type:
     # set after the class is made: a class defined with a _layer_type registers itself as the layer every
     # StaticCache(config) builds for that type (CacheLayerMixin.__init_subclass__), the model's own included
     StepReferenceLayer._layer_type = REFERENCE
-    _REFERENCE_CLASS.append(StepReferenceLayer)
     return StepReferenceLayer
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from exporters.quantization.stage0 import tracing_for_quantization
-from exporters.utils import apply_patches
+from exporters.utils import apply_patches, exception_headline
 
 __all__ = ["QuantizationError", "Quantized", "Recipe", "int8", "quantize"]
 
@@ -189,7 +189,7 @@ def quantize(model: torch.nn.Module, inputs: Mapping[str, Any], recipe: Recipe, 
                 prepared(**{k: sample[k] for k in tensor_names})
             except Exception as exc:
                 raise QuantizationError(f"calibration input {i} does not run through the prepared model: "
-                                        f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+                                        f"{exception_headline(exc)}") from exc
         with apply_patches(patches, fired):
             converted = quantize_pt2e.convert_pt2e(prepared)
     taps: list[str] = []
