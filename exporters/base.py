@@ -61,6 +61,9 @@ class ExportConfig:
     # calibrated and converted with PT2E first, and the artifact keeps the converted module as its
     # ``reference``; None exports the model as it is
     quantization: Any = None
+    # (input, dim) pairs of a dynamic export whose dim may be 0 (min=0 instead of 1): a cache leaf's past axis,
+    # where the decode graph also runs the prompt from an empty cache (exporters/generation/empty_past.py)
+    may_be_empty: tuple[tuple[str, int], ...] = ()
 
 
 def _plain_json(value: Any) -> bool:

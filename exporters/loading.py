@@ -164,7 +164,8 @@ def _load_generator(directory: str, where: str, doc: dict, dirs: dict) -> Genera
                                prompt_inputs=doc.get("prompt_inputs"), prompt_rule=doc.get("prompt_rule"),
                                same_inputs=doc.get("same_inputs"), extra_slots=int(doc.get("extra_slots") or 0))
     known = ("format", "backend", "components", "rules", "prefill_inputs", "prefill_rules", "prefill_trees",
-             "token_input", "trees", "generation", "encoder_outputs")
+             "token_input", "trees", "generation", "encoder_outputs", "empty_past")
     return Generator(components, doc["rules"], doc["prefill_inputs"], doc["trees"], doc["generation"],
                      {k: v for k, v in doc.items() if k not in known}, doc.get("prefill_rules", {}),
-                     doc.get("prefill_trees", {}), doc.get("token_input", "input_ids"), doc.get("encoder_outputs"))
+                     doc.get("prefill_trees", {}), doc.get("token_input", "input_ids"), doc.get("encoder_outputs"),
+                     doc.get("empty_past"))

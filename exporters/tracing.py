@@ -153,6 +153,19 @@ def auto_dynamic_shapes(inputs: Mapping[str, torch.Tensor], max_dim: int, min_di
     }
 
 
+def with_empty_dims(shapes: dict[str, Any], tensors: Mapping[str, torch.Tensor], config: ExportConfig) -> dict[str, Any]:
+    """``shapes`` with each of ``config.may_be_empty`` allowed down to 0; a pair naming no tensor input or no dim
+    of it is refused by name."""
+    from torch.export import Dim
+
+    for name, dim in config.may_be_empty:
+        if name not in tensors or not 0 <= dim < tensors[name].dim():
+            raise ValueError(f"ExportConfig.may_be_empty names ({name!r}, {dim}), which is not a dim of a tensor input; "
+                             f"inputs: { {k: tuple(v.shape) for k, v in tensors.items()} }")
+        shapes[name][dim] = Dim.AUTO(min=0, max=max(config.max_dim, tensors[name].shape[dim]))
+    return shapes
+
+
 def size_one_mode(config: ExportConfig):
     """The context that lets dynamic dims take 1 (see above); a no-op for static exports."""
     if not (config.accept_size_one and (config.dynamic or config.dynamic_shapes is not None)):
@@ -282,6 +295,7 @@ def trace(
         dynamic_shapes = config.dynamic_shapes
     elif config.dynamic:
         dynamic_shapes = auto_dynamic_shapes(tensors, config.max_dim, 1 if config.accept_size_one else 2)
+        dynamic_shapes = with_empty_dims(dynamic_shapes, tensors, config)
     else:
         dynamic_shapes = None
     store = active_store()

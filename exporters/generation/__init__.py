@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from exporters.generation import empty_past
 from exporters.generation.capture import (
     PREPARED,
     GenerationError,
@@ -32,7 +33,7 @@ from exporters.generation.capture import (
     encoders_of,
     static_cache_asked,
 )
-from exporters.generation.component import FlatComponent, flat_call_inputs
+from exporters.generation.component import FlatComponent, flat_call_inputs, leaf_input_name
 from exporters.generation.delegated import DelegatedGenerator, export_delegated, find_delegate
 from exporters.generation.encoder_prep import encoder_module, prepared_encoder_call
 from exporters.generation.generator import GenerateOutput, Generator
@@ -151,19 +152,51 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         captured = _call_inputs(encoder_call, prefill, decode, baked)
         recipes = component_calibration(recipes, lambda sample: captured if sample is inputs
                                          else _component_inputs(model, sample, baked))
-    components = {}
-    for label, module, call in parts:
+    # the decode graph run from an empty cache as the prefill, where it computes what the prefill does (empty_past.py)
+    from exporters.generation.genai import model_patches
+    from exporters.utils import exception_headline
+
+    axes, why = empty_past.decided(exporter, model, config, calls, rules, model_patches(exporter),
+                                   encoder_call or carried or baked or recipes)
+    one_graph = why is None
+
+    def export_part(label, module, call, empty=()):
         held = baked if label == "prefill" else ()
         component, state_inputs = stateful.get(label) or (
             FlatComponent(module, call, held, updated if label in ("prefill", "decode") else ()).eval(), {})
         own = dataclasses.replace(config, quantization=recipes[label]) if label in recipes else config
+        own = dataclasses.replace(own, may_be_empty=tuple(empty)) if empty else own
         example = {**flat_call_inputs(call, held), **state_inputs, **call.constants}
         artifact = exporter.export(component, example, batch_only(own, example) if state_inputs else own)
         artifact.extra_metadata["component"] = label
         if label in stateful:
             artifact.extra_metadata["module_state"] = list(carried)
-        components[label] = artifact
+        return artifact
+
+    components, empty = {}, None
+    for label, module, call in parts:
+        if label == "prefill" and one_graph:
+            continue  # exported below, where the decode graph does not serve
+        if label == "decode" and one_graph:
+            tree = empty_past.cache_tree(decode)
+            try:
+                components[label] = export_part(label, module, call, [(leaf_input_name(tree, i), a) for i, a in enumerate(axes)])
+            except Exception as exc:  # noqa: BLE001  (an empty past the export or lowering refuses: the two-program form)
+                why = f"the decode step with an empty past did not export: {exception_headline(exc)}"
+                components[label] = export_part(label, module, call)
+            else:
+                why = empty_past.artifact_problem(components[label], calls, axes, empty_past.prefill_outputs(
+                    model, calls, model_patches(exporter)), exporter.backend)
+            if why is None:
+                empty = empty_past.empty_past_spec(decode, axes, empty_past.batch_dims(
+                    components[label], token_input, tree, len(axes)))
+            else:  # the two-program form, the prefill before the decode as generate calls them
+                components = {**{k: v for k, v in components.items() if k != "decode"},
+                              "prefill": export_part("prefill", model, prefill), "decode": components[label]}
+            continue
+        components[label] = export_part(label, module, call)
     metadata = {"model_class": type(model).__name__, "cache": cache,
+                "prefill": empty_past.PREFILL_BY_DECODE if empty is not None else f"its own component: {why}",
                 "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}
     if recipes:
         metadata["quantization"] = {k: components[k].extra_metadata.get("quantization") for k in recipes}
@@ -182,7 +215,7 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         trees[MODULE_STATE], rules[MODULE_STATE] = len(carried), ATTRIBUTES
     generator = Generator(components, rules, caller_inputs, trees,
                           generation, metadata, prefill_rules, prefill_trees, token_input,
-                          {label: call.output_names for label, call in encoder_call.items()})
+                          {label: call.output_names for label, call in encoder_call.items()}, empty)
     generator.source = (exporter, model, dict(inputs), config)
     return generator
 
@@ -554,6 +587,9 @@ def _padded(inputs: Mapping[str, Any]) -> dict[str, Any]:
 class GenerationExport:
     """Mixed into each exporter: ``export_for_generation(model, inputs, config=None, cache="dynamic",
     max_cache_len=None)``."""
+
+    # None where the decode graph may run the prompt from an empty cache (empty_past.py); else why it cannot
+    decode_runs_prompt: str | None = None
 
     def export_for_generation(self, model: torch.nn.Module, inputs: Mapping[str, Any], config=None,
                               cache: str = "dynamic", max_cache_len: int | None = None,

@@ -13,6 +13,7 @@ import torch
 
 from exporters.generation.capture import GenerationError
 from exporters.generation.component import flat_inputs
+from exporters.generation.empty_past import zeros_for
 from exporters.generation.processors import end_and_pad, greedy_token
 from exporters.generation.steps import (
     ATTRIBUTES,
@@ -51,7 +52,8 @@ class Generator:
     def __init__(self, components: Mapping[str, Any], rules: Mapping[str, str], prefill_inputs: list[str],
                  trees: Mapping[str, int], generation: Mapping[str, Any], metadata: Mapping[str, Any] | None = None,
                  prefill_rules: Mapping[str, str] | None = None, prefill_trees: Mapping[str, str] | None = None,
-                 token_input: str = "input_ids", encoder_outputs: Mapping[str, list[str]] | None = None):
+                 token_input: str = "input_ids", encoder_outputs: Mapping[str, list[str]] | None = None,
+                 empty_past: Mapping[str, Mapping[str, Any]] | None = None):
         self.components = dict(components)
         self.rules = dict(rules)
         self.prefill_inputs = list(prefill_inputs)
@@ -63,13 +65,16 @@ class Generator:
         self.token_input = token_input
         # each encoder's outputs in the order the prefill's tree takes them (its flattening order)
         self.encoder_outputs = {k: list(v) for k, v in (encoder_outputs or {}).items()}
+        # no prefill component: the decode graph runs the prompt from these cache leaves, empty along their past
+        # axis (exporters/generation/empty_past.py)
+        self.empty_past = {k: dict(v) for k, v in (empty_past or {}).items()}
         # (exporter, model, inputs, config) this generator was exported from, kept in memory only (never
         # saved): save(runner=True) exports onnxruntime-genai's one-graph form from it
         self.source: tuple | None = None
 
     @property
     def backend(self) -> str:
-        return self.components["prefill"].backend
+        return self.components["decode"].backend
 
     # ── the loop ──────────────────────────────────────────────────────────────
     def generate(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None, *,
@@ -85,7 +90,10 @@ class Generator:
             raise GenerationError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         eos, pad = end_and_pad(self.generation, eos_token_id, pad_token_id)
         given = self._checked_inputs({"input_ids": input_ids, "attention_mask": attention_mask, **other})
-        prefill = self.components["prefill"]
+        if "prefill" not in self.components and not self.empty_past:
+            raise GenerationError(f"components {list(self.components)}: no prefill, and no empty cache to run the "
+                                  "decode graph from (empty_past)")
+        prefill = self.components.get("prefill") or self.components["decode"]
         trees: dict[str, list[torch.Tensor]] = {}
         encoded: list[torch.Tensor] = []
         for label, encoder in self.components.items():  # the encoders, in the order generate ran them
@@ -102,7 +110,10 @@ class Generator:
         for name, rule in self.prefill_rules.items():  # in order: filled_like reads an input derived before it
             derived[name] = derive_prefill_input(rule, given, self.generation, derived)
         tensors.update(derived)
-        outputs = prefill(**flat_inputs(tensors, trees))
+        if "prefill" in self.components:
+            outputs = prefill(**flat_inputs(tensors, trees))
+        else:  # the decode graph from an empty cache, at the caller's batch
+            outputs = prefill(**flat_inputs(tensors, trees), **zeros_for(self.empty_past, tensors[self.token_input].shape[0]))
         # the sequences start with the caller's ids, not the prefill's where it appends a column (XLM's mask token)
         # or takes their last tokens (MusicgenForCausalLM's)
         extended = self.token_input in prefill_sources(self.prefill_rules)
@@ -205,7 +216,7 @@ class Generator:
         doc = {"format": FORMAT, "backend": self.backend, "components": list(self.components),
                "rules": self.rules, "prefill_inputs": self.prefill_inputs, "prefill_rules": self.prefill_rules,
                "prefill_trees": self.prefill_trees, "token_input": self.token_input, "trees": self.trees,
-               "encoder_outputs": self.encoder_outputs,
+               "encoder_outputs": self.encoder_outputs, **({"empty_past": self.empty_past} if self.empty_past else {}),
                "generation": self.generation, **self.metadata}
         path = os.path.join(directory, GENERATOR_FILE)
         with open(path, "w") as f:

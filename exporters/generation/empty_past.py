@@ -1,0 +1,211 @@
+"""One graph for the prompt and the steps: the decode component run at past length 0 as the prefill.
+
+The dynamic cache form exports ``prefill`` (generate's first call: the prompt, an empty cache) and
+``decode`` (a call reading and returning the cache) as two programs. Where the two calls take the same
+inputs and the decode step's dynamic new-token dim already holds a prompt, the decode graph called with
+every cache leaf empty along its past axis computes what the prefill does, as onnxruntime-genai's one
+decoder graph does (genai.py): one export and one lowering instead of two, one set of weights in the
+saved folder. A model that branches on the past length (a sliding window, a state-space model's first
+call) computes something else there, so the form is taken only where it is measured to hold:
+
+- the calls agree: the prefill takes the decode step's tensor inputs and constants, and no tree but the
+  cache it fills (no encoder, no module state, no baked tree, no per-component quantization);
+- each cache leaf grows by one along exactly one axis from one decode step to the next (its past axis);
+- in eager, under the export's model patches, the decode component over the prompt and empty leaves
+  returns the prefill component's outputs (names and values, within the backend's tolerance);
+- the decode artifact, exported with each past axis allowed to be 0 (``ExportConfig.may_be_empty``),
+  called the same way, returns them too (its runtime may refuse an empty tensor, or its lowering narrow a
+  dim: ExecuTorch's memory plan).
+
+Where any of these fails the prefill is exported as its own component, as before, and the generator
+records why (``metadata["prefill"]``). generator.json keeps each empty leaf's shape (``empty_past``):
+the batch dim is taken from the caller's ids, the past axis is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from exporters.generation.capture import Call
+from exporters.generation.component import FlatComponent, flat_call_inputs, leaf_input_name
+from exporters.pytrees import flatten_outputs
+from exporters.trace_reuse import value_key
+
+PREFILL_BY_DECODE = "decode at past length 0"
+
+
+def past_axes(calls: list[Call], tree: str) -> list[int] | None:
+    """Each leaf's past axis: the one dim that grows by one from the first decode call to the second, or None
+    where a leaf does not grow so (a fixed-size state, a window already full, a leaf that is not a tensor)."""
+    if len(calls) < 3 or tree not in calls[1].trees or tree not in calls[2].trees:
+        return None
+    first, second = calls[1].trees[tree][0], calls[2].trees[tree][0]
+    if not first or len(first) != len(second):
+        return None
+    axes = []
+    for a, b in zip(first, second):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dim() != b.dim():
+            return None
+        grown = [d for d, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
+        if len(grown) != 1 or b.shape[grown[0]] != a.shape[grown[0]] + 1:
+            return None
+        axes.append(grown[0])
+    return axes
+
+
+def _same_constants(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(value_key(a[k]) == value_key(b[k]) for k in a)
+
+
+def decided(exporter, model: torch.nn.Module, config, calls: list[Call], rules: Mapping[str, str], patches,
+            more_parts: Any) -> tuple[list[int] | None, str | None]:
+    """(each cache leaf's past axis, None) where the decode graph may run the prompt, as far as the captured calls
+    and an eager check tell (the artifact is checked after its export); else (None, why not). ``more_parts``: an
+    encoder call, module state, a baked tree or quantization recipes, any of which keeps the prefill its own."""
+    why = refusal(calls, rules, more_parts)
+    if why is None and getattr(exporter, "decode_runs_prompt", None):
+        why = exporter.decode_runs_prompt
+    if why is None and not (config.dynamic and config.dynamic_shapes is None):
+        why = "a static-shape export (the past axis cannot take 0)"
+    if why is not None:
+        return None, why
+    axes = past_axes(calls, cache_tree(calls[1]))
+    why = eager_problem(model, calls, axes, exporter.backend, patches)
+    return (axes, None) if why is None else (None, why)
+
+
+def refusal(calls: list[Call], rules: Mapping[str, str], more_parts: Any = None) -> str | None:
+    """Why the prefill cannot be the decode graph at past length 0, read off the captured calls; None where it may."""
+    prefill, decode = calls[0], calls[1]
+    if more_parts:
+        return "the prefill takes an encoder's outputs, module state, a baked tree or its own quantization recipe"
+    if set(prefill.tensors) != set(decode.tensors) or not _same_constants(prefill.constants, decode.constants):
+        return (f"the prefill takes {sorted(prefill.tensors)}, the decode step "
+                f"{sorted(decode.tensors)} (or other constants)")
+    carried_trees = [k for k in decode.trees if rules.get(k) in ("outputs", "updated")]
+    if len(carried_trees) != 1 or set(decode.trees) != set(carried_trees) or prefill.trees.get(carried_trees[0], ([], None))[0]:
+        return f"the decode step takes trees {sorted(decode.trees)}, not one cache the prefill starts empty"
+    if past_axes(calls, carried_trees[0]) is None:
+        return f"a leaf of {carried_trees[0]!r} does not grow by one along one axis a step"
+    return None
+
+
+def cache_tree(decode: Call) -> str:
+    return next(iter(decode.trees))
+
+
+def empty_leaves(decode: Call, axes: list[int], batch: int | None = None, batch_dims: list[int | None] | None = None,
+                 ) -> dict[str, torch.Tensor]:
+    """The decode step's cache leaves, each empty along its past axis (and at ``batch`` along its batch dim)."""
+    tree = cache_tree(decode)
+    out = {}
+    for i, (leaf, axis) in enumerate(zip(decode.trees[tree][0], axes)):
+        shape = list(leaf.shape)
+        shape[axis] = 0
+        if batch is not None and batch_dims and batch_dims[i] is not None:
+            shape[batch_dims[i]] = batch
+        out[leaf_input_name(tree, i)] = torch.zeros(shape, dtype=leaf.dtype)
+    return out
+
+
+def eager_problem(model: torch.nn.Module, calls: list[Call], axes: list[int], backend: str, patches) -> str | None:
+    """In eager under ``patches``: the decode component over the prompt and empty leaves against the prefill
+    component; a line naming the first difference, or None."""
+    from exporters.parity import compare
+    from exporters.utils import apply_patches, exception_headline
+
+    prefill, decode = calls[0], calls[1]
+    inputs = flat_call_inputs(prefill)
+    with torch.no_grad(), apply_patches(patches):
+        want = FlatComponent(model, prefill).eval()(**inputs)
+        try:
+            got = FlatComponent(model, decode).eval()(**inputs, **empty_leaves(decode, axes))
+        except Exception as exc:  # noqa: BLE001  (the model refuses an empty cache: the two-program form stands)
+            return f"the decode step raised from an empty cache: {exception_headline(exc)}"
+    mask = prefill.tensors.get("attention_mask")
+    want, got = flatten_outputs(want), flatten_outputs(got)
+    # a non-finite key at a masked position still reaches the next step's output (0 x NaN): only where the prefill's is
+    not_finite = [k for k in want if k in got and bool(got[k].isfinite().all()) < bool(want[k].isfinite().all())]
+    if not_finite:
+        return f"{not_finite[0]}: not finite from the empty cache, finite from the prefill"
+    problems = compare(attended(want, mask), attended(got, mask), backend)
+    return problems[0] if problems else None
+
+
+def attended(outputs: Mapping[str, torch.Tensor], mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """``outputs`` with the cache positions a left-padded prompt masks set to 0 (along dim -2 where its size is the
+    mask's length): no query reads their keys, and the prefill and the decode graph compute a fully masked row each
+    its own way."""
+    if mask is None or mask.dim() != 2 or bool(mask.all()):
+        return dict(outputs)
+    out = {}
+    for name, t in outputs.items():
+        if t.dim() >= 3 and t.shape[0] == mask.shape[0] and t.shape[-2] == mask.shape[-1]:
+            keep = mask.bool().reshape(mask.shape[0], *([1] * (t.dim() - 3)), mask.shape[-1], 1)
+            out[name] = torch.where(keep, t, torch.zeros((), dtype=t.dtype))
+        else:
+            out[name] = t
+    return out
+
+
+def prefill_outputs(model: torch.nn.Module, calls: list[Call], patches) -> dict[str, torch.Tensor]:
+    """The prefill component's eager outputs under ``patches``, named as an artifact names its outputs."""
+    from exporters.utils import apply_patches
+
+    with torch.no_grad(), apply_patches(patches):
+        return flatten_outputs(FlatComponent(model, calls[0]).eval()(**flat_call_inputs(calls[0])))
+
+
+def batch_dims(artifact, token_input: str, tree: str, count: int) -> list[int | None]:
+    """Each cache leaf's batch dim: the dim that shares the token input's dim-0 symbol in the artifact (None: the
+    leaf keeps its size whatever the batch)."""
+    specs = artifact.input_specs
+    symbol = (specs.get(token_input, ((), None, {}))[2].get(0) or {}).get("symbol")
+    dims = []
+    for i in range(count):
+        leaf = specs.get(leaf_input_name(tree, i), ((), None, {}))[2]
+        dims.append(next((d for d, s in leaf.items() if symbol is not None and s.get("symbol") == symbol), None))
+    return dims
+
+
+def artifact_problem(artifact, calls: list[Call], axes: list[int], want: Mapping[str, torch.Tensor], backend: str
+                     ) -> str | None:
+    """The decode artifact over the prompt and empty leaves against the prefill's eager outputs ``want`` (the
+    artifact's output names); a line naming the first difference or the refusal, or None."""
+    from exporters.parity import compare
+    from exporters.utils import exception_headline
+
+    prefill, decode = calls[0], calls[1]
+    try:
+        got = artifact(**flat_call_inputs(prefill), **empty_leaves(decode, axes))
+    except Exception as exc:  # noqa: BLE001  (the runtime's refusal is the finding: the two-program form stands)
+        return f"the decode artifact refused empty leaves: {exception_headline(exc)}"
+    mask = prefill.tensors.get("attention_mask")
+    problems = compare(attended({k: v for k, v in want.items() if k in artifact.output_names}, mask), attended(got, mask),
+                       backend)
+    return problems[0] if problems else None
+
+
+def empty_past_spec(decode: Call, axes: list[int], dims: list[int | None]) -> dict[str, dict[str, Any]]:
+    """generator.json's record of the empty leaves: shape (past axis 0), dtype, batch dim."""
+    tree = cache_tree(decode)
+    return {leaf_input_name(tree, i): {"shape": [0 if d == axis else s for d, s in enumerate(leaf.shape)],
+                                       "dtype": str(leaf.dtype).removeprefix("torch."), "batch_dim": bdim}
+            for i, (leaf, axis, bdim) in enumerate(zip(decode.trees[tree][0], axes, dims))}
+
+
+def zeros_for(spec: Mapping[str, Mapping[str, Any]], batch: int) -> dict[str, torch.Tensor]:
+    """The empty leaves ``empty_past_spec`` describes, at ``batch``."""
+    out = {}
+    for name, leaf in spec.items():
+        shape = list(leaf["shape"])
+        if leaf.get("batch_dim") is not None:
+            shape[leaf["batch_dim"]] = batch
+        dtype = getattr(torch, str(leaf.get("dtype")), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"empty_past[{name!r}]: dtype {leaf.get('dtype')!r} is not a torch dtype")
+        out[name] = torch.zeros(shape, dtype=dtype)
+    return out
