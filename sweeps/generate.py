@@ -386,6 +386,8 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
             record("cache_state", generator.state)
         else:
             generator = exporter.export_for_generation(model, inputs, config)
+            # "decode at past length 0": one graph runs the prompt and the steps (exporters/generation/empty_past.py)
+            record("prefill", generator.metadata.get("prefill"))
         if store is not None:  # component traces taken from the class's other items (exporters/trace_reuse.py)
             record("trace_reused", store.hits - hits)
         ignored = sorted(set(inputs) - _loop_takes(generator))
