@@ -9,7 +9,8 @@ Components: ``prefill`` (the first forward call of ``generate``: the prompt, an 
 ``decode`` (a one-token step reading and returning the cache), and for an encoder-decoder ``encoder``
 (the call of ``model.get_encoder()`` that ``generate`` makes first; its outputs are the decoder's
 ``encoder_outputs``, checked leaf by leaf). Each is a ``FlatComponent``: the cache
-goes in and out as flat tensors. How every decode input follows from the call before it is read off
+goes in and out as flat tensors; where the decode graph computes the prefill's outputs from an empty cache it is
+the only one (empty_past.py). How every decode input follows from the call before it is read off
 the captured calls and checked on each pair (steps.py). Cache forms: ``"dynamic"`` (a growing cache)
 and ``"static"`` (one ``step`` component over a fixed-size cache updated in place, driven by a
 ``StaticGenerator``: static.py, static_loop.py). A model whose ``generate`` hands a sub-model's ``generate``
