@@ -25,6 +25,22 @@ class ParityError(AssertionError):
     """An exported artifact's outputs differ from eager beyond the backend's tolerance."""
 
 
+def attended(cache: dict[str, torch.Tensor], mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Cache leaves at the positions attention reads: where a leaf's dim -2 is the sequence (its size
+    is the mask's length), left-padded positions are dropped (their keys are never read, and each
+    runtime computes a fully masked row its own way)."""
+    if mask is None or mask.dim() != 2 or bool(mask.all()):
+        return dict(cache)
+    out = {}
+    for name, t in cache.items():
+        if t.dim() >= 3 and t.shape[0] == mask.shape[0] and t.shape[-2] == mask.shape[-1]:
+            keep = mask.bool().reshape(mask.shape[0], *([1] * (t.dim() - 3)), mask.shape[-1], 1).expand_as(t)
+            out[name] = t[keep]
+        else:
+            out[name] = t
+    return out
+
+
 def _worst(expected: torch.Tensor, actual: torch.Tensor, atol: float, rtol: float) -> str | None:
     e = expected.detach().to(torch.float64)
     a = actual.detach().to(torch.float64)

@@ -159,22 +159,6 @@ def _ties(logits: tuple[torch.Tensor, ...], backend: str) -> list[int]:
     return steps
 
 
-def _attended(cache: dict[str, torch.Tensor], mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """Cache leaves at the positions attention reads: where a leaf's dim -2 is the sequence (its size
-    is the mask's length), left-padded positions are dropped (their keys are never read, and each
-    runtime computes a fully masked row its own way)."""
-    if mask is None or bool(mask.all()):
-        return cache
-    out = {}
-    for name, t in cache.items():
-        if t.dim() >= 3 and t.shape[0] == mask.shape[0] and t.shape[-2] == mask.shape[-1]:
-            keep = mask.bool().reshape(mask.shape[0], *([1] * (t.dim() - 3)), mask.shape[-1], 1).expand_as(t)
-            out[name] = t[keep]
-        else:
-            out[name] = t
-    return out
-
-
 def _static_length(needed: int) -> int:
     """The static variant's max_cache_len: the slots the item needs, rounded up to a multiple of 8 (so
     slots past the last position exist and the mask over them is exercised)."""
@@ -342,7 +326,7 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
     """Run one generate item; raise ``sweeps.runner.StageFailure`` naming the stage."""
     from exporters import get_exporter
     from exporters.generation.steps import WHOLE_SEQUENCE_RULES, carried_tree
-    from exporters.parity import compare
+    from exporters.parity import attended, compare
     from exporters.trace_reuse import active_store
     from sweeps.runner import StageFailure, export_config, passes_through
 
@@ -439,7 +423,7 @@ def run_generate_case(case, record: Callable[[str, Any], None]) -> None:
                 want_cache, got_cache = {}, forced.cache
             else:
                 want_cache, got_cache = _dynamic_cache_pair(state[0], eager.past_key_values, forced.cache)
-        problems = compare(_attended(want_cache, mask), _attended(got_cache, mask), case.backend)
+        problems = compare(attended(want_cache, mask), attended(got_cache, mask), case.backend)
         if problems:
             raise GenerateMismatch(f"cache after the last step: {problems[0]}")
         free = generator.generate(**inputs, max_new_tokens=new.shape[1])

@@ -66,8 +66,12 @@ def test_the_calls_say_where_the_decode_graph_may_run_the_prompt():
 def test_the_eager_check_finds_a_first_call_computed_another_way():
     same, branching = _Cached().eval(), _Cached(branch=True).eval()
     branching.load_state_dict(same.state_dict())
-    assert empty_past.eager_problem(same, _calls(same), [1], "dynamo", []) is None
-    problem = empty_past.eager_problem(branching, _calls(branching), [1], "dynamo", [])
+    def problem_of(model):
+        calls = _calls(model)
+        return empty_past.eager_problem(model, calls, [1], empty_past.prefill_outputs(model, calls, []), "dynamo", [])
+
+    assert problem_of(same) is None
+    problem = problem_of(branching)
     assert problem is not None and "logits" in problem
 
 

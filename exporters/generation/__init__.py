@@ -34,7 +34,7 @@ from exporters.generation.capture import (
     encoders_of,
     static_cache_asked,
 )
-from exporters.generation.component import FlatComponent, flat_call_inputs, leaf_input_name
+from exporters.generation.component import FlatComponent, flat_call_inputs
 from exporters.generation.delegated import DelegatedGenerator, export_delegated, find_delegate
 from exporters.generation.encoder_prep import encoder_module, prepared_encoder_call
 from exporters.generation.generator import GenerateOutput, Generator
@@ -153,13 +153,7 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         captured = _call_inputs(encoder_call, prefill, decode, baked)
         recipes = component_calibration(recipes, lambda sample: captured if sample is inputs
                                          else _component_inputs(model, sample, baked))
-    # the decode graph run from an empty cache as the prefill, where it computes what the prefill does (empty_past.py)
     from exporters.generation.genai import model_patches
-    from exporters.utils import exception_headline
-
-    axes, why = empty_past.decided(exporter, model, config, calls, rules, model_patches(exporter),
-                                   encoder_call or carried or baked or recipes)
-    one_graph = why is None
 
     def export_part(label, module, call, empty=()):
         held = baked if label == "prefill" else ()
@@ -174,28 +168,16 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
             artifact.extra_metadata["module_state"] = list(carried)
         return artifact
 
-    components, empty = {}, None
-    for label, module, call in parts:
-        if label == "prefill" and one_graph:
-            continue  # exported below, where the decode graph does not serve
-        if label == "decode" and one_graph:
-            tree = empty_past.cache_tree(decode)
-            try:
-                components[label] = export_part(label, module, call, [(leaf_input_name(tree, i), a) for i, a in enumerate(axes)])
-            except Exception as exc:  # noqa: BLE001  (an empty past the export or lowering refuses: the two-program form)
-                why = f"the decode step with an empty past did not export: {exception_headline(exc)}"
-                components[label] = export_part(label, module, call)
-            else:
-                why = empty_past.artifact_problem(components[label], calls, axes, empty_past.prefill_outputs(
-                    model, calls, model_patches(exporter)), exporter.backend)
-            if why is None:
-                empty = empty_past.empty_past_spec(decode, axes, empty_past.batch_dims(
-                    components[label], token_input, tree, len(axes)))
-            else:  # the two-program form, the prefill before the decode as generate calls them
-                components = {**{k: v for k, v in components.items() if k != "decode"},
-                              "prefill": export_part("prefill", model, prefill), "decode": components[label]}
-            continue
-        components[label] = export_part(label, module, call)
+    # the decode graph run from an empty cache as the prefill, where it computes what the prefill does (empty_past.py)
+    axes, want, why = empty_past.decided(exporter, model, config, calls, rules, model_patches(exporter),
+                                         encoder_call or carried or baked or recipes)
+    empty = None
+    if why is None:  # no encoder: the parts are the prefill and the decode
+        components, empty, why = empty_past.export_one_graph(
+            lambda empty_dims: export_part("decode", model, decode, empty_dims), lambda: export_part("prefill", model, prefill),
+            calls, axes, want, exporter.backend, token_input)
+    else:
+        components = {label: export_part(label, module, call) for label, module, call in parts}
     metadata = {"model_class": type(model).__name__, "cache": cache,
                 "prefill": empty_past.PREFILL_BY_DECODE if empty is not None else f"its own component: {why}",
                 "workarounds_fired": {k: a.workarounds_fired for k, a in components.items()}}

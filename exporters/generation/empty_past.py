@@ -24,7 +24,7 @@ the batch dim is taken from the caller's ids, the past axis is 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -61,20 +61,22 @@ def _same_constants(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def decided(exporter, model: torch.nn.Module, config, calls: list[Call], rules: Mapping[str, str], patches,
-            more_parts: Any) -> tuple[list[int] | None, str | None]:
-    """(each cache leaf's past axis, None) where the decode graph may run the prompt, as far as the captured calls
-    and an eager check tell (the artifact is checked after its export); else (None, why not). ``more_parts``: an
-    encoder call, module state, a baked tree or quantization recipes, any of which keeps the prefill its own."""
+            more_parts: Any) -> tuple[list[int] | None, dict[str, torch.Tensor] | None, str | None]:
+    """(each cache leaf's past axis, the prefill component's eager outputs, None) where the decode graph may run the
+    prompt, as far as the captured calls and an eager check tell (the artifact is checked after its export, against
+    those outputs); else (None, None, why not). ``more_parts``: an encoder call, module state, a baked tree or
+    quantization recipes, any of which keeps the prefill its own."""
     why = refusal(calls, rules, more_parts)
     if why is None and getattr(exporter, "decode_runs_prompt", None):
         why = exporter.decode_runs_prompt
     if why is None and not (config.dynamic and config.dynamic_shapes is None):
         why = "a static-shape export (the past axis cannot take 0)"
     if why is not None:
-        return None, why
+        return None, None, why
     axes = past_axes(calls, cache_tree(calls[1]))
-    why = eager_problem(model, calls, axes, exporter.backend, patches)
-    return (axes, None) if why is None else (None, why)
+    want = prefill_outputs(model, calls, patches)
+    why = eager_problem(model, calls, axes, want, exporter.backend, patches)
+    return (axes, want, None) if why is None else (None, None, why)
 
 
 def refusal(calls: list[Call], rules: Mapping[str, str], more_parts: Any = None) -> str | None:
@@ -97,58 +99,36 @@ def cache_tree(decode: Call) -> str:
     return next(iter(decode.trees))
 
 
-def empty_leaves(decode: Call, axes: list[int], batch: int | None = None, batch_dims: list[int | None] | None = None,
-                 ) -> dict[str, torch.Tensor]:
-    """The decode step's cache leaves, each empty along its past axis (and at ``batch`` along its batch dim)."""
-    tree = cache_tree(decode)
-    out = {}
-    for i, (leaf, axis) in enumerate(zip(decode.trees[tree][0], axes)):
-        shape = list(leaf.shape)
-        shape[axis] = 0
-        if batch is not None and batch_dims and batch_dims[i] is not None:
-            shape[batch_dims[i]] = batch
-        out[leaf_input_name(tree, i)] = torch.zeros(shape, dtype=leaf.dtype)
-    return out
+def empty_leaves(decode: Call, axes: list[int]) -> dict[str, torch.Tensor]:
+    """The decode step's cache leaves, each empty along its past axis, at the captured batch."""
+    return zeros_for(empty_past_spec(decode, axes), 0)
 
 
-def eager_problem(model: torch.nn.Module, calls: list[Call], axes: list[int], backend: str, patches) -> str | None:
+def eager_problem(model: torch.nn.Module, calls: list[Call], axes: list[int], want: Mapping[str, torch.Tensor],
+                  backend: str, patches) -> str | None:
     """In eager under ``patches``: the decode component over the prompt and empty leaves against the prefill
-    component; a line naming the first difference, or None."""
-    from exporters.parity import compare
+    component's outputs ``want`` (``prefill_outputs``); a line naming the first difference, or None."""
     from exporters.utils import apply_patches, exception_headline
 
     prefill, decode = calls[0], calls[1]
-    inputs = flat_call_inputs(prefill)
     with torch.no_grad(), apply_patches(patches):
-        want = FlatComponent(model, prefill).eval()(**inputs)
         try:
-            got = FlatComponent(model, decode).eval()(**inputs, **empty_leaves(decode, axes))
+            got = flatten_outputs(FlatComponent(model, decode).eval()(**flat_call_inputs(prefill), **empty_leaves(decode, axes)))
         except Exception as exc:  # noqa: BLE001  (the model refuses an empty cache: the two-program form stands)
             return f"the decode step raised from an empty cache: {exception_headline(exc)}"
-    mask = prefill.tensors.get("attention_mask")
-    want, got = flatten_outputs(want), flatten_outputs(got)
     # a non-finite key at a masked position still reaches the next step's output (0 x NaN): only where the prefill's is
     not_finite = [k for k in want if k in got and bool(got[k].isfinite().all()) < bool(want[k].isfinite().all())]
     if not_finite:
         return f"{not_finite[0]}: not finite from the empty cache, finite from the prefill"
+    return _first_difference(dict(want), got, prefill.tensors.get("attention_mask"), backend)
+
+
+def _first_difference(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor], mask, backend: str) -> str | None:
+    """The first line ``compare`` finds between ``want`` and ``got`` at the cache positions attention reads."""
+    from exporters.parity import attended, compare
+
     problems = compare(attended(want, mask), attended(got, mask), backend)
     return problems[0] if problems else None
-
-
-def attended(outputs: Mapping[str, torch.Tensor], mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """``outputs`` with the cache positions a left-padded prompt masks set to 0 (along dim -2 where its size is the
-    mask's length): no query reads their keys, and the prefill and the decode graph compute a fully masked row each
-    its own way."""
-    if mask is None or mask.dim() != 2 or bool(mask.all()):
-        return dict(outputs)
-    out = {}
-    for name, t in outputs.items():
-        if t.dim() >= 3 and t.shape[0] == mask.shape[0] and t.shape[-2] == mask.shape[-1]:
-            keep = mask.bool().reshape(mask.shape[0], *([1] * (t.dim() - 3)), mask.shape[-1], 1)
-            out[name] = torch.where(keep, t, torch.zeros((), dtype=t.dtype))
-        else:
-            out[name] = t
-    return out
 
 
 def prefill_outputs(model: torch.nn.Module, calls: list[Call], patches) -> dict[str, torch.Tensor]:
@@ -175,7 +155,6 @@ def artifact_problem(artifact, calls: list[Call], axes: list[int], want: Mapping
                      ) -> str | None:
     """The decode artifact over the prompt and empty leaves against the prefill's eager outputs ``want`` (the
     artifact's output names); a line naming the first difference or the refusal, or None."""
-    from exporters.parity import compare
     from exporters.utils import exception_headline
 
     prefill, decode = calls[0], calls[1]
@@ -183,15 +162,38 @@ def artifact_problem(artifact, calls: list[Call], axes: list[int], want: Mapping
         got = artifact(**flat_call_inputs(prefill), **empty_leaves(decode, axes))
     except Exception as exc:  # noqa: BLE001  (the runtime's refusal is the finding: the two-program form stands)
         return f"the decode artifact refused empty leaves: {exception_headline(exc)}"
-    mask = prefill.tensors.get("attention_mask")
-    problems = compare(attended({k: v for k, v in want.items() if k in artifact.output_names}, mask), attended(got, mask),
-                       backend)
-    return problems[0] if problems else None
+    return _first_difference({k: v for k, v in want.items() if k in artifact.output_names}, got,
+                             prefill.tensors.get("attention_mask"), backend)
 
 
-def empty_past_spec(decode: Call, axes: list[int], dims: list[int | None]) -> dict[str, dict[str, Any]]:
-    """generator.json's record of the empty leaves: shape (past axis 0), dtype, batch dim."""
+def export_one_graph(export_decode: Callable[..., Any], export_prefill: Callable[[], Any], calls: list[Call],
+                     axes: list[int], want: Mapping[str, torch.Tensor], backend: str, token_input: str
+                     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None, str | None]:
+    """The components where ``decided`` took the one-graph form: the decode step exported with every past axis
+    allowed to be 0 (``export_decode(may_be_empty)``) and checked over the prompt, and where that fails the prefill too
+    (``export_prefill()``), before the decode as generate calls them. Returns (components, the empty_past record or
+    None, why the prefill is its own or None)."""
+    from exporters.utils import exception_headline
+
+    decode = calls[1]
     tree = cache_tree(decode)
+    try:
+        artifact = export_decode([(leaf_input_name(tree, i), a) for i, a in enumerate(axes)])
+    except Exception as exc:  # noqa: BLE001  (an empty past the export or lowering refuses: the two-program form)
+        why = f"the decode step with an empty past did not export: {exception_headline(exc)}"
+        artifact = export_decode(())
+    else:
+        why = artifact_problem(artifact, calls, axes, want, backend)
+    if why is not None:
+        return {"prefill": export_prefill(), "decode": artifact}, None, why
+    empty = empty_past_spec(decode, axes, batch_dims(artifact, token_input, tree, len(axes)))
+    return {"decode": artifact}, empty, None
+
+
+def empty_past_spec(decode: Call, axes: list[int], dims: list[int | None] | None = None) -> dict[str, dict[str, Any]]:
+    """generator.json's record of the empty leaves: shape (past axis 0), dtype, batch dim (``dims``; None: none)."""
+    tree = cache_tree(decode)
+    dims = dims or [None] * len(axes)
     return {leaf_input_name(tree, i): {"shape": [0 if d == axis else s for d, s in enumerate(leaf.shape)],
                                        "dtype": str(leaf.dtype).removeprefix("torch."), "batch_dim": bdim}
             for i, (leaf, axis, bdim) in enumerate(zip(decode.trees[tree][0], axes, dims))}

@@ -110,10 +110,9 @@ class Generator:
         for name, rule in self.prefill_rules.items():  # in order: filled_like reads an input derived before it
             derived[name] = derive_prefill_input(rule, given, self.generation, derived)
         tensors.update(derived)
-        if "prefill" in self.components:
-            outputs = prefill(**flat_inputs(tensors, trees))
-        else:  # the decode graph from an empty cache, at the caller's batch
-            outputs = prefill(**flat_inputs(tensors, trees), **zeros_for(self.empty_past, tensors[self.token_input].shape[0]))
+        # no prefill component: the decode graph from an empty cache, at the caller's batch
+        empty = {} if "prefill" in self.components else zeros_for(self.empty_past, tensors[self.token_input].shape[0])
+        outputs = prefill(**flat_inputs(tensors, trees), **empty)
         # the sequences start with the caller's ids, not the prefill's where it appends a column (XLM's mask token)
         # or takes their last tokens (MusicgenForCausalLM's)
         extended = self.token_input in prefill_sources(self.prefill_rules)
