@@ -178,11 +178,12 @@ def quantized_kernels_registered() -> None:
 class ExecutorchExporter(GenerationExport, Exporter):
     backend = "executorch"
     config_class = ExecutorchConfig
-    # the decode graph does not run the prompt here (exporters/generation/empty_past.py): to_edge's re-trace meets a
-    # contiguity check at the traced one-token size (Eq(32*s70, 32) in a decomposition, tiny LlamaForCausalLM) and
-    # narrows that dim to [1, 2], so the program plans no memory for a prompt (PlannedShapeError at 7 tokens)
-    decode_runs_prompt = ("ExecuTorch's lowering narrows the decode step's token dim to [1, 2] (a contiguity guard "
-                          "at its traced size 1), so its memory plan holds no prompt")
+    # a decode graph traced at one token does not run the prompt here (exporters/generation/empty_past.py traces it at
+    # two where it can): to_edge's re-trace meets a contiguity check at the traced one-token size (Eq(32*s70, 32) in a
+    # decomposition, tiny LlamaForCausalLM) and narrows that dim to [1, 2], so the program plans no memory for a
+    # prompt (PlannedShapeError at 7 tokens)
+    decode_traced_at_one_token = ("ExecuTorch's lowering narrows a decode step traced at one token to [1, 2] tokens "
+                                  "(a contiguity guard at the traced size), so its memory plan holds no prompt")
 
     def export(self, model, inputs, config=None):
         config = with_layout_inputs(config or ExecutorchConfig(), model, inputs)  # exporters/specialize.py

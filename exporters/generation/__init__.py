@@ -174,8 +174,9 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     empty = None
     if why is None:  # no encoder: the parts are the prefill and the decode
         components, empty, why = empty_past.export_one_graph(
-            lambda empty_dims: export_part("decode", model, decode, empty_dims), lambda: export_part("prefill", model, prefill),
-            calls, axes, want, exporter.backend, token_input)
+            lambda empty_dims, call: export_part("decode", model, call, empty_dims), lambda: export_part("prefill", model, prefill),
+            calls, axes, want, exporter.backend, token_input,
+            lambda call: empty_past.component_outputs(model, call, model_patches(exporter)))
     else:
         components = {label: export_part(label, module, call) for label, module, call in parts}
     metadata = {"model_class": type(model).__name__, "cache": cache,
@@ -571,8 +572,9 @@ class GenerationExport:
     """Mixed into each exporter: ``export_for_generation(model, inputs, config=None, cache="dynamic",
     max_cache_len=None)``."""
 
-    # None where the decode graph may run the prompt from an empty cache (empty_past.py); else why it cannot
-    decode_runs_prompt: str | None = None
+    # None where the decode graph traced at a one-token step may run the prompt from an empty cache (empty_past.py,
+    # which traces it at two tokens where it can); else why it cannot
+    decode_traced_at_one_token: str | None = None
 
     def export_for_generation(self, model: torch.nn.Module, inputs: Mapping[str, Any], config=None,
                               cache: str = "dynamic", max_cache_len: int | None = None,

@@ -17,6 +17,15 @@ call) computes something else there, so the form is taken only where it is measu
   called the same way, returns them too (its runtime may refuse an empty tensor, or its lowering narrow a
   dim: ExecuTorch's memory plan).
 
+That artifact is traced at two new tokens (``two_token_call``: the two captured decode steps as one call
+from the first one's cache), not at the one-token step: a dim traced at size 1 is where torch and the
+backends fold and guard (a ``[:, -1:]`` slice folded away by ONNX's optimizer, so the prompt returned
+logits at every position; ExecuTorch's re-trace met a contiguity check ``Eq(32*s70, 32)`` and planned
+the token dim for [1, 2]; a model's ``q_len == 1`` branch bounding the dim). The two-token artifact is
+checked at the one-token step as well, against eager; where it fails there the step is exported again at
+its own call. Without two decode steps to join (a one-token prompt), a backend whose one-token trace
+cannot hold a prompt (``decode_traced_at_one_token``) keeps the two programs.
+
 Where any of these fails the prefill is exported as its own component, as before, and the generator
 records why (``metadata["prefill"]``). generator.json keeps each empty leaf's shape (``empty_past``):
 the batch dim is taken from the caller's ids, the past axis is 0.
@@ -24,6 +33,7 @@ the batch dim is taken from the caller's ids, the past axis is 0.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -67,14 +77,14 @@ def decided(exporter, model: torch.nn.Module, config, calls: list[Call], rules: 
     those outputs); else (None, None, why not). ``more_parts``: an encoder call, module state, a baked tree or
     quantization recipes, any of which keeps the prefill its own."""
     why = refusal(calls, rules, more_parts)
-    if why is None and getattr(exporter, "decode_runs_prompt", None):
-        why = exporter.decode_runs_prompt
+    if why is None and two_token_call(calls) is None and getattr(exporter, "decode_traced_at_one_token", None):
+        why = exporter.decode_traced_at_one_token
     if why is None and not (config.dynamic and config.dynamic_shapes is None):
         why = "a static-shape export (the past axis cannot take 0)"
     if why is not None:
         return None, None, why
     axes = past_axes(calls, cache_tree(calls[1]))
-    want = prefill_outputs(model, calls, patches)
+    want = component_outputs(model, calls[0], patches)
     why = eager_problem(model, calls, axes, want, exporter.backend, patches)
     return (axes, want, None) if why is None else (None, None, why)
 
@@ -99,6 +109,35 @@ def cache_tree(decode: Call) -> str:
     return next(iter(decode.trees))
 
 
+def two_token_call(calls: list[Call]) -> Call | None:
+    """The two captured decode steps as one call over two new tokens from the first step's cache: each input of
+    one token per step (ids, positions: the dim where the prompt's size differs from the step's 1) the two
+    steps' values joined along that dim; an input growing by one a step (the mask) the second step's; an input
+    the steps share, as it is. None where an input fits none of these (a one-token prompt shows no token dim)."""
+    if len(calls) < 3:
+        return None
+    prefill, first, second = calls[0], calls[1], calls[2]
+    tensors = {}
+    for name, a in first.tensors.items():
+        b, p = second.tensors.get(name), prefill.tensors.get(name)
+        if b is None or a.dim() != b.dim():
+            return None
+        grown = [d for d, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
+        token = [d for d, (x, y) in enumerate(zip(p.shape, a.shape)) if x != y and y == 1] \
+            if p is not None and p.dim() == a.dim() else []
+        if len(grown) == 1 and b.shape[grown[0]] == a.shape[grown[0]] + 1:
+            tensors[name] = b
+        elif grown:
+            return None
+        elif len(token) == 1:
+            tensors[name] = torch.cat([a, b], token[0])
+        elif torch.equal(a, b):
+            tensors[name] = a
+        else:
+            return None
+    return dataclasses.replace(first, tensors=tensors)
+
+
 def empty_leaves(decode: Call, axes: list[int]) -> dict[str, torch.Tensor]:
     """The decode step's cache leaves, each empty along its past axis, at the captured batch."""
     return zeros_for(empty_past_spec(decode, axes), 0)
@@ -107,7 +146,7 @@ def empty_leaves(decode: Call, axes: list[int]) -> dict[str, torch.Tensor]:
 def eager_problem(model: torch.nn.Module, calls: list[Call], axes: list[int], want: Mapping[str, torch.Tensor],
                   backend: str, patches) -> str | None:
     """In eager under ``patches``: the decode component over the prompt and empty leaves against the prefill
-    component's outputs ``want`` (``prefill_outputs``); a line naming the first difference, or None."""
+    component's outputs ``want`` (``component_outputs``); a line naming the first difference, or None."""
     from exporters.utils import apply_patches, exception_headline
 
     prefill, decode = calls[0], calls[1]
@@ -131,12 +170,12 @@ def _first_difference(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor
     return problems[0] if problems else None
 
 
-def prefill_outputs(model: torch.nn.Module, calls: list[Call], patches) -> dict[str, torch.Tensor]:
-    """The prefill component's eager outputs under ``patches``, named as an artifact names its outputs."""
+def component_outputs(model: torch.nn.Module, call: Call, patches) -> dict[str, torch.Tensor]:
+    """The eager outputs of the component of ``call`` under ``patches``, named as an artifact names its outputs."""
     from exporters.utils import apply_patches
 
     with torch.no_grad(), apply_patches(patches):
-        return flatten_outputs(FlatComponent(model, calls[0]).eval()(**flat_call_inputs(calls[0])))
+        return flatten_outputs(FlatComponent(model, call).eval()(**flat_call_inputs(call)))
 
 
 def batch_dims(artifact, token_input: str, tree: str, count: int) -> list[int | None]:
@@ -167,27 +206,47 @@ def artifact_problem(artifact, calls: list[Call], axes: list[int], want: Mapping
 
 
 def export_one_graph(export_decode: Callable[..., Any], export_prefill: Callable[[], Any], calls: list[Call],
-                     axes: list[int], want: Mapping[str, torch.Tensor], backend: str, token_input: str
+                     axes: list[int], want: Mapping[str, torch.Tensor], backend: str, token_input: str,
+                     eager: Callable[[Call], dict[str, torch.Tensor]]
                      ) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None, str | None]:
-    """The components where ``decided`` took the one-graph form: the decode step exported with every past axis
-    allowed to be 0 (``export_decode(may_be_empty)``) and checked over the prompt, and where that fails the prefill too
-    (``export_prefill()``), before the decode as generate calls them. Returns (components, the empty_past record or
-    None, why the prefill is its own or None)."""
+    """The components where ``decided`` took the one-graph form: the decode step exported at ``two_token_call``
+    (where there is one) with every past axis allowed to be 0 (``export_decode(may_be_empty, call)``), checked over
+    the prompt and at the one-token step (against ``eager(call)``); where the step fails it is exported again at its
+    own call, and where the prompt fails the prefill is exported too (``export_prefill()``), before the decode as
+    generate calls them. Returns (components, the empty_past record or None, why the prefill is its own or None)."""
     from exporters.utils import exception_headline
 
     decode = calls[1]
     tree = cache_tree(decode)
+    example = two_token_call(calls) or decode
     try:
-        artifact = export_decode([(leaf_input_name(tree, i), a) for i, a in enumerate(axes)])
+        artifact = export_decode([(leaf_input_name(tree, i), a) for i, a in enumerate(axes)], example)
     except Exception as exc:  # noqa: BLE001  (an empty past the export or lowering refuses: the two-program form)
         why = f"the decode step with an empty past did not export: {exception_headline(exc)}"
-        artifact = export_decode(())
+        artifact = export_decode((), decode)
     else:
         why = artifact_problem(artifact, calls, axes, want, backend)
+        step = None if example is decode else step_problem(artifact, decode, eager(decode), backend)
+        if step is not None:  # the two-token trace does not hold the one-token step: the step's own trace does
+            why = f"the decode step traced at two tokens fails at one: {step}"
+            artifact = export_decode((), decode)
     if why is not None:
         return {"prefill": export_prefill(), "decode": artifact}, None, why
     empty = empty_past_spec(decode, axes, batch_dims(artifact, token_input, tree, len(axes)))
     return {"decode": artifact}, empty, None
+
+
+def step_problem(artifact, decode: Call, want: Mapping[str, torch.Tensor], backend: str) -> str | None:
+    """The decode artifact at the captured one-token step against that step's eager outputs ``want``; a line naming
+    the first difference or the refusal, or None."""
+    from exporters.utils import exception_headline
+
+    try:
+        got = artifact(**flat_call_inputs(decode))
+    except Exception as exc:  # noqa: BLE001  (a token dim the trace bounded above 1: the finding)
+        return f"refused: {exception_headline(exc)}"
+    return _first_difference({k: v for k, v in want.items() if k in artifact.output_names}, got,
+                             decode.tensors.get("attention_mask"), backend)
 
 
 def empty_past_spec(decode: Call, axes: list[int], dims: list[int | None] | None = None) -> dict[str, dict[str, Any]]:
