@@ -86,8 +86,14 @@ def test_the_two_decode_steps_join_into_one_two_token_call():
     assert empty_past.two_token_call(masked).tensors["attention_mask"].shape == (1, 5)  # the second step's mask
     assert empty_past.two_token_call(_calls(_Cached(), prompt=1)) is None  # a one-token prompt shows no token dim
 
+    class Narrows:  # a backend whose one-token trace holds no prompt: the step is traced at two tokens
+        decode_traced_at_one_token = "its reason"
 
-def _export_one_graph(model: torch.nn.Module) -> tuple[list[int], tuple]:
+    assert empty_past.decode_example(Narrows(), calls).tensors["input_ids"].shape == (1, 2)
+    assert empty_past.decode_example(get_exporter("onnx"), calls) is calls[1]  # elsewhere at the captured step
+
+
+def _export_one_graph(model: torch.nn.Module, two_tokens: bool = True) -> tuple[list[int], tuple]:
     from exporters.generation.component import FlatComponent, flat_call_inputs
 
     calls, exporter, traced = _calls(model, prompt=4), get_exporter("dynamo"), []
@@ -98,8 +104,9 @@ def _export_one_graph(model: torch.nn.Module) -> tuple[list[int], tuple]:
         return exporter.export(FlatComponent(model, call).eval(), flat_call_inputs(call), config)
 
     want = empty_past.component_outputs(model, calls[0], [])
+    example = empty_past.two_token_call(calls) if two_tokens else calls[1]
     return traced, empty_past.export_one_graph(export_decode, lambda: "the prefill's artifact", calls, [1], want, "dynamo",
-                                               "input_ids", lambda call: empty_past.component_outputs(model, call, []))
+                                               "input_ids", example, lambda call: empty_past.component_outputs(model, call, []))
 
 
 def test_the_decode_graph_is_traced_at_two_tokens_and_again_at_one_where_that_fails_the_step():
@@ -111,6 +118,8 @@ def test_the_decode_graph_is_traced_at_two_tokens_and_again_at_one_where_that_fa
     traced, (components, empty, why) = _export_one_graph(_Cached(one_token_path=True).eval())
     assert traced == [2, 1] and components["prefill"] == "the prefill's artifact" and empty is None
     assert why.startswith("the decode step traced at two tokens fails at one: refused:")
+    traced, (components, empty, why) = _export_one_graph(_Cached().eval(), two_tokens=False)  # at the captured step
+    assert traced == [1] and list(components) == ["decode"] and why is None
 
 
 def test_a_backend_whose_one_token_trace_cannot_run_the_prompt_keeps_the_prefill(monkeypatch):

@@ -175,7 +175,7 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
     if why is None:  # no encoder: the parts are the prefill and the decode
         components, empty, why = empty_past.export_one_graph(
             lambda empty_dims, call: export_part("decode", model, call, empty_dims), lambda: export_part("prefill", model, prefill),
-            calls, axes, want, exporter.backend, token_input,
+            calls, axes, want, exporter.backend, token_input, empty_past.decode_example(exporter, calls),
             lambda call: empty_past.component_outputs(model, call, model_patches(exporter)))
     else:
         components = {label: export_part(label, module, call) for label, module, call in parts}
@@ -572,8 +572,8 @@ class GenerationExport:
     """Mixed into each exporter: ``export_for_generation(model, inputs, config=None, cache="dynamic",
     max_cache_len=None)``."""
 
-    # None where the decode graph traced at a one-token step may run the prompt from an empty cache (empty_past.py,
-    # which traces it at two tokens where it can); else why it cannot
+    # None where the decode graph traced at a one-token step may run the prompt from an empty cache; else why it
+    # cannot, and empty_past.py traces it at two tokens instead
     decode_traced_at_one_token: str | None = None
 
     def export_for_generation(self, model: torch.nn.Module, inputs: Mapping[str, Any], config=None,

@@ -17,14 +17,16 @@ call) computes something else there, so the form is taken only where it is measu
   called the same way, returns them too (its runtime may refuse an empty tensor, or its lowering narrow a
   dim: ExecuTorch's memory plan).
 
-That artifact is traced at two new tokens (``two_token_call``: the two captured decode steps as one call
-from the first one's cache), not at the one-token step: a dim traced at size 1 is where torch and the
-backends fold and guard (a ``[:, -1:]`` slice folded away by ONNX's optimizer, so the prompt returned
-logits at every position; ExecuTorch's re-trace met a contiguity check ``Eq(32*s70, 32)`` and planned
-the token dim for [1, 2]; a model's ``q_len == 1`` branch bounding the dim). The two-token artifact is
-checked at the one-token step as well, against eager; where it fails there the step is exported again at
-its own call. Without two decode steps to join (a one-token prompt), a backend whose one-token trace
-cannot hold a prompt (``decode_traced_at_one_token``) keeps the two programs.
+Where the backend's lowering narrows a step traced at one token so that it holds no prompt
+(``decode_traced_at_one_token``: ExecuTorch's re-trace met a contiguity check ``Eq(32*s70, 32)`` at the
+traced size and planned the token dim for [1, 2]), the step is traced at two new tokens instead
+(``two_token_call``: the two captured decode steps as one call from the first one's cache), and checked
+at the one-token step as well, against eager; where it fails there (torch.export's own guard
+``Ne(32*s, 32)`` at a 3-D input of a biased linear, at::linear's contiguity check: BERT-family heads,
+CTRL, CodeGen) the step is exported again at its own call, beside the prefill. Without two decode steps
+to join (a one-token prompt) such a backend keeps the two programs. Elsewhere the step is traced at its
+own call: there a two-token trace would cost those classes a third export and gain the others nothing
+measured.
 
 Where any of these fails the prefill is exported as its own component, as before, and the generator
 records why (``metadata["prefill"]``). generator.json keeps each empty leaf's shape (``empty_past``):
@@ -77,7 +79,7 @@ def decided(exporter, model: torch.nn.Module, config, calls: list[Call], rules: 
     those outputs); else (None, None, why not). ``more_parts``: an encoder call, module state, a baked tree or
     quantization recipes, any of which keeps the prefill its own."""
     why = refusal(calls, rules, more_parts)
-    if why is None and two_token_call(calls) is None and getattr(exporter, "decode_traced_at_one_token", None):
+    if why is None and getattr(exporter, "decode_traced_at_one_token", None) and two_token_call(calls) is None:
         why = exporter.decode_traced_at_one_token
     if why is None and not (config.dynamic and config.dynamic_shapes is None):
         why = "a static-shape export (the past axis cannot take 0)"
@@ -107,6 +109,13 @@ def refusal(calls: list[Call], rules: Mapping[str, str], more_parts: Any = None)
 
 def cache_tree(decode: Call) -> str:
     return next(iter(decode.trees))
+
+
+def decode_example(exporter, calls: list[Call]) -> Call:
+    """The call the one-graph decode step is traced at: two tokens (``two_token_call``) where the backend's one-token
+    trace holds no prompt (``decode_traced_at_one_token``), else the captured step."""
+    joined = two_token_call(calls) if getattr(exporter, "decode_traced_at_one_token", None) else None
+    return joined or calls[1]
 
 
 def two_token_call(calls: list[Call]) -> Call | None:
@@ -207,18 +216,18 @@ def artifact_problem(artifact, calls: list[Call], axes: list[int], want: Mapping
 
 def export_one_graph(export_decode: Callable[..., Any], export_prefill: Callable[[], Any], calls: list[Call],
                      axes: list[int], want: Mapping[str, torch.Tensor], backend: str, token_input: str,
-                     eager: Callable[[Call], dict[str, torch.Tensor]]
+                     example: Call, eager: Callable[[Call], dict[str, torch.Tensor]]
                      ) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None, str | None]:
-    """The components where ``decided`` took the one-graph form: the decode step exported at ``two_token_call``
-    (where there is one) with every past axis allowed to be 0 (``export_decode(may_be_empty, call)``), checked over
-    the prompt and at the one-token step (against ``eager(call)``); where the step fails it is exported again at its
-    own call, and where the prompt fails the prefill is exported too (``export_prefill()``), before the decode as
-    generate calls them. Returns (components, the empty_past record or None, why the prefill is its own or None)."""
+    """The components where ``decided`` took the one-graph form: the decode step exported at ``example``
+    (``decode_example``) with every past axis allowed to be 0 (``export_decode(may_be_empty, call)``), checked over
+    the prompt, and where ``example`` is not the captured step at that step too (against ``eager(call)``); where the
+    step fails it is exported again at its own call, and where the prompt fails the prefill is exported too
+    (``export_prefill()``), before the decode as generate calls them. Returns (components, the empty_past record or
+    None, why the prefill is its own or None)."""
     from exporters.utils import exception_headline
 
     decode = calls[1]
     tree = cache_tree(decode)
-    example = two_token_call(calls) or decode
     try:
         artifact = export_decode([(leaf_input_name(tree, i), a) for i, a in enumerate(axes)], example)
     except Exception as exc:  # noqa: BLE001  (an empty past the export or lowering refuses: the two-program form)
