@@ -118,6 +118,9 @@ def test_the_decode_graph_is_traced_at_two_tokens_and_again_at_one_where_that_fa
     traced, (components, empty, why) = _export_one_graph(_Cached(one_token_path=True).eval())
     assert traced == [2, 1] and components["prefill"] == "the prefill's artifact" and empty is None
     assert why.startswith("the decode step traced at two tokens fails at one: refused:")
+    # a two-token trace that fails over the prompt is not kept as the step either: its checks covered one step's sizes
+    traced, (components, empty, why) = _export_one_graph(_Cached(branch=True).eval())
+    assert traced == [2, 1] and components["prefill"] == "the prefill's artifact" and "logits" in why
     traced, (components, empty, why) = _export_one_graph(_Cached().eval(), two_tokens=False)  # at the captured step
     assert traced == [1] and list(components) == ["decode"] and why is None
 

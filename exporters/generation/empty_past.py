@@ -23,7 +23,7 @@ traced size and planned the token dim for [1, 2]), the step is traced at two new
 (``two_token_call``: the two captured decode steps as one call from the first one's cache), and checked
 at the one-token step as well, against eager; where it fails there (torch.export's own guard
 ``Ne(32*s, 32)`` at a 3-D input of a biased linear, at::linear's contiguity check: BERT-family heads,
-CTRL, CodeGen) the step is exported again at its own call, beside the prefill. Without two decode steps
+CTRL, CodeGen) or over the prompt, the step is exported again at its own call, beside the prefill. Without two decode steps
 to join (a one-token prompt) such a backend keeps the two programs. Elsewhere the step is traced at its
 own call: there a two-token trace would cost those classes a third export and gain the others nothing
 measured.
@@ -236,8 +236,12 @@ def export_one_graph(export_decode: Callable[..., Any], export_prefill: Callable
     else:
         why = artifact_problem(artifact, calls, axes, want, backend)
         step = None if example is decode else step_problem(artifact, decode, eager(decode), backend)
-        if step is not None:  # the two-token trace does not hold the one-token step: the step's own trace does
+        if step is not None:
             why = f"the decode step traced at two tokens fails at one: {step}"
+        if example is not decode and why is not None:
+            # a two-token trace that is not the one graph is not the step either: its memory plan was checked at no
+            # step's sizes but the captured one (JetMoe's split outputs planned too small at another batch); the
+            # step is exported at its own call, as the two-program form has it
             artifact = export_decode((), decode)
     if why is not None:
         return {"prefill": export_prefill(), "decode": artifact}, None, why
