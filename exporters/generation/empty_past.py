@@ -220,9 +220,9 @@ def export_one_graph(export_decode: Callable[..., Any], export_prefill: Callable
                      ) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None, str | None]:
     """The components where ``decided`` took the one-graph form: the decode step exported at ``example``
     (``decode_example``) with every past axis allowed to be 0 (``export_decode(may_be_empty, call)``), checked over
-    the prompt, and where ``example`` is not the captured step at that step too (against ``eager(call)``); where the
-    step fails it is exported again at its own call, and where the prompt fails the prefill is exported too
-    (``export_prefill()``), before the decode as generate calls them. Returns (components, the empty_past record or
+    the prompt, and where ``example`` is not the captured step at that step too (against ``eager(call)``, whose
+    failure the record names first); where a check fails the prefill is exported too (``export_prefill()``, before
+    the decode as generate calls them), and a two-token step again at its own call. Returns (components, the empty_past record or
     None, why the prefill is its own or None)."""
     from exporters.utils import exception_headline
 
