@@ -169,14 +169,15 @@ def export_for_generation(exporter, model: torch.nn.Module, inputs: Mapping[str,
         return artifact
 
     # the decode graph run from an empty cache as the prefill, where it computes what the prefill does (empty_past.py)
-    axes, want, why = empty_past.decided(exporter, model, config, calls, rules, model_patches(exporter),
-                                         encoder_call or carried or baked or recipes)
+    patches = model_patches(exporter)
+    axes, want, example, why = empty_past.decided(exporter, model, config, calls, rules, patches,
+                                                  encoder_call or carried or baked or recipes)
     empty = None
     if why is None:  # no encoder: the parts are the prefill and the decode
         components, empty, why = empty_past.export_one_graph(
             lambda empty_dims, call: export_part("decode", model, call, empty_dims), lambda: export_part("prefill", model, prefill),
-            calls, axes, want, exporter.backend, token_input, empty_past.decode_example(exporter, calls),
-            lambda call: empty_past.component_outputs(model, call, model_patches(exporter)))
+            calls, axes, want, exporter.backend, token_input, example,
+            lambda call: empty_past.component_outputs(model, call, patches))
     else:
         components = {label: export_part(label, module, call) for label, module, call in parts}
     metadata = {"model_class": type(model).__name__, "cache": cache,

@@ -73,22 +73,24 @@ def _same_constants(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def decided(exporter, model: torch.nn.Module, config, calls: list[Call], rules: Mapping[str, str], patches,
-            more_parts: Any) -> tuple[list[int] | None, dict[str, torch.Tensor] | None, str | None]:
-    """(each cache leaf's past axis, the prefill component's eager outputs, None) where the decode graph may run the
-    prompt, as far as the captured calls and an eager check tell (the artifact is checked after its export, against
-    those outputs); else (None, None, why not). ``more_parts``: an encoder call, module state, a baked tree or
-    quantization recipes, any of which keeps the prefill its own."""
+            more_parts: Any) -> tuple[list[int] | None, dict[str, torch.Tensor] | None, Call | None, str | None]:
+    """(each cache leaf's past axis, the prefill component's eager outputs, the call the decode step is traced at
+    (``decode_example``), None) where the decode graph may run the prompt, as far as the captured calls and an eager
+    check tell (the artifact is checked after its export, against those outputs); else (None, None, None, why not).
+    ``more_parts``: an encoder call, module state, a baked tree or quantization recipes, any of which keeps the
+    prefill its own."""
     why = refusal(calls, rules, more_parts)
-    if why is None and getattr(exporter, "decode_traced_at_one_token", None) and two_token_call(calls) is None:
+    example = decode_example(exporter, calls) if why is None else None
+    if why is None and example is None:
         why = exporter.decode_traced_at_one_token
     if why is None and not (config.dynamic and config.dynamic_shapes is None):
         why = "a static-shape export (the past axis cannot take 0)"
     if why is not None:
-        return None, None, why
+        return None, None, None, why
     axes = past_axes(calls, cache_tree(calls[1]))
     want = component_outputs(model, calls[0], patches)
     why = eager_problem(model, calls, axes, want, exporter.backend, patches)
-    return (axes, want, None) if why is None else (None, None, why)
+    return (axes, want, example, None) if why is None else (None, None, None, why)
 
 
 def refusal(calls: list[Call], rules: Mapping[str, str], more_parts: Any = None) -> str | None:
@@ -111,11 +113,11 @@ def cache_tree(decode: Call) -> str:
     return next(iter(decode.trees))
 
 
-def decode_example(exporter, calls: list[Call]) -> Call:
+def decode_example(exporter, calls: list[Call]) -> Call | None:
     """The call the one-graph decode step is traced at: two tokens (``two_token_call``) where the backend's one-token
-    trace holds no prompt (``decode_traced_at_one_token``), else the captured step."""
-    joined = two_token_call(calls) if getattr(exporter, "decode_traced_at_one_token", None) else None
-    return joined or calls[1]
+    trace holds no prompt (``decode_traced_at_one_token``; None where the calls join into none), else the captured
+    step."""
+    return two_token_call(calls) if getattr(exporter, "decode_traced_at_one_token", None) else calls[1]
 
 
 def two_token_call(calls: list[Call]) -> Call | None:
